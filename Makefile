@@ -1,0 +1,36 @@
+# Two commands on a fresh machine (Python, pip and a C++ compiler):
+#   make demo   install into a local venv and run the main job
+#   make test   install and run the test suite
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+CXX_SOURCES := $(shell git ls-files 'ffi/*.h' 'ffi/*.cc' 'hip/*.h' 'hip/*.hip' 2>/dev/null)
+
+.PHONY: demo test install lint bench clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+
+# Build dependencies go into the venv first so the build reuses them (no second jax download);
+# scikit-build-core keeps its build folder, so a second install rebuilds only what changed.
+install: $(PY)
+	$(PY) -m pip install -q "jax>=0.10.2" "nanobind>=2.0" "scikit-build-core>=0.10"
+	$(PY) -m pip install -q --no-build-isolation ".[test]"
+
+demo: install
+	$(PY) -m jax_rccl.demo
+
+test: install
+	$(PY) -m pytest -q tests
+
+lint: install
+	$(VENV)/bin/ruff check jax_rccl tests benchmarks
+	$(VENV)/bin/ruff format --check jax_rccl tests benchmarks
+	$(VENV)/bin/clang-format --dry-run --Werror $(CXX_SOURCES)
+
+bench: install
+	$(PY) benchmarks/planner.py
+
+clean:
+	rm -rf build $(VENV)
