@@ -1,0 +1,398 @@
+// Python view of the planner: make_plan() over value dicts, the native Plan with to_dict() and
+// its work layouts, and a planning-time benchmark entry point.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <chrono>
+#include <string>
+
+#include "ffi/bindings.h"
+#include "ffi/planner/planner.h"
+
+namespace nb = nanobind;
+
+namespace jax_rccl {
+namespace {
+
+template <typename T>
+T Get(const nb::handle& v, const char* key) {
+  try {
+    return nb::cast<T>(v);
+  } catch (const std::exception&) {
+    throw nb::value_error(
+        (std::string("topology.") + key + ": wrong type " + nb::type_name(v.type()).c_str())
+            .c_str());
+  }
+}
+
+}  // namespace
+
+TopologyView TopologyFromDict(const nb::dict& d) {
+  TopologyView t;
+  for (auto [k, v] : d) {
+    std::string key = nb::cast<std::string>(k);
+    if (key == "nRanks") t.nRanks = Get<int>(v, "nRanks");
+    else if (key == "nNodes") t.nNodes = Get<int>(v, "nNodes");
+    else if (key == "arch") t.arch = ValueOrThrow(ParseArch(Get<std::string>(v, "arch")));
+    else if (key == "intraLink") t.intraLink = ValueOrThrow(ParseLink(Get<std::string>(v, "intraLink")));
+    else if (key == "interLink") t.interLink = ValueOrThrow(ParseLink(Get<std::string>(v, "interLink")));
+    else if (key == "bwIntra") t.bwIntra = Get<float>(v, "bwIntra");
+    else if (key == "bwInter") t.bwInter = Get<float>(v, "bwInter");
+    else if (key == "nChannels") t.nChannels = Get<int>(v, "nChannels");
+    else if (key == "p2pnChannels") t.p2pnChannels = Get<int>(v, "p2pnChannels");
+    else if (key == "p2pnChannelsPerPeer") t.p2pnChannelsPerPeer = Get<int>(v, "p2pnChannelsPerPeer");
+    else if (key == "buffSizes") {
+      auto sizes = Get<std::vector<int64_t>>(v, "buffSizes");
+      if (sizes.size() != kNumProtos) throw nb::value_error("topology.buffSizes: 3 sizes (ll, ll128, simple)");
+      for (int p = 0; p < kNumProtos; ++p) t.buffSizes[p] = sizes[p];
+    } else if (key == "p2pChunkSize") t.p2pChunkSize = Get<int64_t>(v, "p2pChunkSize");
+    else if (key == "ll128Enabled") t.ll128Enabled = Get<bool>(v, "ll128Enabled");
+    else if (key == "treeDefined") t.treeDefined = Get<bool>(v, "treeDefined");
+    else if (key == "pivotA2ANumBiRings") t.pivotA2ANumBiRings = Get<int>(v, "pivotA2ANumBiRings");
+    else if (key == "workFifoDepth") t.workFifoDepth = Get<int>(v, "workFifoDepth");
+    else throw nb::value_error(("topology: unknown field '" + key + "'").c_str());
+  }
+  return t;
+}
+
+namespace {
+
+TaskDesc TaskFromDict(const nb::dict& d, size_t index) {
+  TaskDesc t;
+  auto field = [&](const char* k) -> nb::handle {
+    return d.contains(k) ? nb::handle(d[k]) : nb::handle();
+  };
+  t.coll = ValueOrThrow(ParseColl(nb::cast<std::string>(d["coll"])));
+  int64_t count = nb::cast<int64_t>(d["count"]);
+  if (count < 0) {
+    throw nb::value_error(("tasks[" + std::to_string(index) + "]: count must be >= 0, got " +
+                           std::to_string(count)).c_str());
+  }
+  t.count = uint64_t(count);
+  t.dtype = ValueOrThrow(ParseDataType(nb::cast<std::string>(d["dtype"])));
+  if (nb::handle op = field("op"); op.is_valid() && !op.is_none()) {
+    if (nb::isinstance<nb::int_>(op)) t.op = nb::cast<int32_t>(op);
+    else t.op = ValueOrThrow(ParseRedOp(nb::cast<std::string>(op)));
+  }
+  if (nb::handle r = field("root"); r.is_valid() && !r.is_none()) t.root = nb::cast<int>(r);
+  if (nb::handle p = field("peer"); p.is_valid() && !p.is_none()) t.peer = nb::cast<int>(p);
+  return t;
+}
+
+// Wraps a Python tuner: fn(coll, nbytes, num_pipe_ops) -> None | (algorithm, protocol, nchannels).
+TunerFn WrapTuner(nb::object fn) {
+  return [fn](const TunerQuery& q, TunerChoice* out) -> Status {
+    nb::object r;
+    try {
+      r = fn(CollName(q.coll), q.nBytes, q.numPipeOps);
+    } catch (nb::python_error& e) {
+      return Status(Code::kInvalidUsage, std::string("tuner raised: ") + e.what());
+    }
+    if (r.is_none()) return Status::Ok();
+    nb::tuple t;
+    if (!nb::try_cast(r, t) || t.size() != 3) {
+      return Status(Code::kInvalidUsage,
+                    "tuner must return None or (algorithm|None, protocol|None, nchannels)");
+    }
+    if (!t[0].is_none()) {
+      auto a = ParseAlgo(nb::cast<std::string>(t[0]));
+      if (!a.ok()) return Status(Code::kInvalidUsage, "tuner: " + a.status().message());
+      out->algo = a.value();
+    }
+    if (!t[1].is_none()) {
+      auto p = ParseProto(nb::cast<std::string>(t[1]));
+      if (!p.ok()) return Status(Code::kInvalidUsage, "tuner: " + p.status().message());
+      out->proto = p.value();
+    }
+    out->nChannels = t[2].is_none() ? 0 : nb::cast<int>(t[2]);
+    if (out->nChannels < 0 || out->nChannels > kMaxChannels) {
+      return Status(Code::kInvalidUsage, detail::StrCat("tuner: nchannels must be in 0..",
+                                                        kMaxChannels, ", got ", out->nChannels));
+    }
+    return Status::Ok();
+  };
+}
+
+PlanRequest MakeRequest(const nb::dict& topology, const nb::list& tasks, int rank,
+                        const std::string& algo, const std::string& proto, nb::object tuner,
+                        const RedOpTable* userOps, bool persistent, uint64_t opCount,
+                        int64_t p2pLLThreshold) {
+  PlanRequest req;
+  req.topo = TopologyFromDict(topology);
+  req.rank = rank;
+  req.tasks.reserve(tasks.size());
+  for (size_t i = 0; i < tasks.size(); ++i) {
+    req.tasks.push_back(TaskFromDict(nb::cast<nb::dict>(tasks[i]), i));
+  }
+  req.tuning.algoMask = ValueOrThrow(ParseAlgoMask(algo, "algorithm (JAX_RCCL_ALGO)"));
+  req.tuning.protoMask = ValueOrThrow(ParseProtoMask(proto, "protocol (JAX_RCCL_PROTO)"));
+  if (!tuner.is_none()) req.tuning.tuner = WrapTuner(tuner);
+  req.userOps = userOps;
+  req.persistent = persistent;
+  req.opCount = opCount;
+  req.params.p2pLLThreshold = p2pLLThreshold;
+  return req;
+}
+
+// Converts an element's count in planning units to the task's elements (all_gather and
+// broadcast are planned in bytes, as RCCL does).
+uint64_t ToTaskElems(const TaskPlan& tp, uint64_t planned) {
+  const bool bytes = tp.coll == Coll::kAllGather || tp.coll == Coll::kBroadcast;
+  return bytes ? planned / DataTypeSize(tp.dtype) : planned;
+}
+
+nb::dict WorkHeaderDict(const Work& w) {
+  nb::dict h;
+  h["type"] = int(w.header.type);
+  h["func_index"] = int(w.header.funcIndex);
+  h["is_last"] = bool(w.header.isLast);
+  h["in_fifo"] = bool(w.header.inFifo);
+  if (w.header.isLast) h["done_acks"] = w.header.doneAcks;
+  else h["work_next"] = w.header.workNext;
+  return h;
+}
+
+nb::list ElemDicts(const Plan& plan, const Work& w, int kernel, int workIx) {
+  nb::list out;
+  if (w.header.type == kWorkTypeColl) {
+    for (int e = 0; e < kMaxWorkElements; ++e) {
+      const WorkElemColl& el = w.elems[e];
+      if (!el.isUsed) continue;
+      const TaskPlan& tp = plan.tasks[el.slot];
+      nb::dict d;
+      d["type"] = "coll";
+      d["kernel"] = kernel;
+      d["work"] = workIx;
+      d["task"] = int(el.slot);
+      d["offset"] = ToTaskElems(tp, el.workOffset);
+      d["count"] = ToTaskElems(tp, el.workCount);
+      d["planned_offset"] = uint64_t(el.workOffset);
+      d["planned_count"] = uint64_t(el.workCount);
+      d["chunk_count"] = uint64_t(el.chunkCount);
+      d["last_chunk_count"] = uint64_t(el.lastChunkCount);
+      d["nwarps"] = int(el.nWarps);
+      d["root"] = int(el.root);
+      d["conn_index"] = int(el.connIndex);
+      d["func_index"] = int(w.header.funcIndex);
+      out.append(d);
+    }
+  } else if (w.header.type == kWorkTypeP2p) {
+    for (int e = 0; e < kMaxWorkElementsP2p; ++e) {
+      const WorkElemP2p& el = w.p2pElems[e];
+      if (el.p2pType == kWorkP2pTypeUnused) continue;
+      const TaskPlan& tp = plan.tasks[el.slot];
+      const uint64_t off = (uint64_t(el.offsetHi) << 32) | el.offsetLo;
+      const uint64_t bytes = (uint64_t(el.countHi) << 32) | el.countLo;
+      const size_t es = DataTypeSize(tp.dtype);
+      nb::dict d;
+      d["type"] = el.p2pType == kWorkP2pTypeSend ? "send" : "recv";
+      d["kernel"] = kernel;
+      d["work"] = workIx;
+      d["task"] = int(el.slot);
+      d["peer"] = int(el.peer);
+      d["offset"] = off / es;
+      d["count"] = bytes / es;
+      d["byte_offset"] = off;
+      d["bytes"] = bytes;
+      d["proto"] = ProtoName(Proto(el.proto));
+      d["chunk_size"] = int(el.chunkSize);
+      d["nwarps"] = int(el.nWarps);
+      d["warp_start"] = int(el.warpStart);
+      d["ngroups"] = int(el.ngroups);
+      d["conn_index"] = int(el.connIndex);
+      d["op_count"] = int(el.opCount);
+      out.append(d);
+    }
+  }
+  return out;
+}
+
+nb::dict PlanToDict(const Plan& plan) {
+  nb::dict out;
+  out["rank"] = plan.rank;
+  out["nranks"] = plan.nRanks;
+  out["one_rank"] = plan.oneRank;
+  nb::list tasks;
+  for (const TaskPlan& tp : plan.tasks) {
+    nb::dict d;
+    const bool p2p = tp.coll == Coll::kSend || tp.coll == Coll::kRecv;
+    d["index"] = tp.index;
+    d["coll"] = CollName(tp.coll);
+    d["dtype"] = DataTypeName(tp.dtype);
+    d["count"] = tp.count;
+    d["op"] = RedOpName(tp.op);
+    d["op_handle"] = tp.op;
+    d["dev_op"] = p2p ? nb::object(nb::none()) : nb::object(nb::str(DevRedOpName(tp.opFull.op)));
+    d["scalar_arg"] = tp.opFull.scalarArg;
+    d["scalar_arg_is_ptr"] = tp.opFull.scalarArgIsPtr;
+    d["root"] = tp.root;
+    d["peer"] = p2p ? nb::object(nb::int_(tp.peer)) : nb::object(nb::none());
+    d["nbytes"] = tp.nBytes;
+    d["algorithm"] = (p2p || tp.algo == Algo::kUndef) ? nb::object(nb::none())
+                                                       : nb::object(nb::str(AlgoName(tp.algo)));
+    d["protocol"] = tp.proto == Proto::kUndef ? nb::object(nb::none())
+                                              : nb::object(nb::str(ProtoName(tp.proto)));
+    d["pattern"] = PatternName(tp.pattern);
+    d["nchannels"] = tp.nChannels;
+    d["nthreads"] = tp.nThreads;
+    d["chunk_size"] = tp.chunkSize;
+    d["chunk_count"] = tp.chunkCount;
+    d["chunk_steps"] = tp.chunkSteps;
+    d["slice_steps"] = tp.sliceSteps;
+    d["step_size"] = tp.stepSize;
+    d["func_index"] = tp.funcIndex;
+    d["user_tuned"] = tp.userTuned;
+    d["agg_bytes"] = tp.aggBytes;
+    d["predicted_us"] = tp.predictedUs;
+    d["kernel"] = tp.kernel;
+    tasks.append(d);
+  }
+  out["tasks"] = tasks;
+
+  // Channels: every work element of every kernel, grouped by channel id, in launch order.
+  std::vector<nb::list> perChannel(kMaxChannels);
+  nb::list kernels;
+  for (size_t k = 0; k < plan.kernels.size(); ++k) {
+    const KernelPlan& kp = plan.kernels[k];
+    nb::dict kd;
+    kd["index"] = int(k);
+    kd["channel_count"] = kp.channelCount;
+    kd["channel_ubound"] = kp.channelUbound;
+    kd["channel_mask"] = nb::make_tuple(kp.channelMask.masks[0], kp.channelMask.masks[1]);
+    kd["threads_per_block"] = kp.threadPerBlock;
+    kd["max_bytes_per_channel"] = kp.maxBytesPerChannel;
+    kd["nwork"] = kp.nWork();
+    nb::list chans;
+    for (int c = 0; c < kp.channelUbound; ++c) {
+      const ChannelPlan& ch = kp.channels[c];
+      if (ch.works.empty()) continue;
+      nb::dict cd;
+      cd["id"] = c;
+      cd["nwork"] = ch.nWork();
+      cd["coll_bytes"] = ch.collBytes;
+      nb::list works;
+      for (int w = 0; w < ch.nWork(); ++w) {
+        nb::dict wd = WorkHeaderDict(ch.works[w]);
+        nb::list elems = ElemDicts(plan, ch.works[w], int(k), w);
+        wd["elems"] = elems;
+        works.append(wd);
+        for (nb::handle e : elems) perChannel[c].append(e);
+      }
+      cd["works"] = works;
+      chans.append(cd);
+    }
+    kd["channels"] = chans;
+    kernels.append(kd);
+  }
+  // One rank: each collective is a plain copy (or a PreMulSum scaling), shown on channel 0.
+  if (plan.oneRank) {
+    for (const TaskPlan& tp : plan.tasks) {
+      if (tp.coll == Coll::kSend || tp.coll == Coll::kRecv || tp.count == 0) continue;
+      nb::dict d;
+      d["type"] = "copy";
+      d["kernel"] = -1;
+      d["work"] = 0;
+      d["task"] = tp.index;
+      d["offset"] = 0;
+      d["count"] = tp.count;
+      perChannel[0].append(d);
+    }
+  }
+  nb::list channels;
+  for (int c = 0; c < kMaxChannels; ++c) {
+    if (perChannel[c].size() == 0) continue;
+    nb::dict cd;
+    cd["id"] = c;
+    cd["work"] = perChannel[c];
+    channels.append(cd);
+  }
+  out["channels"] = channels;
+  out["kernels"] = kernels;
+  return out;
+}
+
+nb::list WorksToList(const Plan& plan, const std::vector<Work>& works) {
+  nb::list out;
+  for (size_t i = 0; i < works.size(); ++i) {
+    nb::dict wd = WorkHeaderDict(works[i]);
+    wd["elems"] = ElemDicts(plan, works[i], -1, int(i));
+    out.append(wd);
+  }
+  return out;
+}
+
+}  // namespace
+
+void BindPlanner(nb::module_& m) {
+  nb::class_<Plan>(m, "NativePlan")
+      .def("to_dict", &PlanToDict)
+      .def_prop_ro("nkernels", [](const Plan& p) { return p.kernels.size(); })
+      .def(
+          "layout_persistent",
+          [](const Plan& p, int k) {
+            if (k < 0 || k >= int(p.kernels.size())) throw nb::index_error("kernel index");
+            return WorksToList(p, LayoutPersistent(p.kernels[k]));
+          },
+          nb::arg("kernel"), "The persistent work array of one kernel (uploadWork).")
+      .def(
+          "layout_fifo",
+          [](const Plan& p, int k, uint32_t depth, uint32_t sent) {
+            if (k < 0 || k >= int(p.kernels.size())) throw nb::index_error("kernel index");
+            FifoState fifo;
+            fifo.depth = depth;
+            fifo.sent = sent;
+            fifo.ackdMin = sent;
+            for (auto& c : fifo.channelSent) c = sent;
+            FifoLayout l = ValueOrThrow(LayoutFifo(p.kernels[k], &fifo));
+            nb::dict d;
+            d["ix_head"] = l.ixHead;
+            d["wait_acked"] = l.waitAcked;
+            d["sent"] = fifo.sent;
+            nb::list writes;
+            for (auto& [slot, w] : l.writes) {
+              nb::dict wd = WorkHeaderDict(w);
+              wd["slot"] = slot;
+              wd["elems"] = ElemDicts(p, w, k, -1);
+              writes.append(wd);
+            }
+            d["writes"] = writes;
+            return d;
+          },
+          nb::arg("kernel"), nb::arg("depth"), nb::arg("sent") = 0,
+          "The FIFO placement of one kernel's works in a ring of `depth` slots after `sent`.");
+
+  m.def(
+      "make_plan",
+      [](const nb::dict& topology, const nb::list& tasks, int rank, const std::string& algo,
+         const std::string& proto, nb::object tuner, const RedOpTable* userOps, bool persistent,
+         uint64_t opCount, int64_t p2pLLThreshold) {
+        PlanRequest req = MakeRequest(topology, tasks, rank, algo, proto, tuner, userOps,
+                                      persistent, opCount, p2pLLThreshold);
+        return ValueOrThrow(MakePlan(req));
+      },
+      nb::arg("topology"), nb::arg("tasks"), nb::arg("rank") = 0, nb::arg("algorithm") = "",
+      nb::arg("protocol") = "", nb::arg("tuner") = nb::none(),
+      nb::arg("user_ops").none() = nb::none(), nb::arg("persistent") = true,
+      nb::arg("op_count") = 0, nb::arg("p2p_ll_threshold") = 16384);
+
+  m.def(
+      "bench_plan",
+      [](const nb::dict& topology, const nb::list& tasks, int iters, const std::string& algo,
+         const std::string& proto) {
+        PlanRequest req = MakeRequest(topology, tasks, 0, algo, proto, nb::none(), nullptr, true,
+                                      0, 16384);
+        ThrowIfError(MakePlan(req).status());
+        auto t0 = std::chrono::steady_clock::now();
+        for (int i = 0; i < iters; ++i) {
+          auto p = MakePlan(req);
+          if (!p.ok()) ThrowIfError(p.status());
+        }
+        auto t1 = std::chrono::steady_clock::now();
+        return std::chrono::duration<double>(t1 - t0).count() / iters;
+      },
+      nb::arg("topology"), nb::arg("tasks"), nb::arg("iters") = 10, nb::arg("algorithm") = "",
+      nb::arg("protocol") = "", "Seconds per MakePlan call (validation, costing, scheduling).");
+}
+
+}  // namespace jax_rccl

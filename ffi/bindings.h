@@ -1,0 +1,38 @@
+// Pieces of the nanobind module, one function per area; module.cc calls them all.
+#pragma once
+
+#include <nanobind/nanobind.h>
+
+#include "ffi/planner/status.h"
+
+namespace jax_rccl {
+
+// Raises the Python exception for a failed status (the one place Status becomes an exception):
+// invalid argument/usage -> ValueError, unsupported -> NotImplementedError, timeout ->
+// TimeoutError, system -> OSError, internal -> RuntimeError.
+void ThrowIfError(const Status& status);
+
+template <typename T>
+T ValueOrThrow(StatusOr<T> v) {
+  ThrowIfError(v.status());
+  return v.take();
+}
+
+void BindParams(nanobind::module_& m);
+void BindPlanner(nanobind::module_& m);
+// Low-level entry points for tests, under the submodule `internal`.
+void BindRedop(nanobind::module_& m, nanobind::module_& internal);
+void BindSelectInternals(nanobind::module_& internal);
+void BindCollInternals(nanobind::module_& internal);
+void BindP2pInternals(nanobind::module_& internal);
+
+}  // namespace jax_rccl
+
+namespace jax_rccl {
+struct TopologyView;
+// A topology from a dict keyed by TopologyView's field names (nRanks, nNodes, arch, intraLink,
+// interLink, bwIntra, bwInter, nChannels, p2pnChannels, p2pnChannelsPerPeer, buffSizes,
+// p2pChunkSize, ll128Enabled, treeDefined, pivotA2ANumBiRings, workFifoDepth); missing keys keep
+// their defaults, unknown keys are an error.
+TopologyView TopologyFromDict(const nanobind::dict& d);
+}  // namespace jax_rccl

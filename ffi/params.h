@@ -1,0 +1,52 @@
+// Parameters, declared once: name, environment variable, type, default, one-line doc.
+// Values are read at instantiate (or when Python asks), never inside kernels; docs and
+// jax_rccl.params() are generated from this list.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace jax_rccl {
+
+// X(field, env, kind, default, doc): kind is Int, Float or String.
+#define JAX_RCCL_PARAMS(X)                                                                    \
+  X(algo, "JAX_RCCL_ALGO", String, "",                                                       \
+    "Algorithms the planner may choose, NCCL syntax: 'Ring', 'Tree,Ring', '^Tree'")          \
+  X(proto, "JAX_RCCL_PROTO", String, "",                                                     \
+    "Protocols the planner may choose, NCCL syntax: 'Simple', 'LL,LL128', '^LL128'")         \
+  X(timeout, "JAX_RCCL_TIMEOUT", Float, 300.0,                                               \
+    "Seconds a rank waits for its peers before the call fails with an error")                \
+  X(debug, "JAX_RCCL_DEBUG", String, "WARN",                                                 \
+    "Log level: WARN, INFO (each plan choice) or TRACE")                                     \
+  X(p2p_ll_threshold, "JAX_RCCL_P2P_LL_THRESHOLD", Int, 16384,                               \
+    "Point-to-point chunks up to this many bytes use the LL protocol")                       \
+  X(nchannels, "JAX_RCCL_NCHANNELS", Int, 0,                                                 \
+    "Channels for collectives; 0 keeps the topology's value")                                \
+  X(work_fifo_depth, "JAX_RCCL_WORK_FIFO_DEPTH", Int, 65536,                                 \
+    "Work elements in the FIFO ring of a non-persistent launch (a power of two)")
+
+struct Params {
+#define JAX_RCCL_PARAM_FIELD_Int(name, def) int64_t name = def;
+#define JAX_RCCL_PARAM_FIELD_Float(name, def) double name = def;
+#define JAX_RCCL_PARAM_FIELD_String(name, def) std::string name = def;
+#define JAX_RCCL_PARAM_FIELD(name, env, kind, def, doc) JAX_RCCL_PARAM_FIELD_##kind(name, def)
+  JAX_RCCL_PARAMS(JAX_RCCL_PARAM_FIELD)
+#undef JAX_RCCL_PARAM_FIELD
+};
+
+struct ParamInfo {
+  const char* name;
+  const char* env;
+  const char* kind;  // "int", "float", "string"
+  std::string defaultValue;
+  std::string value;  // as read from the environment (or the default)
+  const char* doc;
+};
+
+// Reads every parameter from the environment; bad values fall back to the default with a
+// warning in `warnings`.
+Params LoadParams(std::vector<std::string>* warnings = nullptr);
+std::vector<ParamInfo> DescribeParams(const Params& p);
+
+}  // namespace jax_rccl

@@ -1,0 +1,200 @@
+"""Python view of the C++ planner (a port of RCCL's enqueue planning).
+
+>>> from jax_rccl import planner
+>>> topo = planner.Topology.preset("mi300x-8")
+>>> p = planner.plan([planner.Task("all_reduce", 1 << 20, "float32")], topo)
+>>> p.to_dict()["tasks"][0]["algorithm"]
+'ring'
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from jax_rccl import _jax_rccl
+from jax_rccl.planner._explain import explain_plan
+from jax_rccl.planner._topology import DEFAULT_BUFF_SIZES, Topology
+
+RedOpTable = _jax_rccl.RedOpTable
+
+__all__ = [
+    "DEFAULT_BUFF_SIZES",
+    "Plan",
+    "RedOpTable",
+    "Task",
+    "Topology",
+    "explain",
+    "plan",
+]
+
+COLLS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "send", "recv")
+OPS = ("sum", "prod", "max", "min", "avg")
+
+# A tuner: fn(coll, nbytes, num_pipe_ops) -> None or (algorithm|None, protocol|None, nchannels).
+Tuner = Callable[[str, int, int], "tuple[str | None, str | None, int] | None"]
+
+
+def _dtype_name(dtype: Any) -> str:
+    if isinstance(dtype, str):
+        return dtype
+    try:
+        return np.dtype(dtype).name
+    except TypeError:
+        raise ValueError(f"dtype: cannot interpret {dtype!r} as a dtype") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    """One operation of a group: a collective, or one side of a point-to-point transfer.
+
+    ``count`` is in elements per rank (for all_gather, each rank's part; for reduce_scatter, each
+    rank's result). ``op`` is a name (sum, prod, max, min, avg) or a handle from a RedOpTable.
+    ``root`` is the broadcast/reduce root; ``peer`` the other rank of a send/recv.
+    """
+
+    coll: str
+    count: int
+    dtype: Any = "float32"
+    op: str | int = "sum"
+    root: int = 0
+    peer: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.coll not in COLLS:
+            raise ValueError(f"coll must be one of {', '.join(COLLS)}; got {self.coll!r}")
+        if not isinstance(self.count, (int, np.integer)) or self.count < 0:
+            raise ValueError(f"count must be a non-negative integer, got {self.count!r}")
+        if isinstance(self.op, str) and self.op not in OPS:
+            raise ValueError(f"op must be one of {', '.join(OPS)} or a user op handle; "
+                             f"got {self.op!r}")
+        if self.coll in ("send", "recv") and self.peer is None:
+            raise ValueError(f"peer is required for {self.coll}")
+        object.__setattr__(self, "dtype", _dtype_name(self.dtype))
+
+    def to_native(self) -> dict[str, Any]:
+        return {
+            "coll": self.coll,
+            "count": int(self.count),
+            "dtype": self.dtype,
+            "op": self.op,
+            "root": self.root,
+            "peer": self.peer,
+        }
+
+
+class Plan:
+    """A plan: per task the choice made, per channel the work elements, per kernel its shape."""
+
+    def __init__(self, native: Any, tasks: Sequence[Task], topology: Topology) -> None:
+        self._native = native
+        self._dict: dict[str, Any] | None = None
+        self.tasks_in = tuple(tasks)
+        self.topology = topology
+
+    def to_dict(self) -> dict[str, Any]:
+        if self._dict is None:
+            self._dict = self._native.to_dict()
+        return self._dict
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    @property
+    def tasks(self) -> list[dict[str, Any]]:
+        return self.to_dict()["tasks"]
+
+    @property
+    def channels(self) -> list[dict[str, Any]]:
+        return self.to_dict()["channels"]
+
+    @property
+    def kernels(self) -> list[dict[str, Any]]:
+        return self.to_dict()["kernels"]
+
+    def layout(self, kernel: int = 0, *, fifo_depth: int | None = None,
+               fifo_sent: int = 0) -> Any:
+        """The work array of one kernel: persistent (default) or placed in a FIFO ring."""
+        if fifo_depth is None:
+            return self._native.layout_persistent(kernel)
+        return self._native.layout_fifo(kernel, fifo_depth, fifo_sent)
+
+    def explain(self) -> str:
+        return explain_plan(self)
+
+    def __repr__(self) -> str:
+        d = self.to_dict()
+        return (f"Plan(rank={d['rank']}, nranks={d['nranks']}, tasks={len(d['tasks'])}, "
+                f"kernels={len(d['kernels'])})")
+
+
+def _env_param(name: str) -> str:
+    table, _ = _jax_rccl.params()
+    for p in table:
+        if p["name"] == name:
+            return str(p["value"])
+    return ""
+
+
+def plan(
+    tasks: Sequence[Task] | Task,
+    topology: Topology | str,
+    rank: int = 0,
+    algorithm: str | None = None,
+    protocol: str | None = None,
+    *,
+    tuner: Tuner | None = None,
+    user_ops: RedOpTable | None = None,
+    persistent: bool = True,
+    op_count: int = 0,
+    p2p_ll_threshold: int | None = None,
+) -> Plan:
+    """Plans one group of tasks for ``rank`` of ``topology``.
+
+    ``algorithm``/``protocol`` restrict the choice in NCCL's syntax ("Ring", "Tree,Ring",
+    "^LL128"); when None, JAX_RCCL_ALGO / JAX_RCCL_PROTO apply. ``tuner`` may fix algorithm,
+    protocol and channel count per collective. ``persistent=False`` plans for a FIFO launch whose
+    work budget is half of ``topology.work_fifo_depth``.
+    """
+    if isinstance(tasks, Task):
+        tasks = [tasks]
+    if isinstance(topology, str):
+        topology = Topology.preset(topology)
+    if not isinstance(topology, Topology):
+        raise ValueError(f"topology must be a Topology or a preset name, got {topology!r}")
+    for i, t in enumerate(tasks):
+        if not isinstance(t, Task):
+            raise ValueError(f"tasks[{i}] must be a planner.Task, got {t!r}")
+    algo = _env_param("algo") if algorithm is None else algorithm
+    proto = _env_param("proto") if protocol is None else protocol
+    if p2p_ll_threshold is None:
+        p2p_ll_threshold = int(_env_param("p2p_ll_threshold") or 16384)
+    native = _jax_rccl.make_plan(
+        topology.to_native(),
+        [t.to_native() for t in tasks],
+        rank,
+        algo,
+        proto,
+        tuner,
+        user_ops,
+        persistent,
+        op_count,
+        p2p_ll_threshold,
+    )
+    return Plan(native, tasks, topology)
+
+
+def explain(
+    tasks: Sequence[Task] | Task,
+    topology: Topology | str,
+    rank: int = 0,
+    algorithm: str | None = None,
+    protocol: str | None = None,
+    **kwargs: Any,
+) -> str:
+    """The plan() of the same arguments, as readable text."""
+    return plan(tasks, topology, rank, algorithm, protocol, **kwargs).explain()
