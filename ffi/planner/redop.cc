@@ -266,7 +266,7 @@ StatusOr<DevRedOpFull> HostToDevRedOp(int32_t op, DataType dtype, int nRanks,
              " is not a data type");
   JR_REQUIRE(nRanks >= 1, Code::kInvalidArgument, "nranks must be >= 1, got ", nRanks);
   JR_REQUIRE(op >= 0 && op <= kMaxRedOp, Code::kInvalidArgument, "op ", op,
-             " is not a reduction op; ", kOpRanges);
+             " is garbage, not a reduction op; ", kOpRanges);
 
   DevRedOpFull full;
   full.proxyOp = static_cast<RedOp>(op);
