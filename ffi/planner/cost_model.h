@@ -16,6 +16,9 @@ struct CostModel {
   static constexpr int kNumCostColls = 5;  // broadcast, reduce, all_gather, reduce_scatter, all_reduce
   float latencyUs[kNumCostColls][kNumAlgos][kNumProtos] = {};
   float bandwidthGBs[kNumCostColls][kNumAlgos][kNumProtos] = {};
+  // Ring bandwidth before protocols were disabled (RCCL's comm->ringbdw): what a Ring
+  // combination falls back on when its bandwidth above is zero.
+  float ringBackupGBs[kNumCostColls][kNumProtos] = {};
   int maxThreads[kNumAlgos][kNumProtos] = {};
   int64_t threadThresholds[kNumAlgos][kNumProtos] = {};
   int treeDepth = 0;  // channels[0].tree.depth
@@ -25,10 +28,11 @@ struct CostModel {
 StatusOr<CostModel> BuildCostModel(const TopologyView& topo);
 
 // ncclTopoGetAlgoTime: predicted microseconds for `nBytes` of `coll` with (algo, proto), or a
-// negative value when the combination is not available. `backup` is set when the combination
-// may only serve as a fallback.
+// negative value when the combination is not available. `backup` (may be null) is set when the
+// combination may only serve as a fallback. `nChannels`: channels a tuner fixed (0: none); the
+// NVIDIA-shaped models scale bandwidth by it.
 float AlgoTime(const CostModel& model, const TopologyView& topo, Coll coll, Algo algo, Proto proto,
-               int64_t nBytes, int numPipeOps, bool* backup);
+               int64_t nBytes, int numPipeOps, bool* backup, int nChannels = 0);
 
 // A readable dump of the tables (explain and docs).
 std::string DescribeCostModel(const CostModel& model, const TopologyView& topo);

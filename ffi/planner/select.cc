@@ -1,0 +1,337 @@
+// Choosing how a collective runs: derived sizes, the tuner hook, the algorithm and protocol, the
+// channel and thread counts, the pattern and the device function. After the functions of the
+// same names in RCCL rocm-6.2.0 src/enqueue.cc (ncclInfoSetDerived: src/include/info.h; the
+// device function table: cmake/Generator.cmake), restricted to Ring and Tree.
+#include <algorithm>
+#include <array>
+#include <string>
+
+#include "ffi/planner/internal.h"
+
+namespace jax_rccl {
+namespace {
+
+constexpr uint32_t kAllAlgos = (1u << kNumAlgos) - 1;
+constexpr uint32_t kAllProtos = (1u << kNumProtos) - 1;
+
+bool IsAmd(Arch a) {
+  return a == Arch::kGfx90a || a == Arch::kGfx942;
+}
+bool ValidAlgo(Algo a) {
+  return static_cast<int>(a) >= 0 && static_cast<int>(a) < kNumAlgos;
+}
+bool ValidProto(Proto p) {
+  return static_cast<int>(p) >= 0 && static_cast<int>(p) < kNumProtos;
+}
+bool IsCostedColl(Coll c) {
+  return static_cast<int>(c) >= 0 && static_cast<int>(c) < CostModel::kNumCostColls;
+}
+
+// "tree,ring" for a mask of algorithms (or protocols).
+template <typename E>
+std::string MaskNames(uint32_t mask, int n, const char* (*name)(E)) {
+  std::string s;
+  for (int i = 0; i < n; ++i) {
+    if (!(mask & (1u << i))) continue;
+    if (!s.empty()) s += ",";
+    s += name(static_cast<E>(i));
+  }
+  return s.empty() ? "none" : s;
+}
+
+// A choice fixed by the tuner must name a combination that exists.
+Status CheckFixedChoice(const PlanContext& ctx, const CollInfo& info) {
+  JR_REQUIRE(ValidAlgo(info.algo), Code::kInvalidArgument, "tuner: algorithm value ",
+             static_cast<int>(info.algo), " for ", CollName(info.coll),
+             " is out of range; allowed: tree, ring");
+  JR_REQUIRE(ValidProto(info.proto), Code::kInvalidArgument, "tuner: protocol value ",
+             static_cast<int>(info.proto), " for ", CollName(info.coll),
+             " is out of range; allowed: ll, ll128, simple");
+  JR_REQUIRE(info.algo == Algo::kRing || info.coll == Coll::kAllReduce, Code::kInvalidArgument,
+             "tuner: algorithm '", AlgoName(info.algo), "' cannot run ", CollName(info.coll),
+             "; allowed: ring");
+  JR_REQUIRE(info.proto != Proto::kLL128 || ctx.topo.ll128Enabled, Code::kInvalidArgument,
+             "tuner: protocol 'll128' for ", CollName(info.coll),
+             " is not enabled on this topology (ll128Enabled is false); allowed: ll, simple");
+  return Status::Ok();
+}
+
+// The device function space (after RCCL's cmake/Generator.cmake): collectives in the
+// generator's order (all_gather, all_reduce, broadcast, reduce, reduce_scatter), then algorithm,
+// protocol, device op and data type, type varying fastest. Only existing combinations get an id:
+//   all_gather, broadcast:    Ring, every protocol, Sum, int8 (their data moves as bytes)
+//   all_reduce:               Tree and Ring, every protocol, every op and type
+//   reduce, reduce_scatter:   Ring, every protocol, every op and type
+// minus SumPostDiv on floating types (a float average is a PreMulSum). Send/recv take one id
+// after all of these.
+constexpr int kNumCollFuncs = 5;
+constexpr Coll kGeneratorOrder[kNumCollFuncs] = {
+    Coll::kAllGather, Coll::kAllReduce, Coll::kBroadcast, Coll::kReduce, Coll::kReduceScatter};
+
+bool FuncExists(Coll coll, DevRedOp op, DataType t, Algo algo) {
+  if (op == DevRedOp::kSumPostDiv && IsFloating(t)) return false;
+  switch (coll) {
+    case Coll::kAllGather:
+    case Coll::kBroadcast:
+      return algo == Algo::kRing && op == DevRedOp::kSum && t == DataType::kInt8;
+    case Coll::kAllReduce:
+      return true;
+    case Coll::kReduce:
+    case Coll::kReduceScatter:
+      return algo == Algo::kRing;
+    default:
+      return false;
+  }
+}
+
+struct FuncTable {
+  // [coll][op][type][algo][proto]; -1 where no function exists.
+  int id[kNumCollFuncs][kNumDevRedOps][kNumDataTypes][kNumAlgos][kNumProtos];
+  int count = 0;
+  FuncTable() {
+    for (auto& a : id)
+      for (auto& b : a)
+        for (auto& c : b)
+          for (auto& d : c)
+            for (int& e : d) e = -1;
+    for (Coll coll : kGeneratorOrder) {
+      const int c = static_cast<int>(coll);
+      for (int a = 0; a < kNumAlgos; ++a) {
+        for (int p = 0; p < kNumProtos; ++p) {
+          for (int o = 0; o < kNumDevRedOps; ++o) {
+            for (int t = 0; t < kNumDataTypes; ++t) {
+              if (FuncExists(coll, static_cast<DevRedOp>(o), static_cast<DataType>(t),
+                             static_cast<Algo>(a))) {
+                id[c][o][t][a][p] = count++;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+};
+
+const FuncTable& Funcs() {
+  static const FuncTable table;
+  return table;
+}
+
+}  // namespace
+
+void SetDerived(CollInfo* info, int nRanks) {
+  info->nBytes = info->workBytes =
+      static_cast<int64_t>(info->count) * static_cast<int64_t>(DataTypeSize(info->dtype));
+  // Gathers and broadcasts move bytes: their device functions exist for int8 only.
+  if (info->coll == Coll::kAllGather || info->coll == Coll::kBroadcast) {
+    info->count = static_cast<uint64_t>(info->workBytes);
+    info->dtype = DataType::kInt8;
+  }
+  // The count of all_gather and reduce_scatter is per rank.
+  if (info->coll == Coll::kAllGather || info->coll == Coll::kReduceScatter) info->nBytes *= nRanks;
+  // Chunk and slice steps (src/include/collectives.h): ring-pipelined collectives use half and a
+  // quarter of the connection FIFO; broadcast, reduce and point-to-point one step.
+  const bool ringPipelined = info->coll == Coll::kAllReduce || info->coll == Coll::kAllGather ||
+                             info->coll == Coll::kReduceScatter;
+  info->chunkSteps = ringPipelined ? kSteps / 2 : 1;
+  info->sliceSteps = ringPipelined ? kSteps / 4 : 1;
+}
+
+Status GetTunerInfo(const PlanContext& ctx, CollInfo* info, int numPipeOps) {
+  info->algo = Algo::kUndef;
+  info->proto = Proto::kUndef;
+  info->nChannels = 0;
+  if (ctx.tuning.tuner) {
+    TunerQuery query{info->coll, static_cast<uint64_t>(info->nBytes), numPipeOps};
+    TunerChoice choice;
+    JR_CHECK(ctx.tuning.tuner(query, &choice));
+    JR_REQUIRE(choice.algo == Algo::kUndef || ValidAlgo(choice.algo), Code::kInvalidArgument,
+               "tuner: algorithm value ", static_cast<int>(choice.algo), " for ",
+               CollName(info->coll), " is out of range; allowed: tree, ring (or undef)");
+    JR_REQUIRE(choice.proto == Proto::kUndef || ValidProto(choice.proto), Code::kInvalidArgument,
+               "tuner: protocol value ", static_cast<int>(choice.proto), " for ",
+               CollName(info->coll), " is out of range; allowed: ll, ll128, simple (or undef)");
+    JR_REQUIRE(choice.nChannels >= 0 && choice.nChannels <= kMaxChannels, Code::kInvalidArgument,
+               "tuner: nChannels ", choice.nChannels, " for ", CollName(info->coll),
+               " is out of range; allowed: 0 (planner decides) to ", kMaxChannels);
+    info->algo = choice.algo;
+    info->proto = choice.proto;
+    info->nChannels = choice.nChannels;
+  }
+  // The channel count is honoured only when the tuner fixed it; otherwise the scheduler sizes it.
+  info->userTuned = info->nChannels != 0;
+  return Status::Ok();
+}
+
+Status GetAlgoInfo(const PlanContext& ctx, CollInfo* info, int numPipeOps) {
+  if (ctx.topo.nRanks == 1) {
+    info->algo = Algo::kRing;
+    info->proto = Proto::kSimple;
+    return Status::Ok();
+  }
+  if (info->algo != Algo::kUndef && info->proto != Proto::kUndef) {
+    // The tuner fixed both; RCCL keeps them (and so bypasses the masks).
+    JR_CHECK(CheckFixedChoice(ctx, *info));
+    return Status::Ok();
+  }
+  JR_REQUIRE(IsCostedColl(info->coll), Code::kInternal, "GetAlgoInfo: ", CollName(info->coll),
+             " is not a collective the cost model covers");
+  const uint32_t algoMask = ctx.tuning.algoMask;
+  const uint32_t protoMask = ctx.tuning.protoMask;
+  float minTime = 3600000000.0f;  // an hour, in us
+  float backupMinTime = 3600000000.0f;
+  Algo best = Algo::kUndef, backupAlgo = Algo::kUndef;
+  Proto bestProto = Proto::kUndef, backupProto = Proto::kUndef;
+  for (int a = 0; a < kNumAlgos; ++a) {
+    for (int p = 0; p < kNumProtos; ++p) {
+      const Algo algo = static_cast<Algo>(a);
+      const Proto proto = static_cast<Proto>(p);
+      if (proto == Proto::kLL128 && !ctx.topo.ll128Enabled) continue;
+      // NCCL zeroes the bandwidth of a combination NCCL_ALGO/NCCL_PROTO disable; a zeroed Ring
+      // is still costed as a backup on its original bandwidth, a zeroed Tree is gone.
+      const bool masked = !(algoMask & (1u << a)) || !(protoMask & (1u << p));
+      if (masked && algo != Algo::kRing) continue;
+      bool backup = false;
+      const float time = AlgoTime(ctx.model, ctx.topo, info->coll, algo, proto, info->nBytes,
+                                  numPipeOps, &backup, info->nChannels);
+      if (masked) backup = true;
+      if (time < 0) continue;
+      if (!backup) {
+        if (time < minTime) {
+          best = algo;
+          bestProto = proto;
+          minTime = time;
+        }
+      } else if (time < backupMinTime) {
+        backupAlgo = algo;
+        backupProto = proto;
+        backupMinTime = time;
+      }
+    }
+  }
+  if (best == Algo::kUndef || bestProto == Proto::kUndef) {
+    JR_REQUIRE(
+        backupAlgo != Algo::kUndef && backupProto != Proto::kUndef, Code::kInvalidUsage,
+        "no algorithm/protocol available for ", CollName(info->coll), " of ", info->nBytes,
+        " bytes (algorithms allowed: ", MaskNames<Algo>(algoMask & kAllAlgos, kNumAlgos, AlgoName),
+        "; protocols allowed: ", MaskNames<Proto>(protoMask & kAllProtos, kNumProtos, ProtoName),
+        "; LL128 ", ctx.topo.ll128Enabled ? "enabled" : "not enabled", ")");
+    best = backupAlgo;
+    bestProto = backupProto;
+    minTime = backupMinTime;
+  }
+  info->algo = best;
+  info->proto = bestProto;
+  info->predictedUs = minTime;
+  return Status::Ok();
+}
+
+Status GetChannelThreadInfo(const PlanContext& ctx, CollInfo* info) {
+  JR_REQUIRE(ValidAlgo(info->algo) && ValidProto(info->proto), Code::kInternal,
+             "GetChannelThreadInfo: no algorithm/protocol chosen for ", CollName(info->coll));
+  const TopologyView& topo = ctx.topo;
+  const int a = static_cast<int>(info->algo);
+  const int p = static_cast<int>(info->proto);
+  const bool amd = IsAmd(topo.arch);
+  int nc = info->nChannels > 0 ? info->nChannels : topo.nChannels;
+  int nt = ctx.model.maxThreads[a][p];
+  const int64_t threadThreshold = ctx.model.threadThresholds[a][p];
+  // Fewer channels (and, on NVIDIA, fewer threads) until each thread has enough bytes.
+  while (info->nBytes < static_cast<int64_t>(nc) * nt * threadThreshold) {
+    if (nc >= 2) {
+      --nc;
+    } else if (!amd && nt % 128 == 0) {
+      nt /= 2;
+    } else {
+      break;
+    }
+  }
+  if (!amd) {
+    // NVIDIA's Simple kernels add a sync warp (Ring) or split-thread warps (Tree); never fewer
+    // than three warps. RCCL's HIP path does neither.
+    const int ws = topo.warpSize();
+    if (info->proto == Proto::kSimple) {
+      if (info->algo == Algo::kRing) nt += ws;
+      if (info->algo == Algo::kTree) nt += 4 * ws;
+    }
+    if (nt / ws < 3) nt = 3 * ws;
+  }
+  if (info->coll == Coll::kAllReduce && topo.pivotA2ANumBiRings == 3) {
+    // MI250X's pivot topology: RCCL's own all_reduce rule unless the user steered the choice.
+    const bool userTuned = (ctx.tuning.algoMask & kAllAlgos) != kAllAlgos ||
+                           (ctx.tuning.protoMask & kAllProtos) != kAllProtos ||
+                           static_cast<bool>(ctx.tuning.tuner);
+    info->nChannels = nc;
+    if (!userTuned) {
+      if (info->nBytes <= 2200008) {
+        info->proto = Proto::kLL;
+        info->algo = Algo::kTree;
+        info->nChannels = std::min(24, topo.nChannels);
+      } else {
+        info->proto = Proto::kSimple;
+        info->algo = Algo::kRing;
+      }
+    }
+  } else if (info->coll == Coll::kAllReduce && topo.treeDefined) {
+    info->algo = Algo::kTree;  // the topology file's tree serves all_reduce
+    info->nChannels = nc;
+  } else {
+    info->nChannels = nc;
+  }
+  info->nThreads = nt;
+  return Status::Ok();
+}
+
+Status GetPatternInfo(CollInfo* info) {
+  const bool tree = info->algo == Algo::kTree;
+  switch (info->coll) {
+    case Coll::kBroadcast:
+      info->pattern = tree ? Pattern::kTreeDown : Pattern::kPipelineFrom;
+      break;
+    case Coll::kReduce:
+      info->pattern = tree ? Pattern::kTreeUp : Pattern::kPipelineTo;
+      break;
+    case Coll::kReduceScatter:
+    case Coll::kAllGather:
+      info->pattern = Pattern::kRing;
+      break;
+    case Coll::kAllReduce:
+      info->pattern = tree ? Pattern::kTreeUpDown : Pattern::kRingTwice;
+      break;
+    default:
+      JR_FAIL(Code::kInternal, "GetPatternInfo: no pattern for ", CollName(info->coll),
+              " with algorithm ", AlgoName(info->algo), "; allowed: broadcast, reduce, ",
+              "all_gather, reduce_scatter, all_reduce");
+  }
+  return Status::Ok();
+}
+
+int DevFuncId(Coll coll, DevRedOp op, DataType dtype, Algo algo, Proto proto) {
+  const int c = static_cast<int>(coll);
+  const int o = static_cast<int>(op);
+  const int t = static_cast<int>(dtype);
+  if (!IsCostedColl(coll) || o < 0 || o >= kNumDevRedOps || t < 0 || t >= kNumDataTypes ||
+      !ValidAlgo(algo) || !ValidProto(proto)) {
+    return -1;
+  }
+  return Funcs().id[c][o][t][static_cast<int>(algo)][static_cast<int>(proto)];
+}
+
+int DevFuncIdP2p() {
+  return Funcs().count;
+}
+
+int NumDevFuncs() {
+  return Funcs().count + 1;
+}
+
+Status ComputeWorkFunc(CollInfo* info) {
+  info->funcIndex = DevFuncId(info->coll, info->opFull.op, info->dtype, info->algo, info->proto);
+  JR_REQUIRE(info->funcIndex >= 0, Code::kInvalidUsage, "no device function for ",
+             CollName(info->coll), " with op ", DevRedOpName(info->opFull.op), ", dtype ",
+             DataTypeName(info->dtype), ", algorithm ", AlgoName(info->algo), ", protocol ",
+             ProtoName(info->proto));
+  return Status::Ok();
+}
+
+}  // namespace jax_rccl
