@@ -22,7 +22,7 @@ demo: install
 	$(PY) -m jax_rccl.demo
 
 test: install
-	$(PY) -m pytest -q tests
+	$(VENV)/bin/pytest -q tests
 
 lint: install
 	$(VENV)/bin/ruff check jax_rccl tests benchmarks

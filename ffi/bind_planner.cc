@@ -195,7 +195,7 @@ nb::list ElemDicts(const Plan& plan, const Work& w, int kernel, int workIx) {
       d["count"] = bytes / es;
       d["byte_offset"] = off;
       d["bytes"] = bytes;
-      d["proto"] = ProtoName(Proto(el.proto));
+      d["proto"] = ProtoName(Proto(el.proto & 3));  // a signed 2-bit field
       d["chunk_size"] = int(el.chunkSize);
       d["nwarps"] = int(el.nWarps);
       d["warp_start"] = int(el.warpStart);

@@ -20,8 +20,10 @@ Status ValidateTopology(const TopologyView& t) {
              t.nNodes);
   JR_REQUIRE(t.nChannels >= 1 && t.nChannels <= kMaxChannels, Code::kInvalidArgument,
              "topology.nchannels must be in 1..", kMaxChannels, ", got ", t.nChannels);
-  JR_REQUIRE(t.p2pnChannels >= 1 && t.p2pnChannels <= kMaxChannels, Code::kInvalidArgument,
-             "topology.p2p_nchannels must be in 1..", kMaxChannels, ", got ", t.p2pnChannels);
+  JR_REQUIRE(t.p2pnChannels >= 1 && t.p2pnChannels <= kMaxChannels &&
+                 (t.p2pnChannels & (t.p2pnChannels - 1)) == 0,
+             Code::kInvalidArgument, "topology.p2p_nchannels must be a power of two in 1..",
+             kMaxChannels, ", got ", t.p2pnChannels);
   JR_REQUIRE(t.p2pnChannelsPerPeer >= 1 && t.p2pnChannelsPerPeer <= t.p2pnChannels &&
                  (t.p2pnChannelsPerPeer & (t.p2pnChannelsPerPeer - 1)) == 0,
              Code::kInvalidArgument,

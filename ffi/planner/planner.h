@@ -49,7 +49,7 @@ struct TaskPlan {
 struct ChannelPlan {
   std::vector<Work> works;
   int nWorkElem = 0;              // elements in the tail work
-  int p2pTailElem[2] = {0, 0};    // next free p2p slot per type (recv, send) in the tail work
+  int p2pTailElem[2] = {0, 0};    // next free p2p slot in the tail work, by type - 1 (send, recv)
   int64_t collBytes = 0;          // collective bytes placed on this channel
   int nWork() const { return static_cast<int>(works.size()); }
 };
