@@ -13,7 +13,8 @@ namespace jax_rccl {
 struct CostModel {
   // Per collective (Coll index < kNumCostColls), algorithm, protocol. A negative latency or a
   // zero bandwidth marks a combination that cannot run.
-  static constexpr int kNumCostColls = 5;  // broadcast, reduce, all_gather, reduce_scatter, all_reduce
+  // broadcast, reduce, all_gather, reduce_scatter, all_reduce
+  static constexpr int kNumCostColls = 5;
   float latencyUs[kNumCostColls][kNumAlgos][kNumProtos] = {};
   float bandwidthGBs[kNumCostColls][kNumAlgos][kNumProtos] = {};
   // Ring bandwidth before protocols were disabled (RCCL's comm->ringbdw): what a Ring

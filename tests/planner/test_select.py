@@ -1,0 +1,389 @@
+"""Algorithm/protocol selection (ffi/planner/select.cc): SetDerived, the tuner hook, the argmin
+over the cost model with masks and backup, channel/thread counts, patterns, device functions,
+and the NCCL_ALGO / NCCL_PROTO mask syntax.
+
+Expected values come from the cost tables of test_cost_model.py (same topologies); the arithmetic
+is in the comments.
+"""
+
+import pytest
+from jax_rccl._jax_rccl import internal
+
+MI300X = dict(
+    nRanks=8,
+    nNodes=1,
+    arch="gfx942",
+    intraLink="xgmi",
+    interLink="net",
+    bwIntra=20.0,
+    bwInter=0.0,
+    nChannels=16,
+    ll128Enabled=False,
+)
+H100 = dict(
+    nRanks=8,
+    nNodes=1,
+    arch="sm90",
+    intraLink="nvlink",
+    interLink="net",
+    bwIntra=20.0,
+    bwInter=0.0,
+    nChannels=16,
+    ll128Enabled=True,
+)
+# MI250X-like pivot topology (RCCL rome_model_56: pivotA2ANumBiRings=3, tuning 1).
+MI250X = dict(
+    nRanks=16,
+    nNodes=1,
+    arch="gfx90a",
+    intraLink="xgmi",
+    bwIntra=10.0,
+    nChannels=32,
+    pivotA2ANumBiRings=3,
+)
+
+MiB = 1 << 20
+
+
+def sel(topo, coll="all_reduce", nbytes=MiB, dtype="float32", **kw):
+    itemsize = {"float32": 4, "int8": 1, "float16": 2, "int32": 4, "float64": 8}[dtype]
+    return internal.select(topo, coll, nbytes // itemsize, dtype, **kw)
+
+
+# ---------------------------------------------------------------------------------------------
+# SetDerived
+
+
+def test_set_derived_per_collective():
+    # all_gather: count is per rank; nBytes = 1000 * 4 * 8; the data moves as int8 bytes.
+    d = internal.select(MI300X, "all_gather", 1000, "float32")
+    assert (d["nbytes"], d["work_bytes"], d["count"], d["dtype"]) == (32000, 4000, 4000, "int8")
+    assert (d["chunk_steps"], d["slice_steps"]) == (4, 2)  # NCCL_STEPS/2, NCCL_STEPS/4
+    # reduce_scatter: per-rank count too, but the type stays.
+    d = internal.select(MI300X, "reduce_scatter", 1000, "float32")
+    assert (d["nbytes"], d["work_bytes"], d["count"], d["dtype"]) == (32000, 4000, 1000, "float32")
+    assert (d["chunk_steps"], d["slice_steps"]) == (4, 2)
+    # broadcast: bytes of int8, one step per chunk and slice.
+    d = internal.select(MI300X, "broadcast", 1000, "float16")
+    assert (d["nbytes"], d["count"], d["dtype"]) == (2000, 2000, "int8")
+    assert (d["chunk_steps"], d["slice_steps"]) == (1, 1)
+    d = internal.select(MI300X, "reduce", 1000, "float16")
+    assert (d["nbytes"], d["count"], d["dtype"]) == (2000, 1000, "float16")
+    assert (d["chunk_steps"], d["slice_steps"]) == (1, 1)
+    d = internal.select(MI300X, "all_reduce", 1000, "float64")
+    assert (d["nbytes"], d["chunk_steps"], d["slice_steps"]) == (8000, 4, 2)
+
+
+# ---------------------------------------------------------------------------------------------
+# The choice
+
+
+def test_mi300x_choices_by_size():
+    # 1 MiB all_reduce (times from the MI300X tables):
+    #   ring/ll     23.2 + 1048576/74971.43          = 37.19
+    #   tree/ll     23.2 + 1048576/(65600*0.6)       = 49.84   (tuning_model_5 tree corr [14])
+    #   ring/simple 67.4 + 1048576/182857.14         = 73.13
+    d = sel(MI300X, nbytes=MiB)
+    assert (d["algorithm"], d["protocol"]) == ("ring", "ll")
+    assert d["predicted_us"] == pytest.approx(
+        23.2 + 1048576 / (1000 * 320 * 0.41 * 8 / 14), rel=1e-5
+    )
+    # channels: 1 MiB >= 16 * 256 threads * 64 (Ring/LL threshold 8*8) -> all 16; AMD keeps 256
+    assert (d["nchannels"], d["nthreads"], d["pattern"]) == (16, 256, "ring_twice")
+    # 64 MiB: ring/simple 67.4 + 67108864/182857 = 434.4 beats ring/ll 918.3, tree/ll 5138.
+    d = sel(MI300X, nbytes=64 * MiB)
+    assert (d["algorithm"], d["protocol"], d["nchannels"], d["nthreads"]) == (
+        "ring",
+        "simple",
+        16,
+        256,
+    )
+    # 4 KiB: ring/ll 23.2546 vs tree/ll 23.2624; channels shrink while 4096 < nc*256*64 -> 1.
+    d = sel(MI300X, nbytes=4096)
+    assert (d["algorithm"], d["protocol"], d["nchannels"], d["nthreads"]) == ("ring", "ll", 1, 256)
+
+
+def test_h100_choices_and_threads():
+    # 4 KiB: ring/ll 15.0 + 4096/45714 = 15.09 wins. Threads (CUDA path): nc 16 -> 1, then
+    # nt 512 -> 256 -> 128 -> 64 while 4096 < nc*nt*64; LL adds no warp; at least 3 warps: 96.
+    d = sel(H100, nbytes=4096)
+    assert (d["algorithm"], d["protocol"], d["nchannels"], d["nthreads"]) == ("ring", "ll", 1, 96)
+    # 64 MiB: ring/simple 56 + 67108864/182857 = 423.0 beats ring/ll128 40.6 + 398.9 = 439.5.
+    # Ring/Simple adds a sync warp: 512 + 32 = 544.
+    d = sel(H100, nbytes=64 * MiB)
+    assert (d["algorithm"], d["protocol"], d["nchannels"], d["nthreads"]) == (
+        "ring",
+        "simple",
+        16,
+        544,
+    )
+    # Tree/Simple adds four warps: 512 + 4*32 = 640.
+    d = sel(H100, nbytes=64 * MiB, algorithm="Tree", protocol="Simple")
+    assert (d["algorithm"], d["protocol"], d["nthreads"]) == ("tree", "simple", 640)
+
+
+def test_masks_are_honoured():
+    # Tree only: tree/ll (tree/simple does not exist on one gfx942 node).
+    d = sel(MI300X, algorithm="Tree")
+    assert (d["algorithm"], d["protocol"], d["pattern"]) == ("tree", "ll", "tree_up_down")
+    # No LL: ring/simple (tree/simple missing, LL128 off).
+    d = sel(MI300X, protocol="^LL")
+    assert (d["algorithm"], d["protocol"]) == ("ring", "simple")
+    # H100 at 1 MiB: ring/ll by default; excluding LL leaves tree/ll128 46.76 vs ring/ll128 46.83.
+    assert sel(H100)["protocol"] == "ll"
+    d = sel(H100, protocol="ll128,simple")
+    assert (d["algorithm"], d["protocol"]) == ("tree", "ll128")
+    d = sel(H100, algorithm="ring", protocol="LL128")
+    assert (d["algorithm"], d["protocol"]) == ("ring", "ll128")
+
+
+def test_backup_when_masks_leave_nothing():
+    # Tree/Simple does not exist on one gfx942 node: with only it allowed, RCCL falls back on a
+    # masked Ring at its full bandwidth (ringbdw), over all its protocols: ring/ll at 1 MiB.
+    d = sel(MI300X, algorithm="Tree", protocol="Simple")
+    assert (d["algorithm"], d["protocol"]) == ("ring", "ll")
+    # all_gather has no Tree: the backup Ring serves it.
+    d = sel(MI300X, "all_gather", algorithm="Tree")
+    assert d["algorithm"] == "ring"
+    d = sel(MI300X, "broadcast", 64 * MiB, algorithm="tree", protocol="simple")
+    assert (d["algorithm"], d["protocol"], d["pattern"]) == ("ring", "simple", "pipeline_from")
+
+
+def test_one_rank_is_ring_simple():
+    one = dict(MI300X, nRanks=1, bwIntra=0.0)
+    d = sel(one, algorithm="Tree", protocol="LL")
+    assert (d["algorithm"], d["protocol"], d["nchannels"]) == ("ring", "simple", 16)
+
+
+def test_patterns():
+    assert sel(MI300X, "broadcast")["pattern"] == "pipeline_from"
+    assert sel(MI300X, "reduce")["pattern"] == "pipeline_to"
+    assert sel(MI300X, "all_gather")["pattern"] == "ring"
+    assert sel(MI300X, "reduce_scatter")["pattern"] == "ring"
+    assert sel(MI300X, "all_reduce", 64 * MiB)["pattern"] == "ring_twice"
+
+
+# ---------------------------------------------------------------------------------------------
+# RCCL's topology-specific rules
+
+
+def test_pivot_topology_rule():
+    # pivotA2ANumBiRings == 3 and no user steering: <= 2200008 bytes -> tree/ll on
+    # min(24, nChannels) channels; above -> ring/simple.
+    d = sel(MI250X, nbytes=MiB)
+    assert (d["algorithm"], d["protocol"], d["nchannels"]) == ("tree", "ll", 24)
+    assert d["func_index"] == internal.dev_func_id("all_reduce", "sum", "float32", "tree", "ll")
+    d = sel(MI250X, nbytes=4 * MiB)
+    assert (d["algorithm"], d["protocol"], d["nchannels"]) == ("ring", "simple", 32)
+    # Masks count as user input: the cost model decides (ring/ll at 1 MiB here).
+    d = sel(MI250X, nbytes=MiB, protocol="^LL128")
+    assert (d["algorithm"], d["protocol"], d["nchannels"]) == ("ring", "ll", 32)
+    # So does a tuner, even one that fixes nothing.
+    d = sel(MI250X, nbytes=MiB, tuner=lambda c, n, k: None)
+    assert (d["algorithm"], d["protocol"]) == ("ring", "ll")
+    # Other collectives are untouched.
+    assert sel(MI250X, "all_gather", MiB)["algorithm"] == "ring"
+
+
+def test_tree_defined_rule():
+    topo = dict(MI300X, nRanks=16, nNodes=2, bwInter=12.5, treeDefined=True)
+    d = sel(topo, nbytes=64 * MiB)
+    assert d["algorithm"] == "tree"
+    assert d["pattern"] == "tree_up_down"
+    assert sel(topo, "reduce_scatter", 64 * MiB)["algorithm"] == "ring"
+
+
+# ---------------------------------------------------------------------------------------------
+# The tuner
+
+
+def test_tuner_fixes_algorithm_and_protocol():
+    calls = []
+
+    def tuner(coll, nbytes, ops):
+        calls.append((coll, nbytes, ops))
+        return ("tree", "ll", 0)
+
+    # The tuner's choice stands even against the masks (as in RCCL).
+    d = sel(MI300X, nbytes=64 * MiB, algorithm="Ring", tuner=tuner)
+    assert (d["algorithm"], d["protocol"], d["user_tuned"]) == ("tree", "ll", False)
+    assert calls == [("all_reduce", 64 * MiB, 1)]
+
+
+def test_tuner_fixes_channels():
+    d = sel(MI300X, nbytes=64 * MiB, tuner=lambda c, n, k: (None, None, 4))
+    assert d["user_tuned"] is True
+    assert (d["algorithm"], d["protocol"], d["nchannels"]) == ("ring", "simple", 4)
+    # Channels still shrink for small sizes: 4096 < nc*256*64 down to 1.
+    d = sel(MI300X, nbytes=4096, tuner=lambda c, n, k: (None, None, 4))
+    assert d["user_tuned"] is True and d["nchannels"] == 1
+
+
+def test_tuner_half_choice_is_ignored():
+    # Only the algorithm: RCCL runs the search (which resets both).
+    d = sel(MI300X, nbytes=64 * MiB, tuner=lambda c, n, k: ("tree", None, 0))
+    assert (d["algorithm"], d["protocol"]) == ("ring", "simple")
+
+
+@pytest.mark.parametrize(
+    "coll, choice, words",
+    [
+        ("broadcast", ("tree", "simple", 0), ["tree", "broadcast", "allowed: ring"]),
+        ("all_gather", ("tree", "ll", 0), ["tree", "all_gather"]),
+        ("all_reduce", ("ring", "ll128", 0), ["ll128", "not enabled"]),
+        ("all_reduce", ("ring", "simple", 1000), ["nChannels", "1000"]),
+        ("all_reduce", ("ring", "simple", -1), ["nChannels"]),
+        ("all_reduce", ("bogus", "simple", 0), ["algorithm", "bogus", "tree, ring"]),
+        ("all_reduce", ("ring", "fast", 0), ["protocol", "fast", "ll, ll128, simple"]),
+        ("all_reduce", "nonsense", ["tuner"]),
+    ],
+)
+def test_tuner_errors(coll, choice, words):
+    with pytest.raises(ValueError) as e:
+        sel(MI300X, coll, tuner=lambda c, n, k: choice)
+    for w in words:
+        assert w in str(e.value)
+
+
+def test_tuner_exception_propagates():
+    def tuner(coll, nbytes, ops):
+        raise RuntimeError("tuner exploded")
+
+    with pytest.raises(ValueError, match="tuner exploded"):
+        sel(MI300X, tuner=tuner)
+
+
+# ---------------------------------------------------------------------------------------------
+# Mask syntax
+
+
+@pytest.mark.parametrize(
+    "spec, mask",
+    [
+        ("", 0b11),
+        ("Ring", 0b10),
+        ("Tree", 0b01),
+        ("tree,ring", 0b11),
+        ("Tree,Ring", 0b11),
+        ("RING", 0b10),
+        ("^Tree", 0b10),
+        ("^ring", 0b01),
+        (" Ring , Tree ", 0b11),
+    ],
+)
+def test_parse_algo_mask(spec, mask):
+    assert internal.parse_algo_mask(spec) == mask
+
+
+@pytest.mark.parametrize(
+    "spec, mask",
+    [
+        ("", 0b111),
+        ("LL", 0b001),
+        ("ll128", 0b010),
+        ("Simple", 0b100),
+        ("^LL128", 0b101),
+        ("LL,Simple", 0b101),
+        ("^ll,simple", 0b010),
+        ("SIMPLE,LL128,LL", 0b111),
+    ],
+)
+def test_parse_proto_mask(spec, mask):
+    assert internal.parse_proto_mask(spec) == mask
+
+
+def test_parse_mask_errors():
+    with pytest.raises(ValueError) as e:
+        internal.parse_algo_mask("CollNet")
+    assert "JAX_RCCL_ALGO" in str(e.value) and "tree, ring" in str(e.value)
+    with pytest.raises(ValueError) as e:
+        internal.parse_proto_mask("LL256", "MY_PROTO")
+    assert "MY_PROTO" in str(e.value) and "ll, ll128, simple" in str(e.value)
+    with pytest.raises(ValueError, match="nothing"):
+        internal.parse_algo_mask("^Tree,Ring")
+    with pytest.raises(ValueError) as e:
+        sel(MI300X, algorithm="NVLS")
+    assert "algorithm" in str(e.value) and "tree, ring" in str(e.value)
+
+
+# ---------------------------------------------------------------------------------------------
+# Device functions
+
+
+def test_dev_func_golden_ids():
+    # Generator order: all_gather (3: ring x ll/ll128/simple, sum, int8), all_reduce
+    # (tree, ring) x 3 protos x (5 ops x 15 types - 6 float SumPostDiv = 69) = 414,
+    # broadcast 3, reduce 3*69 = 207, reduce_scatter 207 -> 834 collective functions, p2p 834.
+    assert internal.dev_func_id("all_gather", "sum", "int8", "ring", "ll") == 0
+    assert internal.dev_func_id("all_gather", "sum", "int8", "ring", "simple") == 2
+    assert internal.dev_func_id("all_reduce", "sum", "int8", "tree", "ll") == 3
+    # ring (after 3*69 tree), ll, sum, float32 (type 7): 3 + 207 + 7
+    assert internal.dev_func_id("all_reduce", "sum", "float32", "ring", "ll") == 217
+    # ring, simple (2*69 further): 355
+    assert internal.dev_func_id("all_reduce", "sum", "float32", "ring", "simple") == 355
+    assert internal.dev_func_id("broadcast", "sum", "int8", "ring", "ll") == 417
+    assert internal.dev_func_id("reduce", "sum", "int8", "ring", "ll") == 420
+    assert internal.dev_func_id("reduce_scatter", "sum", "int8", "ring", "ll") == 627
+    assert internal.dev_func_id_p2p() == 834
+    assert internal.num_dev_funcs() == 835
+
+
+@pytest.mark.parametrize(
+    "combo",
+    [
+        ("broadcast", "sum", "float32", "ring", "simple"),  # broadcast moves int8 only
+        ("all_gather", "sum", "int8", "tree", "ll"),  # no Tree all_gather
+        ("all_gather", "prod", "int8", "ring", "ll"),
+        ("reduce", "sum", "float32", "tree", "ll"),  # Tree only for all_reduce
+        ("reduce_scatter", "minmax", "int32", "tree", "simple"),
+        ("all_reduce", "sumpostdiv", "float32", "ring", "ll"),  # float avg is PreMulSum
+        ("all_reduce", "sumpostdiv", "bfloat16", "tree", "simple"),
+        ("send", "sum", "int8", "ring", "simple"),  # p2p has its own id
+    ],
+)
+def test_dev_func_invalid_combos(combo):
+    assert internal.dev_func_id(*combo) == -1
+
+
+def test_dev_func_ids_are_dense_and_unique():
+    colls = ["broadcast", "reduce", "all_gather", "reduce_scatter", "all_reduce"]
+    ops = ["sum", "prod", "minmax", "premulsum", "sumpostdiv"]
+    types = [
+        "int8",
+        "uint8",
+        "int32",
+        "uint32",
+        "int64",
+        "uint64",
+        "float16",
+        "float32",
+        "float64",
+        "bfloat16",
+        "float8_e4m3fn",
+        "float8_e5m2",
+        "int16",
+        "uint16",
+        "bool",
+    ]
+    ids = []
+    for c in colls:
+        for o in ops:
+            for t in types:
+                for a in ("tree", "ring"):
+                    for p in ("ll", "ll128", "simple"):
+                        i = internal.dev_func_id(c, o, t, a, p)
+                        if i >= 0:
+                            ids.append(i)
+    assert sorted(ids) == list(range(internal.num_dev_funcs() - 1))
+    assert internal.dev_func_id("all_reduce", "sumpostdiv", "int16", "tree", "ll") >= 0
+
+
+def test_select_reports_func_index():
+    d = sel(MI300X, nbytes=64 * MiB)
+    assert d["func_index"] == 355
+    # all_gather of float32 runs the int8 function.
+    d = sel(MI300X, "all_gather", 64 * MiB)
+    assert d["func_index"] == internal.dev_func_id("all_gather", "sum", "int8", "ring", "simple")
+    # A combination without a function is an error naming it.
+    with pytest.raises(ValueError, match="no device function"):
+        internal.select(MI300X, "all_reduce", 1024, "float32", devop="sumpostdiv")
