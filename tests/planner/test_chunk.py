@@ -3,9 +3,9 @@ computeCollLastChunkInfo, computeCollSteps, initCollWorkElem). Golden numbers wo
 from the reference code; the arithmetic is in the comments."""
 
 import pytest
+from jax_rccl._jax_rccl import internal
 
 from jax_rccl import planner
-from jax_rccl._jax_rccl import internal
 
 BUFF = (262144, 458752, 4194304)  # LL, LL128, Simple (RCCL defaults)
 
@@ -18,9 +18,11 @@ def test_mi300x_all_reduce_1mb_ring_simple():
     # chunk: stepSize = 4194304/8 = 524288; Ring/Simple keeps chunkSteps 4 -> chunkSize 2097152;
     #   ring_twice pattern: no halving; chunkCount = 2097152/4 = 524288.
     # alignCount (Simple) = 64*8*16 / 4 = 2048 elements.
-    # channel c: enqBytes = min(18736, left) -> divUp(18736, 4) = 4684 -> alignUp(4684, 2048) = 6144.
+    # channel c: enqBytes = min(18736, left) -> divUp(18736, 4) = 4684
+    #   -> alignUp(4684, 2048) = 6144.
     #   262144 = 42*6144 + 4096: channels 0..41 take 6144, channel 42 takes 4096 -> 43 channels.
-    # lastChunkCount: rem = 6144 % (8*524288) = 6144 -> alignUp(divUp(6144, 8) = 768, 2048) = 2048;
+    # lastChunkCount: rem = 6144 % (8*524288) = 6144
+    #   -> alignUp(divUp(6144, 8) = 768, 2048) = 2048;
     #   same for 4096 (512 -> 2048). nWarps = 256/64 = 4.
     topo = planner.Topology.preset("mi300x-8")
     d = planner.plan(

@@ -2,9 +2,9 @@
 waitWorkFifoAvailable, rollingLess32, rollingMin32). Worked out by hand from the reference."""
 
 import pytest
+from jax_rccl._jax_rccl import internal
 
 from jax_rccl import planner
-from jax_rccl._jax_rccl import internal
 
 U32 = 1 << 32
 
