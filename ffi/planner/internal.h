@@ -115,7 +115,8 @@ int NumDevFuncs();
 
 // ---- chunk.cc ----
 Status ComputeChunkInfo(const PlanContext& ctx, CollInfo* info, int64_t nBytes, int nChannels);
-int64_t ComputeAlignCount(const CollInfo& info);
+// Needs ctx for the warp size (NCCL_SIMPLE_ALIGNMENT = warpSize * 8 * 16 bytes).
+int64_t ComputeAlignCount(const PlanContext& ctx, const CollInfo& info);
 int64_t ComputeLastChunkCount(const PlanContext& ctx, const CollInfo& info, uint64_t workCount,
                               int64_t alignCount);
 uint32_t ComputeSteps(const PlanContext& ctx, const CollInfo& info, uint64_t workCount);

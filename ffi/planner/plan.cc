@@ -49,9 +49,10 @@ Status ValidateTopology(const TopologyView& t) {
 
 namespace {
 
-// collCmp: the collective queue is ordered by (collective, datatype, device op, count); equal
-// keys keep their issue order.
-bool CollAfter(const CollInfo& a, const CollInfo& b) {
+// collCmp: a task compares greater than another by (collective, datatype, device op, count); it
+// never reports equality. The sorted insert walks past queued tasks that compare greater than the
+// new one, so the queue runs in descending order and a new task goes before its equals.
+bool CollGreater(const CollInfo& a, const CollInfo& b) {
   if (a.coll != b.coll) return a.coll > b.coll;
   if (a.dtype != b.dtype) return a.dtype > b.dtype;
   if (a.opFull.op != b.opFull.op) return a.opFull.op > b.opFull.op;
@@ -61,7 +62,7 @@ bool CollAfter(const CollInfo& a, const CollInfo& b) {
 void SortEnqueue(GroupState* g, int ix) {
   auto& q = g->collQueue;
   auto it = q.begin();
-  while (it != q.end() && !CollAfter(g->colls[*it], g->colls[ix])) ++it;
+  while (it != q.end() && CollGreater(g->colls[*it], g->colls[ix])) ++it;
   q.insert(it, ix);
 }
 
