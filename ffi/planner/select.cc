@@ -59,7 +59,8 @@ Status CheckFixedChoice(const PlanContext& ctx, const CollInfo& info) {
 // The device function space (after RCCL's cmake/Generator.cmake): collectives in the
 // generator's order (all_gather, all_reduce, broadcast, reduce, reduce_scatter), then algorithm,
 // protocol, device op and data type, type varying fastest. Only existing combinations get an id:
-//   all_gather, broadcast:    Ring, every protocol, Sum, int8 (their data moves as bytes)
+//   all_gather, broadcast:    Ring, every protocol, Sum, int8 (their data moves as bytes; any
+//                             op and type maps to that function, as in RCCL)
 //   all_reduce:               Tree and Ring, every protocol, every op and type
 //   reduce, reduce_scatter:   Ring, every protocol, every op and type
 // minus SumPostDiv on floating types (a float average is a PreMulSum). Send/recv take one id
@@ -272,8 +273,11 @@ Status GetChannelThreadInfo(const PlanContext& ctx, CollInfo* info) {
         info->algo = Algo::kRing;
       }
     }
-  } else if (info->coll == Coll::kAllReduce && topo.treeDefined) {
-    info->algo = Algo::kTree;  // the topology file's tree serves all_reduce
+  } else if (info->coll == Coll::kAllReduce && topo.treeDefined &&
+             (ctx.tuning.algoMask & (1u << static_cast<int>(Algo::kTree)))) {
+    // The topology file's tree serves all_reduce. Unlike RCCL, not when the algorithm mask
+    // excludes Tree: a forced algorithm holds.
+    info->algo = Algo::kTree;
     info->nChannels = nc;
   } else {
     info->nChannels = nc;
@@ -308,11 +312,17 @@ Status GetPatternInfo(CollInfo* info) {
 
 int DevFuncId(Coll coll, DevRedOp op, DataType dtype, Algo algo, Proto proto) {
   const int c = static_cast<int>(coll);
-  const int o = static_cast<int>(op);
-  const int t = static_cast<int>(dtype);
+  int o = static_cast<int>(op);
+  int t = static_cast<int>(dtype);
   if (!IsCostedColl(coll) || o < 0 || o >= kNumDevRedOps || t < 0 || t >= kNumDataTypes ||
       !ValidAlgo(algo) || !ValidProto(proto)) {
     return -1;
+  }
+  // Gathers and broadcasts copy bytes: like RCCL's ncclDevFuncId, their id ignores the op and the
+  // data type (one function per protocol).
+  if (coll == Coll::kAllGather || coll == Coll::kBroadcast) {
+    o = static_cast<int>(DevRedOp::kSum);
+    t = static_cast<int>(DataType::kInt8);
   }
   return Funcs().id[c][o][t][static_cast<int>(algo)][static_cast<int>(proto)];
 }
