@@ -18,8 +18,12 @@ def tasks_mix(n: int, seed: int = 0) -> list[dict]:
     dtypes = ["float32", "bfloat16", "float16", "int32"]
     out = []
     for _ in range(n):
-        t = planner.Task(rng.choice(colls), rng.choice([256, 4096, 65536, 1 << 20]),
-                         rng.choice(dtypes), op=rng.choice(["sum", "max"]))
+        t = planner.Task(
+            rng.choice(colls),
+            rng.choice([256, 4096, 65536, 1 << 20]),
+            rng.choice(dtypes),
+            op=rng.choice(["sum", "max"]),
+        )
         out.append(t.to_native())
     return out
 

@@ -19,63 +19,9 @@ namespace nb = nanobind;
 namespace jax_rccl {
 namespace {
 
-template <typename T>
-T Field(const nb::handle& v, const std::string& key) {
-  T out;
-  if (!nb::try_cast(v, out)) {
-    throw nb::value_error(
-        ("topology." + key + ": wrong type " + std::string(nb::type_name(v.type()).c_str()))
-            .c_str());
-  }
-  return out;
-}
-
-// A TopologyView from a dict with its field names; missing fields keep their defaults. The
-// result is validated like a planner input.
+// The shared dict conversion, validated like a planner input.
 TopologyView P2pTopologyFromDict(const nb::dict& d) {
-  TopologyView t;
-  for (auto [k, v] : d) {
-    const std::string key = nb::cast<std::string>(k);
-    if (key == "nRanks") {
-      t.nRanks = Field<int>(v, key);
-    } else if (key == "nNodes") {
-      t.nNodes = Field<int>(v, key);
-    } else if (key == "arch") {
-      t.arch = ValueOrThrow(ParseArch(Field<std::string>(v, key)));
-    } else if (key == "intraLink") {
-      t.intraLink = ValueOrThrow(ParseLink(Field<std::string>(v, key)));
-    } else if (key == "interLink") {
-      t.interLink = ValueOrThrow(ParseLink(Field<std::string>(v, key)));
-    } else if (key == "bwIntra") {
-      t.bwIntra = Field<float>(v, key);
-    } else if (key == "bwInter") {
-      t.bwInter = Field<float>(v, key);
-    } else if (key == "nChannels") {
-      t.nChannels = Field<int>(v, key);
-    } else if (key == "p2pnChannels") {
-      t.p2pnChannels = Field<int>(v, key);
-    } else if (key == "p2pnChannelsPerPeer") {
-      t.p2pnChannelsPerPeer = Field<int>(v, key);
-    } else if (key == "buffSizes") {
-      const auto sizes = Field<std::vector<int64_t>>(v, key);
-      if (sizes.size() != size_t(kNumProtos)) {
-        throw nb::value_error("topology.buffSizes: expected 3 sizes (ll, ll128, simple)");
-      }
-      for (int p = 0; p < kNumProtos; ++p) t.buffSizes[p] = sizes[p];
-    } else if (key == "p2pChunkSize") {
-      t.p2pChunkSize = Field<int64_t>(v, key);
-    } else if (key == "ll128Enabled") {
-      t.ll128Enabled = Field<bool>(v, key);
-    } else if (key == "treeDefined") {
-      t.treeDefined = Field<bool>(v, key);
-    } else if (key == "pivotA2ANumBiRings") {
-      t.pivotA2ANumBiRings = Field<int>(v, key);
-    } else if (key == "workFifoDepth") {
-      t.workFifoDepth = Field<int>(v, key);
-    } else {
-      throw nb::value_error(("topology: unknown field '" + key + "'").c_str());
-    }
-  }
+  TopologyView t = TopologyFromDict(d);
   ThrowIfError(ValidateTopology(t));
   return t;
 }

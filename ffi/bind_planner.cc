@@ -32,26 +32,48 @@ TopologyView TopologyFromDict(const nb::dict& d) {
   TopologyView t;
   for (auto [k, v] : d) {
     std::string key = nb::cast<std::string>(k);
-    if (key == "nRanks") t.nRanks = Get<int>(v, "nRanks");
-    else if (key == "nNodes") t.nNodes = Get<int>(v, "nNodes");
-    else if (key == "arch") t.arch = ValueOrThrow(ParseArch(Get<std::string>(v, "arch")));
-    else if (key == "intraLink") t.intraLink = ValueOrThrow(ParseLink(Get<std::string>(v, "intraLink")));
-    else if (key == "interLink") t.interLink = ValueOrThrow(ParseLink(Get<std::string>(v, "interLink")));
-    else if (key == "bwIntra") t.bwIntra = Get<float>(v, "bwIntra");
-    else if (key == "bwInter") t.bwInter = Get<float>(v, "bwInter");
-    else if (key == "nChannels") t.nChannels = Get<int>(v, "nChannels");
-    else if (key == "p2pnChannels") t.p2pnChannels = Get<int>(v, "p2pnChannels");
-    else if (key == "p2pnChannelsPerPeer") t.p2pnChannelsPerPeer = Get<int>(v, "p2pnChannelsPerPeer");
+    if (key == "nRanks")
+      t.nRanks = Get<int>(v, "nRanks");
+    else if (key == "nNodes")
+      t.nNodes = Get<int>(v, "nNodes");
+    else if (key == "arch")
+      t.arch = ValueOrThrow(ParseArch(Get<std::string>(v, "arch")));
+    else if (key == "intraLink")
+      t.intraLink = ValueOrThrow(ParseLink(Get<std::string>(v, "intraLink")));
+    else if (key == "interLink")
+      t.interLink = ValueOrThrow(ParseLink(Get<std::string>(v, "interLink")));
+    else if (key == "bwIntra")
+      t.bwIntra = Get<float>(v, "bwIntra");
+    else if (key == "bwInter")
+      t.bwInter = Get<float>(v, "bwInter");
+    else if (key == "nChannels")
+      t.nChannels = Get<int>(v, "nChannels");
+    else if (key == "p2pnChannels")
+      t.p2pnChannels = Get<int>(v, "p2pnChannels");
+    else if (key == "p2pnChannelsPerPeer")
+      t.p2pnChannelsPerPeer = Get<int>(v, "p2pnChannelsPerPeer");
     else if (key == "buffSizes") {
       auto sizes = Get<std::vector<int64_t>>(v, "buffSizes");
-      if (sizes.size() != kNumProtos) throw nb::value_error("topology.buffSizes: 3 sizes (ll, ll128, simple)");
+      if (sizes.size() != kNumProtos)
+        throw nb::value_error("topology.buffSizes: 3 sizes (ll, ll128, simple)");
       for (int p = 0; p < kNumProtos; ++p) t.buffSizes[p] = sizes[p];
-    } else if (key == "p2pChunkSize") t.p2pChunkSize = Get<int64_t>(v, "p2pChunkSize");
-    else if (key == "ll128Enabled") t.ll128Enabled = Get<bool>(v, "ll128Enabled");
-    else if (key == "treeDefined") t.treeDefined = Get<bool>(v, "treeDefined");
-    else if (key == "pivotA2ANumBiRings") t.pivotA2ANumBiRings = Get<int>(v, "pivotA2ANumBiRings");
-    else if (key == "workFifoDepth") t.workFifoDepth = Get<int>(v, "workFifoDepth");
-    else throw nb::value_error(("topology: unknown field '" + key + "'").c_str());
+    } else if (key == "p2pChunkSize")
+      t.p2pChunkSize = Get<int64_t>(v, "p2pChunkSize");
+    else if (key == "ll128Enabled")
+      t.ll128Enabled = Get<bool>(v, "ll128Enabled");
+    else if (key == "treeDefined")
+      t.treeDefined = Get<bool>(v, "treeDefined");
+    else if (key == "pivotA2ANumBiRings")
+      t.pivotA2ANumBiRings = Get<int>(v, "pivotA2ANumBiRings");
+    else if (key == "workFifoDepth")
+      t.workFifoDepth = Get<int>(v, "workFifoDepth");
+    else
+      throw nb::value_error(("topology: unknown field '" + key +
+                             "'; allowed: nRanks, nNodes, arch, intraLink, interLink, bwIntra, "
+                             "bwInter, nChannels, p2pnChannels, p2pnChannelsPerPeer, buffSizes, "
+                             "p2pChunkSize, ll128Enabled, treeDefined, pivotA2ANumBiRings, "
+                             "workFifoDepth")
+                                .c_str());
   }
   return t;
 }
@@ -66,14 +88,17 @@ TaskDesc TaskFromDict(const nb::dict& d, size_t index) {
   t.coll = ValueOrThrow(ParseColl(nb::cast<std::string>(d["coll"])));
   int64_t count = nb::cast<int64_t>(d["count"]);
   if (count < 0) {
-    throw nb::value_error(("tasks[" + std::to_string(index) + "]: count must be >= 0, got " +
-                           std::to_string(count)).c_str());
+    throw nb::value_error(
+        ("tasks[" + std::to_string(index) + "]: count must be >= 0, got " + std::to_string(count))
+            .c_str());
   }
   t.count = uint64_t(count);
   t.dtype = ValueOrThrow(ParseDataType(nb::cast<std::string>(d["dtype"])));
   if (nb::handle op = field("op"); op.is_valid() && !op.is_none()) {
-    if (nb::isinstance<nb::int_>(op)) t.op = nb::cast<int32_t>(op);
-    else t.op = ValueOrThrow(ParseRedOp(nb::cast<std::string>(op)));
+    if (nb::isinstance<nb::int_>(op))
+      t.op = nb::cast<int32_t>(op);
+    else
+      t.op = ValueOrThrow(ParseRedOp(nb::cast<std::string>(op)));
   }
   if (nb::handle r = field("root"); r.is_valid() && !r.is_none()) t.root = nb::cast<int>(r);
   if (nb::handle p = field("peer"); p.is_valid() && !p.is_none()) t.peer = nb::cast<int>(p);
@@ -148,8 +173,10 @@ nb::dict WorkHeaderDict(const Work& w) {
   h["func_index"] = int(w.header.funcIndex);
   h["is_last"] = bool(w.header.isLast);
   h["in_fifo"] = bool(w.header.inFifo);
-  if (w.header.isLast) h["done_acks"] = w.header.doneAcks;
-  else h["work_next"] = w.header.workNext;
+  if (w.header.isLast)
+    h["done_acks"] = w.header.doneAcks;
+  else
+    h["work_next"] = w.header.workNext;
   return h;
 }
 
@@ -230,7 +257,7 @@ nb::dict PlanToDict(const Plan& plan) {
     d["peer"] = p2p ? nb::object(nb::int_(tp.peer)) : nb::object(nb::none());
     d["nbytes"] = tp.nBytes;
     d["algorithm"] = (p2p || tp.algo == Algo::kUndef) ? nb::object(nb::none())
-                                                       : nb::object(nb::str(AlgoName(tp.algo)));
+                                                      : nb::object(nb::str(AlgoName(tp.algo)));
     d["protocol"] = tp.proto == Proto::kUndef ? nb::object(nb::none())
                                               : nb::object(nb::str(ProtoName(tp.proto)));
     d["pattern"] = PatternName(tp.pattern);
@@ -380,8 +407,8 @@ void BindPlanner(nb::module_& m) {
       "bench_plan",
       [](const nb::dict& topology, const nb::list& tasks, int iters, const std::string& algo,
          const std::string& proto) {
-        PlanRequest req = MakeRequest(topology, tasks, 0, algo, proto, nb::none(), nullptr, true,
-                                      0, 16384);
+        PlanRequest req =
+            MakeRequest(topology, tasks, 0, algo, proto, nb::none(), nullptr, true, 0, 16384);
         ThrowIfError(MakePlan(req).status());
         auto t0 = std::chrono::steady_clock::now();
         for (int i = 0; i < iters; ++i) {

@@ -41,11 +41,11 @@ std::string Show(const T& v) {
 
 Params LoadParams(std::vector<std::string>* warnings) {
   Params p;
-#define JAX_RCCL_PARAM_READ_Int(name, env)                                               \
-  if (!ReadInt(v, &p.name) && warnings)                                                  \
+#define JAX_RCCL_PARAM_READ_Int(name, env) \
+  if (!ReadInt(v, &p.name) && warnings)    \
     warnings->push_back(std::string(env) + "='" + v + "' is not an integer; using the default");
-#define JAX_RCCL_PARAM_READ_Float(name, env)                                             \
-  if (!ReadFloat(v, &p.name) && warnings)                                                \
+#define JAX_RCCL_PARAM_READ_Float(name, env) \
+  if (!ReadFloat(v, &p.name) && warnings)    \
     warnings->push_back(std::string(env) + "='" + v + "' is not a number; using the default");
 #define JAX_RCCL_PARAM_READ_String(name, env) p.name = v;
 #define JAX_RCCL_PARAM_READ(name, env, kind, def, doc) \

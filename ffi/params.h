@@ -10,20 +10,19 @@
 namespace jax_rccl {
 
 // X(field, env, kind, default, doc): kind is Int, Float or String.
-#define JAX_RCCL_PARAMS(X)                                                                    \
-  X(algo, "JAX_RCCL_ALGO", String, "",                                                       \
-    "Algorithms the planner may choose, NCCL syntax: 'Ring', 'Tree,Ring', '^Tree'")          \
-  X(proto, "JAX_RCCL_PROTO", String, "",                                                     \
-    "Protocols the planner may choose, NCCL syntax: 'Simple', 'LL,LL128', '^LL128'")         \
-  X(timeout, "JAX_RCCL_TIMEOUT", Float, 300.0,                                               \
-    "Seconds a rank waits for its peers before the call fails with an error")                \
-  X(debug, "JAX_RCCL_DEBUG", String, "WARN",                                                 \
-    "Log level: WARN, INFO (each plan choice) or TRACE")                                     \
-  X(p2p_ll_threshold, "JAX_RCCL_P2P_LL_THRESHOLD", Int, 16384,                               \
-    "Point-to-point chunks up to this many bytes use the LL protocol")                       \
-  X(nchannels, "JAX_RCCL_NCHANNELS", Int, 0,                                                 \
-    "Channels for collectives; 0 keeps the topology's value")                                \
-  X(work_fifo_depth, "JAX_RCCL_WORK_FIFO_DEPTH", Int, 65536,                                 \
+#define JAX_RCCL_PARAMS(X)                                                                        \
+  X(algo, "JAX_RCCL_ALGO", String, "",                                                            \
+    "Algorithms the planner may choose, NCCL syntax: 'Ring', 'Tree,Ring', '^Tree'")               \
+  X(proto, "JAX_RCCL_PROTO", String, "",                                                          \
+    "Protocols the planner may choose, NCCL syntax: 'Simple', 'LL,LL128', '^LL128'")              \
+  X(timeout, "JAX_RCCL_TIMEOUT", Float, 300.0,                                                    \
+    "Seconds a rank waits for its peers before the call fails with an error")                     \
+  X(debug, "JAX_RCCL_DEBUG", String, "WARN", "Log level: WARN, INFO (each plan choice) or TRACE") \
+  X(p2p_ll_threshold, "JAX_RCCL_P2P_LL_THRESHOLD", Int, 16384,                                    \
+    "Point-to-point chunks up to this many bytes use the LL protocol")                            \
+  X(nchannels, "JAX_RCCL_NCHANNELS", Int, 0,                                                      \
+    "Channels for collectives; 0 keeps the topology's value")                                     \
+  X(work_fifo_depth, "JAX_RCCL_WORK_FIFO_DEPTH", Int, 65536,                                      \
     "Work elements in the FIFO ring of a non-persistent launch (a power of two)")
 
 struct Params {

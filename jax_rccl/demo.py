@@ -15,10 +15,14 @@ def main() -> None:
         ("8 x MI300X all-reduce, 4 KB", [planner.Task("all_reduce", 1024, f32)]),
         ("8 x MI300X all-reduce, 1 MB", [planner.Task("all_reduce", 1 << 18, f32)]),
         ("8 x MI300X all-reduce, 256 MB", [planner.Task("all_reduce", 1 << 26, f32)]),
-        ("8 x MI300X all-gather, 16 MB per rank (bfloat16)",
-         [planner.Task("all_gather", 1 << 23, "bfloat16")]),
-        ("8 x MI300X grouped call: 50 small all-reduces (4 KB .. 200 KB)",
-         [planner.Task("all_reduce", 1024 * (i + 1), f32) for i in range(50)]),
+        (
+            "8 x MI300X all-gather, 16 MB per rank (bfloat16)",
+            [planner.Task("all_gather", 1 << 23, "bfloat16")],
+        ),
+        (
+            "8 x MI300X grouped call: 50 small all-reduces (4 KB .. 200 KB)",
+            [planner.Task("all_reduce", 1024 * (i + 1), f32) for i in range(50)],
+        ),
     ]
     for title, tasks in cases:
         print("=" * 100)

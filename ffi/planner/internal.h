@@ -81,11 +81,11 @@ struct P2pInfo {
 
 // The group being planned (ncclTasks).
 struct GroupState {
-  std::vector<CollInfo> colls;          // storage; queues hold indices into it
-  std::deque<int> collQueue;            // sorted by collCmp
+  std::vector<CollInfo> colls;  // storage; queues hold indices into it
+  std::deque<int> collQueue;    // sorted by collCmp
   std::deque<int> collCBDQueue;
   std::deque<int> collTunedQueue;
-  std::vector<P2pInfo> p2ps;            // storage
+  std::vector<P2pInfo> p2ps;               // storage
   std::vector<std::deque<int>> sendQueue;  // per peer, indices into p2ps
   std::vector<std::deque<int>> recvQueue;
   int nTasksColl = 0;
@@ -147,7 +147,11 @@ Status ScheduleP2pTasks(const PlanContext& ctx, GroupState* g, KernelPlan* kp, i
 // threads per block.
 void FinishKernelPlan(const PlanContext& ctx, KernelPlan* kp);
 
-inline int64_t DivUp(int64_t x, int64_t y) { return (x + y - 1) / y; }
-inline int64_t AlignUp(int64_t x, int64_t a) { return DivUp(x, a) * a; }
+inline int64_t DivUp(int64_t x, int64_t y) {
+  return (x + y - 1) / y;
+}
+inline int64_t AlignUp(int64_t x, int64_t a) {
+  return DivUp(x, a) * a;
+}
 
 }  // namespace jax_rccl

@@ -42,8 +42,9 @@ Status ValidateTopology(const TopologyView& t) {
   JR_REQUIRE(t.nNodes == 1 || t.bwInter > 0, Code::kInvalidArgument,
              "topology.bw_inter must be > 0 GB/s when nnodes > 1");
   JR_REQUIRE(t.workFifoDepth >= 2 * kMaxChannels && (t.workFifoDepth & (t.workFifoDepth - 1)) == 0,
-             Code::kInvalidArgument, "topology.work_fifo_depth must be a power of two >= ",
-             2 * kMaxChannels, ", got ", t.workFifoDepth);
+             Code::kInvalidArgument,
+             "topology.work_fifo_depth must be a power of two >= ", 2 * kMaxChannels, ", got ",
+             t.workFifoDepth);
   return Status::Ok();
 }
 
@@ -74,11 +75,11 @@ Status ArgsCheck(const PlanRequest& req, int index, const TaskDesc& t) {
              Code::kInvalidArgument, "tasks[", index, "]: invalid collective ", int(t.coll));
   const bool p2p = t.coll == Coll::kSend || t.coll == Coll::kRecv;
   if (p2p) {
-    JR_REQUIRE(t.peer >= 0 && t.peer < nRanks, Code::kInvalidArgument, "tasks[", index, "] (",
-               name, "): invalid peer ", t.peer, " (peer must be in 0..", nRanks - 1, ")");
+    JR_REQUIRE(t.peer >= 0 && t.peer < nRanks, Code::kInvalidArgument, "tasks[", index, "] (", name,
+               "): invalid peer ", t.peer, " (peer must be in 0..", nRanks - 1, ")");
   } else if (t.coll == Coll::kBroadcast || t.coll == Coll::kReduce) {
-    JR_REQUIRE(t.root >= 0 && t.root < nRanks, Code::kInvalidArgument, "tasks[", index, "] (",
-               name, "): invalid root ", t.root, " (root must be in 0..", nRanks - 1, ")");
+    JR_REQUIRE(t.root >= 0 && t.root < nRanks, Code::kInvalidArgument, "tasks[", index, "] (", name,
+               "): invalid root ", t.root, " (root must be in 0..", nRanks - 1, ")");
   }
   JR_REQUIRE(int(t.dtype) >= 0 && int(t.dtype) < kNumDataTypes, Code::kInvalidArgument, "tasks[",
              index, "] (", name, "): invalid dtype ", int(t.dtype));
@@ -89,8 +90,8 @@ Status ArgsCheck(const PlanRequest& req, int index, const TaskDesc& t) {
                "): reduction op ", t.op, " is a user op handle but no RedOpTable was given");
     auto user = req.userOps->Lookup(t.op);
     if (!user.ok()) {
-      Status s(user.status().code(), detail::StrCat("tasks[", index, "] (", name,
-                                                    "): ", user.status().message()));
+      Status s(user.status().code(),
+               detail::StrCat("tasks[", index, "] (", name, "): ", user.status().message()));
       JR_CHECK(s);
     }
   }

@@ -48,9 +48,9 @@ struct TaskPlan {
 // One channel of one kernel launch (ncclKernelPlan::Channel).
 struct ChannelPlan {
   std::vector<Work> works;
-  int nWorkElem = 0;              // elements in the tail work
-  int p2pTailElem[2] = {0, 0};    // next free p2p slot in the tail work, by type - 1 (send, recv)
-  int64_t collBytes = 0;          // collective bytes placed on this channel
+  int nWorkElem = 0;            // elements in the tail work
+  int p2pTailElem[2] = {0, 0};  // next free p2p slot in the tail work, by type - 1 (send, recv)
+  int64_t collBytes = 0;        // collective bytes placed on this channel
   int nWork() const { return static_cast<int>(works.size()); }
 };
 
@@ -69,7 +69,7 @@ struct KernelPlan {
 struct Plan {
   int rank = 0;
   int nRanks = 1;
-  bool oneRank = false;  // one rank: collectives are plain copies (ncclLaunchOneRank)
+  bool oneRank = false;             // one rank: collectives are plain copies (ncclLaunchOneRank)
   std::vector<TaskPlan> tasks;      // in the order given
   std::vector<KernelPlan> kernels;  // in launch order
 };
@@ -81,8 +81,8 @@ struct PlanRequest {
   Tuning tuning;
   PlannerParams params;
   const RedOpTable* userOps = nullptr;  // where user op handles are looked up
-  bool persistent = true;  // work budget: unbounded (persistent) or half the FIFO
-  uint64_t opCount = 0;    // the communicator's op counter, stamped into elements
+  bool persistent = true;               // work budget: unbounded (persistent) or half the FIFO
+  uint64_t opCount = 0;                 // the communicator's op counter, stamped into elements
 };
 
 // Validates the tasks (ArgsCheck) and builds the plan.
@@ -105,8 +105,8 @@ struct FifoState {
   uint32_t channelSent[kMaxChannels] = {};
 };
 struct FifoLayout {
-  uint32_t ixHead = 0;      // index of the first work (before masking)
-  uint32_t waitAcked = 0;   // the FIFO must be acked up to here (ixHead + nWork) before writing
+  uint32_t ixHead = 0;     // index of the first work (before masking)
+  uint32_t waitAcked = 0;  // the FIFO must be acked up to here (ixHead + nWork) before writing
   std::vector<std::pair<uint32_t, Work>> writes;  // (ring slot, work)
 };
 // Places the plan in the ring, skipping to the wrap boundary when the first works would straddle

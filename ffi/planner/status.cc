@@ -6,13 +6,20 @@ namespace jax_rccl {
 
 const char* CodeName(Code code) {
   switch (code) {
-    case Code::kOk: return "ok";
-    case Code::kInvalidArgument: return "invalid argument";
-    case Code::kInvalidUsage: return "invalid usage";
-    case Code::kUnsupported: return "unsupported";
-    case Code::kInternal: return "internal error";
-    case Code::kTimeout: return "timeout";
-    case Code::kSystem: return "system error";
+    case Code::kOk:
+      return "ok";
+    case Code::kInvalidArgument:
+      return "invalid argument";
+    case Code::kInvalidUsage:
+      return "invalid usage";
+    case Code::kUnsupported:
+      return "unsupported";
+    case Code::kInternal:
+      return "internal error";
+    case Code::kTimeout:
+      return "timeout";
+    case Code::kSystem:
+      return "system error";
   }
   return "unknown";
 }

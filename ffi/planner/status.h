@@ -56,7 +56,7 @@ std::string StrCat(Args&&... args) {
 template <typename T>
 class [[nodiscard]] StatusOr {
  public:
-  StatusOr(T value) : value_(std::move(value)) {}  // NOLINT: implicit by design
+  StatusOr(T value) : value_(std::move(value)) {}          // NOLINT: implicit by design
   StatusOr(Status status) : status_(std::move(status)) {}  // NOLINT
   bool ok() const { return status_.ok(); }
   const Status& status() const { return status_; }
@@ -75,32 +75,32 @@ class [[nodiscard]] StatusOr {
 #define JR_STATUS_FRAME_(s) (s).AddFrame(__FILE__, __LINE__)
 
 // Returns the status of `expr` from the enclosing function if it is an error.
-#define JR_CHECK(expr)                      \
-  do {                                      \
-    ::jax_rccl::Status _jr_s = (expr);      \
-    if (!_jr_s.ok()) {                      \
-      JR_STATUS_FRAME_(_jr_s);              \
-      return _jr_s;                         \
-    }                                       \
+#define JR_CHECK(expr)                 \
+  do {                                 \
+    ::jax_rccl::Status _jr_s = (expr); \
+    if (!_jr_s.ok()) {                 \
+      JR_STATUS_FRAME_(_jr_s);         \
+      return _jr_s;                    \
+    }                                  \
   } while (0)
 
 // Returns a new error with a message built from the remaining arguments (streamed).
-#define JR_FAIL(code, ...)                                                             \
-  do {                                                                                 \
-    ::jax_rccl::Status _jr_s(code, ::jax_rccl::detail::StrCat(__VA_ARGS__));           \
-    JR_STATUS_FRAME_(_jr_s);                                                           \
-    return _jr_s;                                                                      \
+#define JR_FAIL(code, ...)                                                   \
+  do {                                                                       \
+    ::jax_rccl::Status _jr_s(code, ::jax_rccl::detail::StrCat(__VA_ARGS__)); \
+    JR_STATUS_FRAME_(_jr_s);                                                 \
+    return _jr_s;                                                            \
   } while (0)
 
 // Fails with `code` and the message when `cond` does not hold.
-#define JR_REQUIRE(cond, code, ...)     \
-  do {                                  \
+#define JR_REQUIRE(cond, code, ...)          \
+  do {                                       \
     if (!(cond)) JR_FAIL(code, __VA_ARGS__); \
   } while (0)
 
 // Assigns the value of a StatusOr expression to `lhs`, or returns its error.
-#define JR_ASSIGN_OR_RETURN(lhs, expr)             \
-  auto JR_CONCAT_(_jr_so_, __LINE__) = (expr);     \
+#define JR_ASSIGN_OR_RETURN(lhs, expr)              \
+  auto JR_CONCAT_(_jr_so_, __LINE__) = (expr);      \
   JR_CHECK(JR_CONCAT_(_jr_so_, __LINE__).status()); \
   lhs = JR_CONCAT_(_jr_so_, __LINE__).take()
 #define JR_CONCAT_INNER_(a, b) a##b

@@ -86,113 +86,173 @@ bool IsSignedInteger(DataType t) {
 
 const char* CollName(Coll c) {
   switch (c) {
-    case Coll::kBroadcast: return "broadcast";
-    case Coll::kReduce: return "reduce";
-    case Coll::kAllGather: return "all_gather";
-    case Coll::kReduceScatter: return "reduce_scatter";
-    case Coll::kAllReduce: return "all_reduce";
-    case Coll::kSendRecv: return "send_recv";
-    case Coll::kSend: return "send";
-    case Coll::kRecv: return "recv";
+    case Coll::kBroadcast:
+      return "broadcast";
+    case Coll::kReduce:
+      return "reduce";
+    case Coll::kAllGather:
+      return "all_gather";
+    case Coll::kReduceScatter:
+      return "reduce_scatter";
+    case Coll::kAllReduce:
+      return "all_reduce";
+    case Coll::kSendRecv:
+      return "send_recv";
+    case Coll::kSend:
+      return "send";
+    case Coll::kRecv:
+      return "recv";
   }
   return "?";
 }
 
 const char* DataTypeName(DataType t) {
   switch (t) {
-    case DataType::kInt8: return "int8";
-    case DataType::kUint8: return "uint8";
-    case DataType::kInt32: return "int32";
-    case DataType::kUint32: return "uint32";
-    case DataType::kInt64: return "int64";
-    case DataType::kUint64: return "uint64";
-    case DataType::kFloat16: return "float16";
-    case DataType::kFloat32: return "float32";
-    case DataType::kFloat64: return "float64";
-    case DataType::kBfloat16: return "bfloat16";
-    case DataType::kFp8E4M3: return "float8_e4m3fn";
-    case DataType::kFp8E5M2: return "float8_e5m2";
-    case DataType::kInt16: return "int16";
-    case DataType::kUint16: return "uint16";
-    case DataType::kBool: return "bool";
+    case DataType::kInt8:
+      return "int8";
+    case DataType::kUint8:
+      return "uint8";
+    case DataType::kInt32:
+      return "int32";
+    case DataType::kUint32:
+      return "uint32";
+    case DataType::kInt64:
+      return "int64";
+    case DataType::kUint64:
+      return "uint64";
+    case DataType::kFloat16:
+      return "float16";
+    case DataType::kFloat32:
+      return "float32";
+    case DataType::kFloat64:
+      return "float64";
+    case DataType::kBfloat16:
+      return "bfloat16";
+    case DataType::kFp8E4M3:
+      return "float8_e4m3fn";
+    case DataType::kFp8E5M2:
+      return "float8_e5m2";
+    case DataType::kInt16:
+      return "int16";
+    case DataType::kUint16:
+      return "uint16";
+    case DataType::kBool:
+      return "bool";
   }
   return "?";
 }
 
 const char* RedOpName(int32_t op) {
   switch (op) {
-    case kSum: return "sum";
-    case kProd: return "prod";
-    case kMax: return "max";
-    case kMin: return "min";
-    case kAvg: return "avg";
-    default: return "user";
+    case kSum:
+      return "sum";
+    case kProd:
+      return "prod";
+    case kMax:
+      return "max";
+    case kMin:
+      return "min";
+    case kAvg:
+      return "avg";
+    default:
+      return "user";
   }
 }
 
 const char* DevRedOpName(DevRedOp op) {
   switch (op) {
-    case DevRedOp::kSum: return "sum";
-    case DevRedOp::kProd: return "prod";
-    case DevRedOp::kMinMax: return "minmax";
-    case DevRedOp::kPreMulSum: return "premulsum";
-    case DevRedOp::kSumPostDiv: return "sumpostdiv";
+    case DevRedOp::kSum:
+      return "sum";
+    case DevRedOp::kProd:
+      return "prod";
+    case DevRedOp::kMinMax:
+      return "minmax";
+    case DevRedOp::kPreMulSum:
+      return "premulsum";
+    case DevRedOp::kSumPostDiv:
+      return "sumpostdiv";
   }
   return "?";
 }
 
 const char* AlgoName(Algo a) {
   switch (a) {
-    case Algo::kTree: return "tree";
-    case Algo::kRing: return "ring";
-    case Algo::kUndef: return "undef";
+    case Algo::kTree:
+      return "tree";
+    case Algo::kRing:
+      return "ring";
+    case Algo::kUndef:
+      return "undef";
   }
   return "?";
 }
 
 const char* ProtoName(Proto p) {
   switch (p) {
-    case Proto::kLL: return "ll";
-    case Proto::kLL128: return "ll128";
-    case Proto::kSimple: return "simple";
-    case Proto::kUndef: return "undef";
+    case Proto::kLL:
+      return "ll";
+    case Proto::kLL128:
+      return "ll128";
+    case Proto::kSimple:
+      return "simple";
+    case Proto::kUndef:
+      return "undef";
   }
   return "?";
 }
 
 const char* PatternName(Pattern p) {
   switch (p) {
-    case Pattern::kRing: return "ring";
-    case Pattern::kRingTwice: return "ring_twice";
-    case Pattern::kPipelineFrom: return "pipeline_from";
-    case Pattern::kPipelineTo: return "pipeline_to";
-    case Pattern::kTreeUp: return "tree_up";
-    case Pattern::kTreeDown: return "tree_down";
-    case Pattern::kTreeUpDown: return "tree_up_down";
-    case Pattern::kP2p: return "p2p";
+    case Pattern::kRing:
+      return "ring";
+    case Pattern::kRingTwice:
+      return "ring_twice";
+    case Pattern::kPipelineFrom:
+      return "pipeline_from";
+    case Pattern::kPipelineTo:
+      return "pipeline_to";
+    case Pattern::kTreeUp:
+      return "tree_up";
+    case Pattern::kTreeDown:
+      return "tree_down";
+    case Pattern::kTreeUpDown:
+      return "tree_up_down";
+    case Pattern::kP2p:
+      return "p2p";
   }
   return "?";
 }
 
 const char* ArchName(Arch a) {
   switch (a) {
-    case Arch::kCpu: return "cpu";
-    case Arch::kGfx90a: return "gfx90a";
-    case Arch::kGfx942: return "gfx942";
-    case Arch::kSm80: return "sm80";
-    case Arch::kSm90: return "sm90";
+    case Arch::kCpu:
+      return "cpu";
+    case Arch::kGfx90a:
+      return "gfx90a";
+    case Arch::kGfx942:
+      return "gfx942";
+    case Arch::kSm80:
+      return "sm80";
+    case Arch::kSm90:
+      return "sm90";
   }
   return "?";
 }
 
 const char* LinkName(LinkKind l) {
   switch (l) {
-    case LinkKind::kLoopback: return "loopback";
-    case LinkKind::kShm: return "shm";
-    case LinkKind::kPcie: return "pcie";
-    case LinkKind::kXgmi: return "xgmi";
-    case LinkKind::kNvlink: return "nvlink";
-    case LinkKind::kNet: return "net";
+    case LinkKind::kLoopback:
+      return "loopback";
+    case LinkKind::kShm:
+      return "shm";
+    case LinkKind::kPcie:
+      return "pcie";
+    case LinkKind::kXgmi:
+      return "xgmi";
+    case LinkKind::kNvlink:
+      return "nvlink";
+    case LinkKind::kNet:
+      return "net";
   }
   return "?";
 }
@@ -292,10 +352,10 @@ StatusOr<uint32_t> ParseMask(const std::string& spec, const std::string& what, i
       if (key == name(static_cast<E>(i))) found = i;
     }
     if (found < 0) {
-      return Status(Code::kInvalidArgument,
-                    detail::StrCat(what, ": unknown name '", Trim(item), "' in '", spec,
-                                   "'; allowed: ", allowed,
-                                   " (a comma list, '^' in front to exclude)"));
+      return Status(
+          Code::kInvalidArgument,
+          detail::StrCat(what, ": unknown name '", Trim(item), "' in '", spec,
+                         "'; allowed: ", allowed, " (a comma list, '^' in front to exclude)"));
     }
     mask |= 1u << found;
   }

@@ -150,10 +150,10 @@ struct TopologyView {
   Arch arch = Arch::kCpu;
   LinkKind intraLink = LinkKind::kLoopback;
   LinkKind interLink = LinkKind::kNet;
-  float bwIntra = 0;  // GB/s one channel gets between ranks of one node
-  float bwInter = 0;  // GB/s one channel gets between nodes
-  int nChannels = 1;         // channels for collectives (comm->nChannels / collChannels)
-  int p2pnChannels = 1;      // channels for point-to-point
+  float bwIntra = 0;     // GB/s one channel gets between ranks of one node
+  float bwInter = 0;     // GB/s one channel gets between nodes
+  int nChannels = 1;     // channels for collectives (comm->nChannels / collChannels)
+  int p2pnChannels = 1;  // channels for point-to-point
   int p2pnChannelsPerPeer = 1;
   int64_t buffSizes[kNumProtos] = {0, 0, 0};  // connection buffer bytes per protocol
   int64_t p2pChunkSize = 0;
@@ -168,9 +168,9 @@ struct TopologyView {
 
 // Tunables that NCCL/RCCL read from the environment; here they are passed in.
 struct PlannerParams {
-  int64_t p2pLLThreshold = 16384;      // NCCL_P2P_LL_THRESHOLD
-  int64_t p2pNetThreshold = 131072;    // RCCL_P2P_NET_THRESHOLD
-  int64_t intraNetThreshold = 8388608; // RCCL_INTRANET_THRESHOLD
+  int64_t p2pLLThreshold = 16384;       // NCCL_P2P_LL_THRESHOLD
+  int64_t p2pNetThreshold = 131072;     // RCCL_P2P_NET_THRESHOLD
+  int64_t intraNetThreshold = 8388608;  // RCCL_INTRANET_THRESHOLD
   bool useIntraNet = false;
   bool p2pNet = false;
 };

@@ -13,16 +13,16 @@
 
 namespace jax_rccl {
 
-constexpr int kSteps = 8;             // NCCL_STEPS: slots per connection FIFO
-constexpr int kMaxChannels = 128;     // MAXCHANNELS (RCCL)
-constexpr int kMaxNThreads = 256;     // NCCL_MAX_NTHREADS (RCCL)
-constexpr int kWorkSize = 256;        // NCCL_WORK_SIZE (RCCL)
-constexpr int kLL128LineSize = 64;    // NCCL_LL128_LINESIZE (RCCL)
-constexpr int kLL128LineElems = kLL128LineSize / 8;  // NCCL_LL128_LINEELEMS
-constexpr int kLL128DataElems = kLL128LineElems - 1; // NCCL_LL128_DATAELEMS
-constexpr int kLLAlignmentPerThread = 8;             // NCCL_LL_ALIGNMENT_PER_THREAD
-constexpr int kBytesAlignment = 16;                  // NCCL_BYTES_ALIGNMENT
-constexpr int kConnIdxP2pNet = 2;                    // NCCL_CONN_IDX_P2P_NET
+constexpr int kSteps = 8;                             // NCCL_STEPS: slots per connection FIFO
+constexpr int kMaxChannels = 128;                     // MAXCHANNELS (RCCL)
+constexpr int kMaxNThreads = 256;                     // NCCL_MAX_NTHREADS (RCCL)
+constexpr int kWorkSize = 256;                        // NCCL_WORK_SIZE (RCCL)
+constexpr int kLL128LineSize = 64;                    // NCCL_LL128_LINESIZE (RCCL)
+constexpr int kLL128LineElems = kLL128LineSize / 8;   // NCCL_LL128_LINEELEMS
+constexpr int kLL128DataElems = kLL128LineElems - 1;  // NCCL_LL128_DATAELEMS
+constexpr int kLLAlignmentPerThread = 8;              // NCCL_LL_ALIGNMENT_PER_THREAD
+constexpr int kBytesAlignment = 16;                   // NCCL_BYTES_ALIGNMENT
+constexpr int kConnIdxP2pNet = 2;                     // NCCL_CONN_IDX_P2P_NET
 
 enum WorkType : uint8_t {
   kWorkTypeUnused = 0,
@@ -85,14 +85,16 @@ struct WorkElemP2p {
     };
   };
   uint16_t reg : 1, opCount : 12;
-  uint32_t offsetLo;                 // byte offset into the slot's buffer
+  uint32_t offsetLo;  // byte offset into the slot's buffer
   uint32_t offsetHi : 16, slot : 16;
   uint32_t countHi, countLo;  // bytes
   int32_t chunkSize;
 };
 static_assert(sizeof(WorkElemP2p) == 28, "WorkElemP2p is 28 bytes");
 
-constexpr int kAlignUp(int x, int a) { return (x + a - 1) / a * a; }
+constexpr int kAlignUp(int x, int a) {
+  return (x + a - 1) / a * a;
+}
 constexpr int kWorkElemFit =
     (kWorkSize - kAlignUp(sizeof(WorkHeader), alignof(WorkElemColl))) / sizeof(WorkElemColl);
 constexpr int kWorkElemP2pFit =

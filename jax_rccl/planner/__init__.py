@@ -70,8 +70,9 @@ class Task:
         if not isinstance(self.count, (int, np.integer)) or self.count < 0:
             raise ValueError(f"count must be a non-negative integer, got {self.count!r}")
         if isinstance(self.op, str) and self.op not in OPS:
-            raise ValueError(f"op must be one of {', '.join(OPS)} or a user op handle; "
-                             f"got {self.op!r}")
+            raise ValueError(
+                f"op must be one of {', '.join(OPS)} or a user op handle; got {self.op!r}"
+            )
         if self.coll in ("send", "recv") and self.peer is None:
             raise ValueError(f"peer is required for {self.coll}")
         object.__setattr__(self, "dtype", _dtype_name(self.dtype))
@@ -116,8 +117,7 @@ class Plan:
     def kernels(self) -> list[dict[str, Any]]:
         return self.to_dict()["kernels"]
 
-    def layout(self, kernel: int = 0, *, fifo_depth: int | None = None,
-               fifo_sent: int = 0) -> Any:
+    def layout(self, kernel: int = 0, *, fifo_depth: int | None = None, fifo_sent: int = 0) -> Any:
         """The work array of one kernel: persistent (default) or placed in a FIFO ring."""
         if fifo_depth is None:
             return self._native.layout_persistent(kernel)
@@ -128,8 +128,10 @@ class Plan:
 
     def __repr__(self) -> str:
         d = self.to_dict()
-        return (f"Plan(rank={d['rank']}, nranks={d['nranks']}, tasks={len(d['tasks'])}, "
-                f"kernels={len(d['kernels'])})")
+        return (
+            f"Plan(rank={d['rank']}, nranks={d['nranks']}, tasks={len(d['tasks'])}, "
+            f"kernels={len(d['kernels'])})"
+        )
 
 
 def _env_param(name: str) -> str:

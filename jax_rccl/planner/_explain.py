@@ -59,8 +59,10 @@ def explain_plan(plan: Plan) -> str:
             lines.append("    nothing to run (count 0)")
             continue
         if d["one_rank"] and task["coll"] not in ("send", "recv"):
-            lines.append("    one rank: a plain copy" +
-                         (" with the PreMulSum scaling" if task["dev_op"] == "premulsum" else ""))
+            lines.append(
+                "    one rank: a plain copy"
+                + (" with the PreMulSum scaling" if task["dev_op"] == "premulsum" else "")
+            )
             continue
         if task["algorithm"] is not None:
             tuned = " (tuner fixed its channels)" if task["user_tuned"] else ""
@@ -68,8 +70,11 @@ def explain_plan(plan: Plan) -> str:
                 f"    {task['algorithm']} / {task['protocol']}, pattern {task['pattern']}: "
                 f"{task['nchannels']} channel(s) x {task['nthreads']} threads{tuned}; "
                 f"predicted {task['predicted_us']:.1f} us"
-                + (f" (costed as an aggregate of {_size(task['agg_bytes'])})"
-                   if task["agg_bytes"] and task["agg_bytes"] != task["nbytes"] else "")
+                + (
+                    f" (costed as an aggregate of {_size(task['agg_bytes'])})"
+                    if task["agg_bytes"] and task["agg_bytes"] != task["nbytes"]
+                    else ""
+                )
             )
             lines.append(
                 f"    chunk {_size(task['chunk_size'])} ({task['chunk_count']} elems), "

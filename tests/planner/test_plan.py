@@ -137,9 +137,9 @@ def test_env_overrides_apply_when_no_argument(monkeypatch):
     topo = Topology.preset("mi300x-8")
     t = [Task("all_reduce", 1 << 18, "float32")]
     monkeypatch.setenv("JAX_RCCL_ALGO", "Tree")
-    monkeypatch.setenv("JAX_RCCL_PROTO", "Simple")
+    monkeypatch.setenv("JAX_RCCL_PROTO", "LL")
     d = planner.plan(t, topo).tasks[0]
-    assert (d["algorithm"], d["protocol"]) == ("tree", "simple")
+    assert (d["algorithm"], d["protocol"]) == ("tree", "ll")
     # An explicit argument wins over the environment.
     assert planner.plan(t, topo, algorithm="Ring").tasks[0]["algorithm"] == "ring"
 
@@ -153,8 +153,9 @@ def test_zero_count_tasks_plan_nothing():
 
 def test_one_rank_is_a_copy():
     topo = Topology(nranks=1)
-    d = planner.plan([Task("all_reduce", 100, op="avg"), Task("all_gather", 7, "int32")],
-                     topo).to_dict()
+    d = planner.plan(
+        [Task("all_reduce", 100, op="avg"), Task("all_gather", 7, "int32")], topo
+    ).to_dict()
     assert d["one_rank"] and d["kernels"] == []
     assert_covers_once(coverage(d, 0), 100)
     assert_covers_once(coverage(d, 1), 7)
@@ -193,8 +194,9 @@ def test_explain_of_a_large_group_stays_one_line_pair_per_task():
 
 
 def test_persistent_layout_links_each_channel():
-    p = planner.plan([Task("all_reduce", 1 << 24, "float32")], "mi300x-8", algorithm="Ring",
-                     protocol="Simple")
+    p = planner.plan(
+        [Task("all_reduce", 1 << 24, "float32")], "mi300x-8", algorithm="Ring", protocol="Simple"
+    )
     works = p.layout(0)
     k = p.kernels[0]
     assert len(works) == k["nwork"]
