@@ -19,7 +19,7 @@ install: $(PY)
 	$(PY) -m pip install -q --no-build-isolation ".[test]"
 
 demo: install
-	$(PY) -m jax_rccl.demo
+	$(PY) -P -m jax_rccl.demo
 
 test: install
 	$(VENV)/bin/pytest -q tests
@@ -30,7 +30,7 @@ lint: install
 	$(VENV)/bin/clang-format --dry-run --Werror $(CXX_SOURCES)
 
 bench: install
-	$(PY) benchmarks/planner.py
+	$(PY) -P benchmarks/planner.py
 
 clean:
 	rm -rf build $(VENV)
