@@ -40,7 +40,7 @@ uint32_t PlaceWorks(const KernelPlan& kp, int channelCount, uint32_t ixHead, uin
   uint32_t ixSent = ixHead + uint32_t(channelCount);  // later works go after all first works
   uint32_t channelsWithWork = 0;
   for (int c = 0; c < kMaxChannels; ++c) {
-    const std::vector<Work>& works = kp.channels[c].works;
+    const auto& works = kp.channels[c].works;
     uint32_t ix = ixHead + channelsWithWork;
     if (!works.empty()) ++channelsWithWork;
     for (size_t j = 0; j < works.size(); ++j) {

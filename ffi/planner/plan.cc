@@ -60,11 +60,14 @@ bool CollGreater(const CollInfo& a, const CollInfo& b) {
   return a.count > b.count;
 }
 
-void SortEnqueue(GroupState* g, int ix) {
-  auto& q = g->collQueue;
-  auto it = q.begin();
-  while (it != q.end() && CollGreater(g->colls[*it], g->colls[ix])) ++it;
-  q.insert(it, ix);
+// The order RCCL's sorted inserts produce, in one sort: descending keys, and among equal keys the
+// later task first (an insert goes before its equals).
+void SortCollQueue(GroupState* g) {
+  std::vector<int> order(g->colls.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = int(order.size() - 1 - i);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int a, int b) { return CollGreater(g->colls[a], g->colls[b]); });
+  g->collQueue.assign(order.begin(), order.end());
 }
 
 // ArgsCheck (RCCL src/misc/argcheck.cc) plus the limits of our work element fields.
@@ -195,17 +198,17 @@ StatusOr<Plan> MakePlan(const PlanRequest& req) {
       continue;
     }
     g.colls.push_back(info);
-    SortEnqueue(&g, int(g.colls.size()) - 1);
     g.workBytesTotal += info.workBytes;
     g.nTasksColl += 1;
   }
 
+  SortCollQueue(&g);
   if (g.nTasksP2p != 0) ComputeP2pSchedule(topo, req.rank, &g.p2pSendOrder, &g.p2pRecvOrder);
 
   // The planning loop: one kernel plan per pass until every task is placed.
   while (g.nTasksColl + g.nTasksP2p != 0) {
     const int kernelIndex = int(plan.kernels.size());
-    plan.kernels.emplace_back();
+    plan.kernels.emplace_back(plan.arena.get());
     KernelPlan& kp = plan.kernels.back();
     int nWorkBudget = req.persistent ? INT_MAX : topo.workFifoDepth / 2;
     const int nWorkBudgetOld = nWorkBudget;

@@ -7,6 +7,8 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <memory_resource>
 #include <vector>
 
 #include "ffi/planner/cost_model.h"
@@ -47,16 +49,23 @@ struct TaskPlan {
 
 // One channel of one kernel launch (ncclKernelPlan::Channel).
 struct ChannelPlan {
-  std::vector<Work> works;
-  int nWorkElem = 0;            // elements in the tail work
-  int p2pTailElem[2] = {0, 0};  // next free p2p slot in the tail work, by type - 1 (send, recv)
-  int64_t collBytes = 0;        // collective bytes placed on this channel
+  ChannelPlan() = default;
+  explicit ChannelPlan(std::pmr::memory_resource* arena) : works(arena) {}
+  std::pmr::vector<Work> works;  // from the plan's arena: a plan is built without a malloc a work
+  int nWorkElem = 0;             // elements in the tail work
+  int p2pTailElem[2] = {0, 0};   // next free p2p slot in the tail work, by type - 1 (send, recv)
+  int64_t collBytes = 0;         // collective bytes placed on this channel
   int nWork() const { return static_cast<int>(works.size()); }
 };
 
 // One kernel launch (ncclKernelPlan).
 struct KernelPlan {
-  std::vector<ChannelPlan> channels = std::vector<ChannelPlan>(kMaxChannels);
+  KernelPlan() : channels(kMaxChannels) {}
+  explicit KernelPlan(std::pmr::memory_resource* arena) {
+    channels.reserve(kMaxChannels);
+    for (int c = 0; c < kMaxChannels; ++c) channels.emplace_back(arena);
+  }
+  std::vector<ChannelPlan> channels;
   int channelUbound = 0;
   int channelCount = 0;
   ChannelMask channelMask{};
@@ -67,9 +76,16 @@ struct KernelPlan {
 };
 
 struct Plan {
+  Plan() = default;
+  Plan(Plan&&) = default;
+  Plan& operator=(Plan&&) = delete;  // would free the arena before the works in it
   int rank = 0;
   int nRanks = 1;
-  bool oneRank = false;             // one rank: collectives are plain copies (ncclLaunchOneRank)
+  bool oneRank = false;  // one rank: collectives are plain copies (ncclLaunchOneRank)
+  // Where the kernels' works live (declared first: destroyed after them); held by pointer so
+  // moving a Plan keeps it in place.
+  std::unique_ptr<std::pmr::monotonic_buffer_resource> arena =
+      std::make_unique<std::pmr::monotonic_buffer_resource>();
   std::vector<TaskPlan> tasks;      // in the order given
   std::vector<KernelPlan> kernels;  // in launch order
 };
