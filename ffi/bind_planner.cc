@@ -67,12 +67,14 @@ TopologyView TopologyFromDict(const nb::dict& d) {
       t.pivotA2ANumBiRings = Get<int>(v, "pivotA2ANumBiRings");
     else if (key == "workFifoDepth")
       t.workFifoDepth = Get<int>(v, "workFifoDepth");
+    else if (key == "directPeers")
+      t.directPeers = Get<bool>(v, "directPeers");
     else
       throw nb::value_error(("topology: unknown field '" + key +
                              "'; allowed: nRanks, nNodes, arch, intraLink, interLink, bwIntra, "
                              "bwInter, nChannels, p2pnChannels, p2pnChannelsPerPeer, buffSizes, "
                              "p2pChunkSize, ll128Enabled, treeDefined, pivotA2ANumBiRings, "
-                             "workFifoDepth")
+                             "workFifoDepth, directPeers")
                                 .c_str());
   }
   return t;

@@ -82,8 +82,11 @@ struct DevRedOpFull {
   }
 };
 
-enum class Algo : int8_t { kUndef = -1, kTree = 0, kRing = 1 };
-constexpr int kNumAlgos = 2;  // CollNet and NVLS need switch hardware this project does not target
+// Tree and Ring after RCCL; Direct is ours: on one host whose ranks can read each other's buffers
+// (topology.directPeers), each rank reads its peers' inputs in place instead of passing chunks
+// through FIFOs. CollNet and NVLS need switch hardware this project does not target.
+enum class Algo : int8_t { kUndef = -1, kTree = 0, kRing = 1, kDirect = 2 };
+constexpr int kNumAlgos = 3;
 
 enum class Proto : int8_t { kUndef = -1, kLL = 0, kLL128 = 1, kSimple = 2 };
 constexpr int kNumProtos = 3;
@@ -96,7 +99,8 @@ enum class Pattern : int8_t {
   kTreeUp,
   kTreeDown,
   kTreeUpDown,
-  kP2p,  // send/recv
+  kP2p,     // send/recv
+  kDirect,  // every rank reads its peers' buffers in place
 };
 
 enum class Arch : int8_t {
@@ -161,6 +165,7 @@ struct TopologyView {
   bool treeDefined = false;      // RCCL: a tree was given by the topology file; AllReduce uses it
   int pivotA2ANumBiRings = 0;    // RCCL: 3 on MI250X's pivot all-to-all topology
   int workFifoDepth = 64 << 10;  // work elements in the FIFO ring of a non-persistent launch
+  bool directPeers = false;      // ranks can read each other's buffers (one process, or IPC)
 
   int localRanks() const { return nNodes > 0 ? nRanks / nNodes : nRanks; }
   int warpSize() const { return ArchWarpSize(arch); }

@@ -37,6 +37,7 @@ class Topology:
     tree_defined: bool = False
     pivot_a2a_bi_rings: int = 0
     work_fifo_depth: int = 65536
+    direct_peers: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.nranks, int) or self.nranks < 1:
@@ -83,6 +84,7 @@ class Topology:
             "treeDefined": self.tree_defined,
             "pivotA2ANumBiRings": self.pivot_a2a_bi_rings,
             "workFifoDepth": self.work_fifo_depth,
+            "directPeers": self.direct_peers,
         }
 
     @staticmethod

@@ -1,0 +1,1 @@
+// Placeholder until the CPU runtime lands.
