@@ -22,7 +22,7 @@ namespace jax_rccl {
     "Point-to-point chunks up to this many bytes use the LL protocol")                            \
   X(nchannels, "JAX_RCCL_NCHANNELS", Int, 0,                                                      \
     "Channels for collectives; 0 keeps the topology's value")                                     \
-  X(work_fifo_depth, "JAX_RCCL_WORK_FIFO_DEPTH", Int, 65536,                                      \
+  X(work_fifo_depth, "JAX_RCCL_WORK_FIFO_DEPTH", Int, 262144,                                     \
     "Work elements in the FIFO ring of a non-persistent launch (a power of two)")
 
 struct Params {

@@ -182,14 +182,17 @@ StatusOr<Plan> MakePlan(const PlanRequest& req) {
     info.index = int(i);
     info.coll = t.coll;
     info.dtype = t.dtype;
-    info.op = t.op;
+    // Data movement reduces nothing: RCCL's all_gather and broadcast always carry sum.
+    const bool moves = t.coll == Coll::kAllGather || t.coll == Coll::kBroadcast;
+    info.op = moves ? int32_t(kSum) : t.op;
+    tp.op = info.op;
     info.count = t.count;
     info.root = (t.coll == Coll::kBroadcast || t.coll == Coll::kReduce) ? t.root : 0;
-    SetDerived(&info, topo.nRanks);
+    SetDerived(&info, topo.nRanks);  // all_gather/broadcast become bytes of int8
     tp.nBytes = info.nBytes;
-    JR_ASSIGN_OR_RETURN(info.opFull, HostToDevRedOp(t.op, t.dtype, topo.nRanks, req.userOps));
+    if (t.count == 0) continue;  // nothing to run (taskAppend drops it before the op)
+    JR_ASSIGN_OR_RETURN(info.opFull, HostToDevRedOp(info.op, info.dtype, topo.nRanks, req.userOps));
     tp.opFull = info.opFull;
-    if (t.count == 0) continue;  // nothing to run
     if (topo.nRanks == 1) {
       // ncclLaunchOneRank: a copy (a PreMulSum scaling for avg on floats and user ops).
       plan.oneRank = true;

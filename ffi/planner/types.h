@@ -161,11 +161,11 @@ struct TopologyView {
   int p2pnChannelsPerPeer = 1;
   int64_t buffSizes[kNumProtos] = {0, 0, 0};  // connection buffer bytes per protocol
   int64_t p2pChunkSize = 0;
-  bool ll128Enabled = false;     // the topology allows LL128 (RCCL: RCCL_TOPO_XGMI_ALL)
-  bool treeDefined = false;      // RCCL: a tree was given by the topology file; AllReduce uses it
-  int pivotA2ANumBiRings = 0;    // RCCL: 3 on MI250X's pivot all-to-all topology
-  int workFifoDepth = 64 << 10;  // work elements in the FIFO ring of a non-persistent launch
-  bool directPeers = false;      // ranks can read each other's buffers (one process, or IPC)
+  bool ll128Enabled = false;      // the topology allows LL128 (RCCL: RCCL_TOPO_XGMI_ALL)
+  bool treeDefined = false;       // RCCL: a tree was given by the topology file; AllReduce uses it
+  int pivotA2ANumBiRings = 0;     // RCCL: 3 on MI250X's pivot all-to-all topology
+  int workFifoDepth = 256 << 10;  // work elements in a non-persistent launch's FIFO (RCCL default)
+  bool directPeers = false;       // ranks can read each other's buffers (one process, or IPC)
 
   int localRanks() const { return nNodes > 0 ? nRanks / nNodes : nRanks; }
   int warpSize() const { return ArchWarpSize(arch); }

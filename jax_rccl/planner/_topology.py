@@ -36,7 +36,7 @@ class Topology:
     ll128: bool = False
     tree_defined: bool = False
     pivot_a2a_bi_rings: int = 0
-    work_fifo_depth: int = 65536
+    work_fifo_depth: int = 262144
     direct_peers: bool = False
 
     def __post_init__(self) -> None:
@@ -86,6 +86,29 @@ class Topology:
             "workFifoDepth": self.work_fifo_depth,
             "directPeers": self.direct_peers,
         }
+
+    @staticmethod
+    def from_native(d: dict[str, Any]) -> Topology:
+        """The inverse of to_native(): a Topology from the runtime's dict."""
+        return Topology(
+            nranks=d["nRanks"],
+            nnodes=d.get("nNodes", 1),
+            arch=d.get("arch", "cpu"),
+            link=d.get("intraLink", "loopback"),
+            inter_link=d.get("interLink", "net"),
+            bw_intra=d.get("bwIntra", 8.0),
+            bw_inter=d.get("bwInter", 0.0),
+            nchannels=d.get("nChannels", 2),
+            p2p_nchannels=d.get("p2pnChannels", 2),
+            p2p_nchannels_per_peer=d.get("p2pnChannelsPerPeer", 1),
+            buff_sizes=tuple(d.get("buffSizes", DEFAULT_BUFF_SIZES)),
+            p2p_chunk_size=d.get("p2pChunkSize", 524288),
+            ll128=d.get("ll128Enabled", False),
+            tree_defined=d.get("treeDefined", False),
+            pivot_a2a_bi_rings=d.get("pivotA2ANumBiRings", 0),
+            work_fifo_depth=d.get("workFifoDepth", 262144),
+            direct_peers=d.get("directPeers", False),
+        )
 
     @staticmethod
     def preset(name: str) -> Topology:
