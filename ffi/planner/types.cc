@@ -181,6 +181,8 @@ const char* AlgoName(Algo a) {
       return "tree";
     case Algo::kRing:
       return "ring";
+    case Algo::kDirect:
+      return "direct";
     case Algo::kUndef:
       return "undef";
   }
@@ -219,6 +221,8 @@ const char* PatternName(Pattern p) {
       return "tree_up_down";
     case Pattern::kP2p:
       return "p2p";
+    case Pattern::kDirect:
+      return "direct";
   }
   return "?";
 }
