@@ -199,7 +199,8 @@ void BindSelectInternals(nb::module_& internal) {
         return ValueOrThrow(ParseAlgoMask(spec, what));
       },
       nb::arg("spec"), nb::arg("what") = "JAX_RCCL_ALGO",
-      "NCCL_ALGO syntax ('Ring', 'Tree,Ring', '^Tree') to a bit mask (bit 0 tree, bit 1 ring).");
+      "NCCL_ALGO syntax ('Ring', 'Tree,Ring', '^Tree') to a bit mask (bit 0 tree, bit 1 ring, bit "
+      "2 direct).");
   internal.def(
       "parse_proto_mask",
       [](const std::string& spec, const std::string& what) {

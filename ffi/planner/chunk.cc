@@ -2,7 +2,14 @@
 // element alignment, the last chunk of a part, the step count, and the element fields.
 // After RCCL src/enqueue.cc (computeCollChunkInfo, computeCollAlignCount,
 // computeCollLastChunkInfo, computeCollSteps, initCollWorkElem, setCollWorkElem), with the
-// CollNet and NVLS branches left out.
+// CollNet and NVLS branches left out, and our Direct algorithm added.
+//
+// Direct has no FIFO to size chunks for: one chunk is the whole work element. The element's
+// chunkCount is its workCount (schedule_coll.cc sets it per element), capped at the largest
+// multiple of the alignment that fits the 25-bit chunkCount field; a larger element runs in
+// several chunks of that size, the last one (lastChunkCount) holding the rest. Elements are
+// aligned like Simple's (Direct runs Simple only), and one step moves one chunk.
+#include <algorithm>
 #include <cstdint>
 
 #include "ffi/planner/internal.h"
@@ -27,6 +34,36 @@ int FloorLog2(int64_t n) {
   return l;
 }
 
+// Shared by the checks of both chunkings.
+Status CheckCountFields(const CollInfo& info) {
+  JR_REQUIRE(info.count <= FieldMax(kCountBits), Code::kInvalidArgument, "task ", info.index,
+             ": count ", info.count, " does not fit the work element's count field (at most 2^",
+             kCountBits, " - 1)");
+  return Status::Ok();
+}
+
+// Direct: no FIFO, one chunk per element (see the top of the file). The task-level chunkCount
+// is the cap an element's chunk may reach: the largest aligned count the field holds, or the
+// task's count when smaller.
+Status ComputeDirectChunkInfo(const PlanContext& ctx, CollInfo* info) {
+  JR_REQUIRE(info->proto == Proto::kSimple, Code::kInternal, "task ", info->index,
+             ": algorithm 'direct' runs protocol 'simple' only, got '", ProtoName(info->proto),
+             "'");
+  const int64_t typeSize = static_cast<int64_t>(DataTypeSize(info->dtype));
+  const int64_t alignCount = ComputeAlignCount(ctx, *info);
+  JR_REQUIRE(alignCount > 0 && static_cast<uint64_t>(alignCount) <= FieldMax(kChunkCountBits),
+             Code::kInternal, "task ", info->index, ": alignment of ", alignCount,
+             " elements out of range");
+  const int64_t cap = static_cast<int64_t>(FieldMax(kChunkCountBits)) / alignCount * alignCount;
+  const int64_t count = static_cast<int64_t>(std::max<uint64_t>(info->count, 1));
+  info->chunkCount = std::min(cap, count);
+  info->chunkSize = info->chunkCount * typeSize;
+  info->chunkSteps = 1;
+  info->sliceSteps = 1;
+  info->stepSize = static_cast<int>(info->chunkSize);  // < 2^25 elements of <= 8 bytes
+  return CheckCountFields(*info);
+}
+
 }  // namespace
 
 Status ComputeChunkInfo(const PlanContext& ctx, CollInfo* info, int64_t nBytes, int nChannels) {
@@ -34,6 +71,7 @@ Status ComputeChunkInfo(const PlanContext& ctx, CollInfo* info, int64_t nBytes, 
              "chunk info asked for task ", info->index, " before its algorithm and protocol");
   JR_REQUIRE(nChannels >= 1, Code::kInternal, "chunk info for task ", info->index,
              ": nChannels must be >= 1, got ", nChannels);
+  if (info->algo == Algo::kDirect) return ComputeDirectChunkInfo(ctx, info);
   const int p = static_cast<int>(info->proto);
   const int64_t stepSize = ctx.topo.buffSizes[p] / kSteps;
   // Only Ring with Simple pipelines several steps per chunk; everything else moves one step.
@@ -103,10 +141,7 @@ Status ComputeChunkInfo(const PlanContext& ctx, CollInfo* info, int64_t nBytes, 
              Code::kInvalidArgument, "task ", info->index, ": chunk of ", info->chunkCount,
              " elements does not fit the work element's chunkCount field (at most 2^",
              kChunkCountBits, " - 1); lower topology.buff_sizes[", ProtoName(info->proto), "]");
-  JR_REQUIRE(info->count <= FieldMax(kCountBits), Code::kInvalidArgument, "task ", info->index,
-             ": count ", info->count, " does not fit the work element's count field (at most 2^",
-             kCountBits, " - 1)");
-  return Status::Ok();
+  return CheckCountFields(*info);
 }
 
 int64_t ComputeAlignCount(const PlanContext& ctx, const CollInfo& info) {
@@ -128,6 +163,11 @@ int64_t ComputeLastChunkCount(const PlanContext& ctx, const CollInfo& info, uint
     const uint64_t nRanks = static_cast<uint64_t>(ctx.topo.nRanks);
     const uint64_t remCount = workCount % (nRanks * static_cast<uint64_t>(info.chunkCount));
     return DivUp(DivUp(static_cast<int64_t>(remCount), nRanks), alignCount) * alignCount;
+  }
+  if (info.algo == Algo::kDirect && workCount > 0) {
+    // The element is one chunk, or chunks of the capped size: the last holds the rest.
+    const uint64_t chunk = std::min<uint64_t>(workCount, static_cast<uint64_t>(info.chunkCount));
+    return static_cast<int64_t>(workCount - (workCount - 1) / chunk * chunk);
   }
   return info.chunkCount;
 }

@@ -4,8 +4,9 @@
 // numbers as v2.20.5, the NCCL release RCCL rocm-6.2.0 is based on).
 //
 // All numbers live in the tables of the first section; the second section is the one formula
-// that turns a topology into tables, the third the time of one operation. Only Tree and Ring
-// exist here (CollNet and NVLS need switch hardware this project does not target).
+// that turns a topology into tables, the third the time of one operation. Tree and Ring come
+// from RCCL/NCCL (CollNet and NVLS need switch hardware this project does not target); Direct is
+// ours and is costed from the host executor's memory traffic (see the CPU tables).
 #include "ffi/planner/cost_model.h"
 
 #include <algorithm>
@@ -19,8 +20,12 @@ namespace jax_rccl {
 namespace {
 
 // =================================================================================== tables ==
-// Index order everywhere: [algorithm: Tree, Ring][protocol: LL, LL128, Simple]. Latencies in
+// Index order of RCCL's and NCCL's tables: [algorithm: Tree, Ring][protocol: LL, LL128, Simple]
+// (Direct has its own rows below). Latencies in
 // microseconds, bandwidths in GB/s.
+
+// Algorithms the RCCL/NCCL tables have rows for: Tree and Ring (Algo's first two values).
+constexpr int kNumRcclAlgos = 2;
 
 // Rows of the hardware latency tables (NCCL_HW_NVLINK, NCCL_HW_PCI, NCCL_HW_NET).
 enum HwRow { kHwNvlink = 0, kHwPci = 1, kHwNet = 2, kNumHwRows = 3 };
@@ -30,14 +35,15 @@ constexpr int kNumCorrectionSizes = 27;  // RCCL: powers of two from 64 B up to 
 // One of RCCL's rcclTuningModel entries (Tree and Ring rows only).
 struct AmdTuning {
   const char* name;
-  float hwLat[kNumHwRows][kNumAlgos][kNumProtos];
-  float bwRatio[2][kNumAlgos][kNumProtos];  // [0]: up to 2 nodes, [1]: more than 2 nodes
+  float hwLat[kNumHwRows][kNumRcclAlgos][kNumProtos];
+  float bwRatio[2][kNumRcclAlgos][kNumProtos];  // [0]: up to 2 nodes, [1]: more than 2 nodes
   float treeCorrection[kNumProtos][kNumCorrectionSizes];
   float ringCorrection[kNumProtos][kNumCorrectionSizes];  // applied only across nodes
 };
 
 // RCCL rocm-6.2.0 src/graph/tuning.cc: baseLat (Tree, Ring).
-constexpr float kAmdBaseLat[kNumAlgos][kNumProtos] = {{12.0f, 12.0f, 17.0f}, {12.0f, 12.0f, 17.0f}};
+constexpr float kAmdBaseLat[kNumRcclAlgos][kNumProtos] = {{12.0f, 12.0f, 17.0f},
+                                                          {12.0f, 12.0f, 17.0f}};
 
 // RCCL rocm-6.2.0 src/graph/tuning.cc: tuning_model_1. Selected by src/graph/rome_models.cc
 // "tuning=1" for the 16-GCD MI250X node (rome_model_56: pivot all-to-all, tree defined).
@@ -106,8 +112,8 @@ constexpr AmdTuning kAmdTuning5 = {
 };
 
 // NVIDIA NCCL v2.19.3 src/graph/tuning.cc: baseLat and hwLat (Tree, Ring).
-constexpr float kNvBaseLat[kNumAlgos][kNumProtos] = {{6.8f, 14.0f, 0.0f}, {6.6f, 14.0f, 8.4f}};
-constexpr float kNvHwLat[kNumHwRows][kNumAlgos][kNumProtos] = {
+constexpr float kNvBaseLat[kNumRcclAlgos][kNumProtos] = {{6.8f, 14.0f, 0.0f}, {6.6f, 14.0f, 8.4f}};
+constexpr float kNvHwLat[kNumHwRows][kNumRcclAlgos][kNumProtos] = {
     {{0.6f, 1.25f, 28.0f}, {0.6f, 1.9f, 3.4f}},   // NVLink
     {{1.0f, 1.9f, 28.0f}, {1.0f, 2.5f, 5.7f}},    // PCI
     {{5.0f, 8.5f, 28.0f}, {2.7f, 4.0f, 14.0f}}};  // network
@@ -152,6 +158,46 @@ constexpr int64_t kThreadThreshold[kNumProtos] = {8, 8, 64};
 constexpr float kNetOverheadAmdHost = 2.0f;
 constexpr float kNetOverheadIntelHost = 1.0f;
 
+// The host executor (ffi/cpu/executor.cc). These numbers model the CPU executor, not a GPU:
+// they are first estimates, to be calibrated by benchmarks/cpu_collectives.py (jax_rccl against
+// jax.lax on 8 virtual CPU devices).
+//
+// Ring and Tree on the host (arch cpu with loopback or shm links): every chunk goes through a
+// FIFO slot (written by one thread, read by the next: two copies per hop), and every step hands
+// off between threads (a doorbell wake-up). So each step costs about one thread hand-off, and
+// the bandwidth is half of what the NCCL formula gives for one copy per hop.
+constexpr float kCpuHandoffUs = 10.0f;           // one thread hand-off, us per ring/tree step
+constexpr float kCpuFifoBandwidthFactor = 0.5f;  // two copies per hop instead of one
+
+// Direct (ours; only with topology.directPeers on one node): every rank reads its peers' buffers
+// in place, between two barriers of the host runtime (buffers published; peers done). No FIFO,
+// no per-step hand-off: the latency is the two barriers, and the bandwidth is the per-rank memory
+// bandwidth divided by the bytes the busiest rank moves per byte of the operation's size
+// (nBytes: count for all_reduce, broadcast and reduce, nRanks * count for all_gather and
+// reduce_scatter):
+//   all_reduce      2      each rank reduces its 1/n sub-slice over the n inputs (reads count)
+//                          and writes it into all n outputs (writes count)
+//   all_gather      1      each rank copies the n inputs into its output (writes n * count)
+//   reduce_scatter  1      rank r reduces block r over the n inputs (reads n * count)
+//   broadcast       1      each rank copies the root's input (writes count)
+//   reduce          n      the root alone reduces all n inputs (reads n * count)
+// The per-rank memory bandwidth is the one the Ring formula uses for the same topology
+// (nChannels * bwIntra) times kCpuDirectMemBwFactor, so Ring and Direct stay comparable when the
+// topology's bandwidth changes.
+constexpr float kCpuDirectBarrierUs = 10.0f;   // one barrier of the host runtime (a hand-off)
+constexpr float kCpuDirectMemBwFactor = 1.0f;  // calibrate: benchmarks/cpu_collectives.py
+struct DirectTraffic {
+  float fixed;    // bytes moved per byte of nBytes, independent of the rank count
+  float perRank;  // ... and per rank of the communicator
+};
+constexpr DirectTraffic kCpuDirectTraffic[CostModel::kNumCostColls] = {
+    {1.0f, 0.0f},  // broadcast
+    {0.0f, 1.0f},  // reduce: the root reads every input
+    {1.0f, 0.0f},  // all_gather
+    {1.0f, 0.0f},  // reduce_scatter
+    {2.0f, 0.0f},  // all_reduce
+};
+
 // ============================================================================== helpers ==
 
 bool IsAmd(Arch a) {
@@ -183,8 +229,17 @@ int Log2i(int64_t n) {
   return l;
 }
 
+// The host executor runs Ring and Tree through FIFOs in host memory (see the CPU tables).
+bool HostFifoLinks(const TopologyView& topo) {
+  return topo.arch == Arch::kCpu &&
+         (topo.intraLink == LinkKind::kLoopback || topo.intraLink == LinkKind::kShm);
+}
+
 const char* ModelSource(const TopologyView& topo) {
   if (IsAmd(topo.arch)) return AmdTuningFor(topo).name;
+  if (HostFifoLinks(topo)) {
+    return "nccl v2.19.3 tables, Ampere caps, host hand-offs and FIFO copies (cpu executor)";
+  }
   if (topo.arch == Arch::kCpu) return "nccl v2.19.3 tables, Ampere caps (cpu executor)";
   return topo.arch == Arch::kSm90 ? "nccl v2.19.3 tables, Hopper caps"
                                   : "nccl v2.19.3 tables, Ampere caps";
@@ -248,16 +303,24 @@ StatusOr<CostModel> BuildCostModel(const TopologyView& topo) {
     m.maxThreads[ring][ll] = m.maxThreads[tree][ll] = kNvLLMaxThreads;
     m.maxThreads[ring][ll128] = m.maxThreads[tree][ll128] = kNvLL128MaxThreads;
   }
+  // Direct runs with Ring's channel and thread logic (select.cc: GetChannelThreadInfo).
+  const int direct = static_cast<int>(Algo::kDirect);
+  for (int p = 0; p < kNumProtos; ++p) m.maxThreads[direct][p] = m.maxThreads[ring][p];
   const int nRanks = topo.nRanks;
   const int nNodes = topo.nNodes;
   m.treeDepth = nRanks / nNodes - 1 + Log2i(nNodes);  // connectTrees' approximation
   // One rank: RCCL stops here (no tables, zero thresholds); the planner never costs it.
   if (nRanks <= 1) return m;
+  static_assert(static_cast<int>(Algo::kTree) < kNumRcclAlgos &&
+                    static_cast<int>(Algo::kRing) < kNumRcclAlgos &&
+                    static_cast<int>(Algo::kDirect) >= kNumRcclAlgos,
+                "the RCCL/NCCL tables hold Tree and Ring rows only");
 
   for (int a = 0; a < kNumAlgos; ++a) {
     for (int p = 0; p < kNumProtos; ++p) m.threadThresholds[a][p] = kThreadThreshold[p];
   }
   m.threadThresholds[ring][ll] *= nRanks;
+  m.threadThresholds[direct][ll] *= nRanks;  // as Ring (only Simple runs Direct)
 
   const float ppn = static_cast<float>(nRanks) / nNodes;
   const int nodesIx = nNodes <= 2 ? nNodes - 1 : 2;
@@ -272,6 +335,8 @@ StatusOr<CostModel> BuildCostModel(const TopologyView& topo) {
   const double perChMaxTreeLL128Bw = kNvPerChMaxTreeLL128Bw[cc][nodesIx];
   const float netOverheadBase = amd ? kNetOverheadAmdHost : kNetOverheadIntelHost;
   const int nch = topo.nChannels;
+  const bool hostFifo = HostFifoLinks(topo);
+  const bool directOk = topo.directPeers && nNodes == 1;
 
   for (int c = 0; c < CostModel::kNumCostColls; ++c) {
     const Coll coll = static_cast<Coll>(c);
@@ -281,7 +346,14 @@ StatusOr<CostModel> BuildCostModel(const TopologyView& topo) {
     const int nInterSteps = coll == Coll::kAllReduce ? (nNodes > 1 ? 2 * nNodes : 0)
                             : agOrRs                 ? nNodes - 1
                                                      : nNodes;
-    for (int a = 0; a < kNumAlgos; ++a) {
+    // Direct: Simple only, on one node whose ranks read each other's buffers (CPU tables).
+    if (directOk) {
+      const DirectTraffic& tr = kCpuDirectTraffic[c];
+      m.bandwidthGBs[c][direct][simple] =
+          nch * topo.bwIntra * kCpuDirectMemBwFactor / (tr.fixed + tr.perRank * nRanks);
+      m.latencyUs[c][direct][simple] = 2 * kCpuDirectBarrierUs;
+    }
+    for (int a = 0; a < kNumRcclAlgos; ++a) {
       if (coll != Coll::kAllReduce && a != ring) continue;  // Tree runs only all_reduce
       for (int p = 0; p < kNumProtos; ++p) {
         // RCCL: no Tree/Simple on a single gfx94x node.
@@ -308,15 +380,19 @@ StatusOr<CostModel> BuildCostModel(const TopologyView& topo) {
         }
         // Bus bandwidth to algorithm bandwidth.
         const float ratio = a == ring ? (1.0f * nRanks) / nsteps : 0.5f;
-        m.bandwidthGBs[c][a][p] = busBw * ratio;
+        m.bandwidthGBs[c][a][p] = busBw * ratio * (hostFifo ? kCpuFifoBandwidthFactor : 1.0f);
         if (a == ring) m.ringBackupGBs[c][p] = m.bandwidthGBs[c][a][p];
 
         const auto& hwLat = amd ? amdT->hwLat : kNvHwLat;
         float lat = amd ? kAmdBaseLat[a][p] : kNvBaseLat[a][p];
-        float intraLat = hwLat[intraHw][a][p];
+        float intraLat = hostFifo ? kCpuHandoffUs : hwLat[intraHw][a][p];
         const float interLat = hwLat[kHwNet][a][p];
         if (a == ring) {
-          if (bcastOrReduce) {
+          if (bcastOrReduce && hostFifo && nNodes == 1) {
+            // Every hop of the host's pipeline is a thread hand-off, so the first chunk pays one
+            // per hop: nRanks - 1 of them. (Across nodes NCCL's one network hop stays.)
+            lat += (nRanks - 1) * intraLat;
+          } else if (bcastOrReduce) {
             // Ring graphs are searched with sameChannels=1: one hop of latency.
             lat += hwLat[hw][a][p];
           } else {

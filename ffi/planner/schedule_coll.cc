@@ -35,6 +35,10 @@ Status SetCollWorkElem(const CollInfo& info, uint64_t workCount, uint64_t workOf
   e->workCount = workCount;
   e->workOffset = workOffset;
   e->lastChunkCount = static_cast<uint64_t>(lastChunkCount);
+  // Direct: one chunk is the element, up to the task's cap (chunk.cc).
+  if (info.algo == Algo::kDirect) {
+    e->chunkCount = std::min<uint64_t>(workCount, static_cast<uint64_t>(info.chunkCount));
+  }
   return Status::Ok();
 }
 

@@ -1,7 +1,9 @@
 // Choosing how a collective runs: derived sizes, the tuner hook, the algorithm and protocol, the
 // channel and thread counts, the pattern and the device function. After the functions of the
 // same names in RCCL rocm-6.2.0 src/enqueue.cc (ncclInfoSetDerived: src/include/info.h; the
-// device function table: cmake/Generator.cmake), restricted to Ring and Tree.
+// device function table: cmake/Generator.cmake), restricted to Ring and Tree, plus our Direct
+// algorithm (ranks read each other's buffers in place; Simple only, on one node with
+// topology.directPeers).
 #include <algorithm>
 #include <array>
 #include <string>
@@ -43,13 +45,24 @@ std::string MaskNames(uint32_t mask, int n, const char* (*name)(E)) {
 Status CheckFixedChoice(const PlanContext& ctx, const CollInfo& info) {
   JR_REQUIRE(ValidAlgo(info.algo), Code::kInvalidArgument, "tuner: algorithm value ",
              static_cast<int>(info.algo), " for ", CollName(info.coll),
-             " is out of range; allowed: tree, ring");
+             " is out of range; allowed: tree, ring, direct");
   JR_REQUIRE(ValidProto(info.proto), Code::kInvalidArgument, "tuner: protocol value ",
              static_cast<int>(info.proto), " for ", CollName(info.coll),
              " is out of range; allowed: ll, ll128, simple");
-  JR_REQUIRE(info.algo == Algo::kRing || info.coll == Coll::kAllReduce, Code::kInvalidArgument,
-             "tuner: algorithm '", AlgoName(info.algo), "' cannot run ", CollName(info.coll),
-             "; allowed: ring");
+  JR_REQUIRE(info.algo != Algo::kTree || info.coll == Coll::kAllReduce, Code::kInvalidArgument,
+             "tuner: algorithm 'tree' cannot run ", CollName(info.coll), "; allowed: ring",
+             ctx.topo.directPeers && ctx.topo.nNodes == 1 ? ", direct" : "");
+  if (info.algo == Algo::kDirect) {
+    JR_REQUIRE(ctx.topo.directPeers && ctx.topo.nNodes == 1, Code::kInvalidArgument,
+               "tuner: algorithm 'direct' for ", CollName(info.coll),
+               " needs one node whose ranks read each other's buffers (topology.directPeers "
+               "true, nNodes 1; here directPeers ",
+               ctx.topo.directPeers ? "true" : "false", ", nNodes ", ctx.topo.nNodes,
+               "); allowed: ring", info.coll == Coll::kAllReduce ? ", tree" : "");
+    JR_REQUIRE(info.proto == Proto::kSimple, Code::kInvalidArgument,
+               "tuner: algorithm 'direct' runs protocol 'simple' only, not '",
+               ProtoName(info.proto), "'; allowed: simple");
+  }
   JR_REQUIRE(info.proto != Proto::kLL128 || ctx.topo.ll128Enabled, Code::kInvalidArgument,
              "tuner: protocol 'll128' for ", CollName(info.coll),
              " is not enabled on this topology (ll128Enabled is false); allowed: ll, simple");
@@ -63,23 +76,29 @@ Status CheckFixedChoice(const PlanContext& ctx, const CollInfo& info) {
 //                             op and type maps to that function, as in RCCL)
 //   all_reduce:               Tree and Ring, every protocol, every op and type
 //   reduce, reduce_scatter:   Ring, every protocol, every op and type
-// minus SumPostDiv on floating types (a float average is a PreMulSum). Send/recv take one id
-// after all of these.
+// minus SumPostDiv on floating types (a float average is a PreMulSum). Our Direct functions
+// come after all of RCCL's (so the Tree/Ring ids keep RCCL's generator order), in the same
+// collective/op/type order, Simple only:
+//   all_gather, broadcast:    Direct, Simple, Sum, int8
+//   all_reduce, reduce, reduce_scatter: Direct, Simple, every op and type
+// Send/recv take one id after all of these.
 constexpr int kNumCollFuncs = 5;
 constexpr Coll kGeneratorOrder[kNumCollFuncs] = {
     Coll::kAllGather, Coll::kAllReduce, Coll::kBroadcast, Coll::kReduce, Coll::kReduceScatter};
 
-bool FuncExists(Coll coll, DevRedOp op, DataType t, Algo algo) {
+bool FuncExists(Coll coll, DevRedOp op, DataType t, Algo algo, Proto proto) {
   if (op == DevRedOp::kSumPostDiv && IsFloating(t)) return false;
+  if (algo == Algo::kDirect && proto != Proto::kSimple) return false;
+  const bool ringOrDirect = algo == Algo::kRing || algo == Algo::kDirect;
   switch (coll) {
     case Coll::kAllGather:
     case Coll::kBroadcast:
-      return algo == Algo::kRing && op == DevRedOp::kSum && t == DataType::kInt8;
+      return ringOrDirect && op == DevRedOp::kSum && t == DataType::kInt8;
     case Coll::kAllReduce:
       return true;
     case Coll::kReduce:
     case Coll::kReduceScatter:
-      return algo == Algo::kRing;
+      return ringOrDirect;
     default:
       return false;
   }
@@ -95,15 +114,20 @@ struct FuncTable {
         for (auto& c : b)
           for (auto& d : c)
             for (int& e : d) e = -1;
-    for (Coll coll : kGeneratorOrder) {
-      const int c = static_cast<int>(coll);
-      for (int a = 0; a < kNumAlgos; ++a) {
-        for (int p = 0; p < kNumProtos; ++p) {
-          for (int o = 0; o < kNumDevRedOps; ++o) {
-            for (int t = 0; t < kNumDataTypes; ++t) {
-              if (FuncExists(coll, static_cast<DevRedOp>(o), static_cast<DataType>(t),
-                             static_cast<Algo>(a))) {
-                id[c][o][t][a][p] = count++;
+    // RCCL's algorithms (Tree, Ring) first, then ours (Direct).
+    const int directAlgo = static_cast<int>(Algo::kDirect);
+    for (int pass = 0; pass < 2; ++pass) {
+      for (Coll coll : kGeneratorOrder) {
+        const int c = static_cast<int>(coll);
+        for (int a = 0; a < kNumAlgos; ++a) {
+          if ((a == directAlgo) != (pass == 1)) continue;
+          for (int p = 0; p < kNumProtos; ++p) {
+            for (int o = 0; o < kNumDevRedOps; ++o) {
+              for (int t = 0; t < kNumDataTypes; ++t) {
+                if (FuncExists(coll, static_cast<DevRedOp>(o), static_cast<DataType>(t),
+                               static_cast<Algo>(a), static_cast<Proto>(p))) {
+                  id[c][o][t][a][p] = count++;
+                }
               }
             }
           }
@@ -148,7 +172,7 @@ Status GetTunerInfo(const PlanContext& ctx, CollInfo* info, int numPipeOps) {
     JR_CHECK(ctx.tuning.tuner(query, &choice));
     JR_REQUIRE(choice.algo == Algo::kUndef || ValidAlgo(choice.algo), Code::kInvalidArgument,
                "tuner: algorithm value ", static_cast<int>(choice.algo), " for ",
-               CollName(info->coll), " is out of range; allowed: tree, ring (or undef)");
+               CollName(info->coll), " is out of range; allowed: tree, ring, direct (or undef)");
     JR_REQUIRE(choice.proto == Proto::kUndef || ValidProto(choice.proto), Code::kInvalidArgument,
                "tuner: protocol value ", static_cast<int>(choice.proto), " for ",
                CollName(info->coll), " is out of range; allowed: ll, ll128, simple (or undef)");
@@ -231,7 +255,11 @@ Status GetChannelThreadInfo(const PlanContext& ctx, CollInfo* info) {
   JR_REQUIRE(ValidAlgo(info->algo) && ValidProto(info->proto), Code::kInternal,
              "GetChannelThreadInfo: no algorithm/protocol chosen for ", CollName(info->coll));
   const TopologyView& topo = ctx.topo;
-  const int a = static_cast<int>(info->algo);
+  // Direct takes Ring's channel and thread logic (the cost model copies Ring's thread counts and
+  // thresholds to Direct): the same channel shrinking, and on NVIDIA-shaped archs the same sync
+  // warp for Simple. Its channels split the data as Ring's do; no FIFO connects them.
+  const Algo threadAlgo = info->algo == Algo::kDirect ? Algo::kRing : info->algo;
+  const int a = static_cast<int>(threadAlgo);
   const int p = static_cast<int>(info->proto);
   const bool amd = IsAmd(topo.arch);
   int nc = info->nChannels > 0 ? info->nChannels : topo.nChannels;
@@ -252,12 +280,15 @@ Status GetChannelThreadInfo(const PlanContext& ctx, CollInfo* info) {
     // than three warps. RCCL's HIP path does neither.
     const int ws = topo.warpSize();
     if (info->proto == Proto::kSimple) {
-      if (info->algo == Algo::kRing) nt += ws;
-      if (info->algo == Algo::kTree) nt += 4 * ws;
+      if (threadAlgo == Algo::kRing) nt += ws;
+      if (threadAlgo == Algo::kTree) nt += 4 * ws;
     }
     if (nt / ws < 3) nt = 3 * ws;
   }
-  if (info->coll == Coll::kAllReduce && topo.pivotA2ANumBiRings == 3) {
+  // The pivot and treeDefined rules below are RCCL's AMD topology rules for Ring/Tree; they never
+  // override a Direct choice (the cost model offers Direct only where ranks share buffers).
+  const bool direct = info->algo == Algo::kDirect;
+  if (info->coll == Coll::kAllReduce && topo.pivotA2ANumBiRings == 3 && !direct) {
     // MI250X's pivot topology: RCCL's own all_reduce rule unless the user steered the choice.
     const bool userTuned = (ctx.tuning.algoMask & kAllAlgos) != kAllAlgos ||
                            (ctx.tuning.protoMask & kAllProtos) != kAllProtos ||
@@ -273,7 +304,7 @@ Status GetChannelThreadInfo(const PlanContext& ctx, CollInfo* info) {
         info->algo = Algo::kRing;
       }
     }
-  } else if (info->coll == Coll::kAllReduce && topo.treeDefined &&
+  } else if (info->coll == Coll::kAllReduce && topo.treeDefined && !direct &&
              (ctx.tuning.algoMask & (1u << static_cast<int>(Algo::kTree)))) {
     // The topology file's tree serves all_reduce. Unlike RCCL, not when the algorithm mask
     // excludes Tree: a forced algorithm holds.
@@ -288,6 +319,10 @@ Status GetChannelThreadInfo(const PlanContext& ctx, CollInfo* info) {
 
 Status GetPatternInfo(CollInfo* info) {
   const bool tree = info->algo == Algo::kTree;
+  if (info->algo == Algo::kDirect && IsCostedColl(info->coll)) {
+    info->pattern = Pattern::kDirect;  // every rank reads its peers' buffers in place
+    return Status::Ok();
+  }
   switch (info->coll) {
     case Coll::kBroadcast:
       info->pattern = tree ? Pattern::kTreeDown : Pattern::kPipelineFrom;

@@ -42,7 +42,7 @@ H100 = dict(
 CPU = dict(nRanks=4, nNodes=1, arch="cpu", intraLink="shm", bwIntra=5.0, nChannels=2)
 
 COLLS = ["broadcast", "reduce", "all_gather", "reduce_scatter", "all_reduce"]
-ALGOS = ["tree", "ring"]
+ALGOS = ["tree", "ring", "direct"]
 PROTOS = ["ll", "ll128", "simple"]
 
 
@@ -109,6 +109,7 @@ def test_mi300x_threads_and_thresholds():
     # comm.h: LL 8, LL128 8, Simple 64 bytes per thread; Ring/LL times nRanks (8 * 8 = 64).
     assert m["thread_thresholds"]["tree"] == {"ll": 8, "ll128": 8, "simple": 64}
     assert m["thread_thresholds"]["ring"] == {"ll": 64, "ll128": 8, "simple": 64}
+    assert m["thread_thresholds"]["direct"] == m["thread_thresholds"]["ring"]  # Ring's logic
     # tree depth = ranks per node - 1 + log2(nodes) = 7 + 0
     assert m["tree_depth"] == 7
 
@@ -177,9 +178,9 @@ def test_h100_threads():
     assert slow["max_threads"]["ring"]["simple"] == 256  # 1 * 10 <= 12
 
 
-def test_cpu_model_uses_pci_row():
-    m = internal.cost_model(CPU)
-    # cpu: NCCL tables, Ampere caps, shared memory costed on NCCL's PCI row.
+def test_cpu_model_over_pcie_uses_pci_row():
+    m = internal.cost_model(dict(CPU, intraLink="pcie"))
+    # cpu over PCIe: NCCL tables, Ampere caps, NCCL's PCI row (no host FIFO rule).
     # busBw = 2 * 5 = 10; all_reduce nsteps 6, ratio 4/6.
     # ring/simple: 10 * 4/6 = 6.666667; 8.4 + 6 * 5.7 = 42.6
     check(m, "all_reduce", "ring", "simple", 42.6, 10 * 4 / 6)
@@ -190,6 +191,55 @@ def test_cpu_model_uses_pci_row():
     # Ring/Simple threads: 2*5 = 10 <= 12 -> 256
     assert m["max_threads"]["ring"]["simple"] == 256
     assert "cpu" in m["description"]
+
+
+def test_cpu_model_over_shm_pays_handoffs_and_fifo_copies():
+    m = internal.cost_model(CPU)
+    # cpu over shm (the host executor): every ring/tree step is a thread hand-off (10 us instead
+    # of the PCI row) and every hop copies twice through a FIFO (half the NCCL bandwidth).
+    # ring/simple: 10 * 4/6 * 0.5 = 3.333333; 8.4 + 6 * 10 = 68.4
+    check(m, "all_reduce", "ring", "simple", 68.4, 10 * 4 / 6 * 0.5)
+    # ring/ll: 2.5 * 4/6 * 0.5; 6.6 + 6 * 10 = 66.6
+    check(m, "all_reduce", "ring", "ll", 66.6, 2.5 * 4 / 6 * 0.5)
+    # tree/ll: 9.2/3.8 * 0.5 * 0.5; 6.8 + 2*3*10 = 66.8
+    check(m, "all_reduce", "tree", "ll", 66.8, 9.2 / 3.8 * 0.5 * 0.5)
+    # broadcast pays a hand-off per hop (nRanks - 1 = 3): 8.4 + 3*10 = 38.4; 10 * 4/4 * 0.5
+    check(m, "broadcast", "ring", "simple", 38.4, 10 * 0.5)
+    # all_gather: nsteps 3, ratio 4/3: 8.4 + 3*10 = 38.4; 10 * 4/3 * 0.5
+    check(m, "all_gather", "ring", "simple", 38.4, 10 * 4 / 3 * 0.5)
+    assert m["max_threads"]["ring"]["simple"] == 256
+    assert "host hand-offs" in m["description"]
+    # No direct_peers: no Direct rows.
+    assert all(m["bandwidth_gbs"][c]["direct"][p] == 0 for c in COLLS for p in PROTOS)
+
+
+def test_direct_rows_only_with_direct_peers_on_one_node():
+    # Direct rows come from the host executor's traffic (tables in cost_model.cc), Simple only:
+    # latency 2 barriers * 10 us; bandwidth nChannels * bwIntra = 10 GB/s over the bytes the
+    # busiest rank moves per byte: all_reduce 2, reduce nRanks (= 4), others 1.
+    m = internal.cost_model(dict(CPU, directPeers=True))
+    for coll, traffic in [
+        ("broadcast", 1),
+        ("reduce", 4),
+        ("all_gather", 1),
+        ("reduce_scatter", 1),
+        ("all_reduce", 2),
+    ]:
+        check(m, coll, "direct", "simple", 20.0, 10 / traffic)
+        assert m["bandwidth_gbs"][coll]["direct"]["ll"] == 0
+        assert m["bandwidth_gbs"][coll]["direct"]["ll128"] == 0
+    # Direct takes Ring's threads and thresholds.
+    assert m["max_threads"]["direct"] == m["max_threads"]["ring"]
+    assert m["thread_thresholds"]["direct"] == m["thread_thresholds"]["ring"]
+    # Two nodes: ranks of different nodes cannot read each other's buffers.
+    m2 = internal.cost_model(dict(CPU, nRanks=4, nNodes=2, bwInter=5.0, directPeers=True))
+    assert all(m2["bandwidth_gbs"][c]["direct"][p] == 0 for c in COLLS for p in PROTOS)
+    # The Ring/Tree rows do not depend on directPeers.
+    m0 = internal.cost_model(CPU)
+    for c in COLLS:
+        for a in ("tree", "ring"):
+            assert m["bandwidth_gbs"][c][a] == m0["bandwidth_gbs"][c][a]
+            assert m["latency_us"][c][a] == m0["latency_us"][c][a]
 
 
 def test_ring_backup_keeps_disabled_ll128():

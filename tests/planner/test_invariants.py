@@ -51,6 +51,7 @@ def topologies(draw):
         p2p_nchannels_per_peer=per_peer,
         ll128=draw(st.booleans()),
         tree_defined=draw(st.booleans()),
+        direct_peers=draw(st.booleans()),
     )
 
 
@@ -91,6 +92,13 @@ def check_plan(d, tasks, topo):
         else:
             align = 8 // psize * t["nthreads"] if psize <= 8 else 1
         assert e["planned_offset"] % align == 0
+        if t["algorithm"] == "direct":
+            # Direct: one chunk = the element, capped at the largest aligned count of 25 bits;
+            # the last chunk holds the rest.
+            cap = ((1 << 25) - 1) // align * align
+            n = e["planned_count"]
+            assert e["chunk_count"] == min(n, cap)
+            assert e["last_chunk_count"] == n - (n - 1) // e["chunk_count"] * e["chunk_count"]
     for i, t in enumerate(tasks):
         pos = 0
         for lo, hi in sorted(ranges[i]):
@@ -99,8 +107,11 @@ def check_plan(d, tasks, topo):
         assert pos == t.count, f"task {i}: covered {pos} of {t.count}"
         dt = d["tasks"][i]
         if t.count:
-            assert dt["algorithm"] in ("ring", "tree")
+            assert dt["algorithm"] in ("ring", "tree", "direct")
             assert dt["protocol"] in ("ll", "ll128", "simple")
+            if dt["algorithm"] == "direct":
+                assert topo.direct_peers and topo.nnodes == 1
+                assert dt["protocol"] == "simple"
             assert dt["protocol"] != "ll128" or topo.ll128
             assert 1 <= dt["nchannels"] <= topo.nchannels
             assert dt["nthreads"] % ARCH_WARP[topo.arch] == 0
@@ -142,11 +153,17 @@ def test_fifo_budget_splits_but_still_covers(data):
 def test_forced_algorithms_hold(data):
     topo = data.draw(topologies())
     tasks = data.draw(coll_tasks(topo.nranks))
-    algo = data.draw(st.sampled_from(["Ring", "Tree"]))
+    algo = data.draw(st.sampled_from(["Ring", "Tree", "Direct"]))
     d = planner.plan(tasks, topo, algorithm=algo).to_dict()
     check_plan(d, tasks, topo)
     for t in d["tasks"]:
         if t["count"] and t["algorithm"] is not None and topo.nranks > 1:
-            # Tree exists for all_reduce only; other collectives fall back to Ring.
-            if algo == "Ring" or t["coll"] == "all_reduce":
+            # Tree exists for all_reduce only, Direct only on one node with direct_peers;
+            # elsewhere the Ring backup runs.
+            direct_ok = topo.direct_peers and topo.nnodes == 1
+            if algo == "Tree" and t["coll"] != "all_reduce":
+                assert t["algorithm"] == "ring"
+            elif algo == "Direct" and not direct_ok:
+                assert t["algorithm"] == "ring"
+            else:
                 assert t["algorithm"] == algo.lower()

@@ -127,10 +127,10 @@ def test_algorithm_override_and_syntax():
     assert planner.plan(t, topo, algorithm="^Tree").tasks[0]["algorithm"] == "ring"
     assert planner.plan(t, topo, protocol="LL").tasks[0]["protocol"] == "ll"
     assert planner.plan(t, topo, protocol="^LL,LL128").tasks[0]["protocol"] == "simple"
-    with pytest.raises(ValueError, match="JAX_RCCL_ALGO.*allowed: tree, ring"):
+    with pytest.raises(ValueError, match="JAX_RCCL_ALGO.*allowed: tree, ring, direct"):
         planner.plan(t, topo, algorithm="CollNet")
     with pytest.raises(ValueError, match="leaves nothing"):
-        planner.plan(t, topo, algorithm="^Tree,Ring")
+        planner.plan(t, topo, algorithm="^Tree,Ring,Direct")
 
 
 def test_env_overrides_apply_when_no_argument(monkeypatch):

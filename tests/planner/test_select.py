@@ -262,15 +262,17 @@ def test_tuner_exception_propagates():
 @pytest.mark.parametrize(
     "spec, mask",
     [
-        ("", 0b11),
-        ("Ring", 0b10),
-        ("Tree", 0b01),
-        ("tree,ring", 0b11),
-        ("Tree,Ring", 0b11),
-        ("RING", 0b10),
-        ("^Tree", 0b10),
-        ("^ring", 0b01),
-        (" Ring , Tree ", 0b11),
+        ("", 0b111),
+        ("Ring", 0b010),
+        ("Tree", 0b001),
+        ("Direct", 0b100),
+        ("tree,ring", 0b011),
+        ("Tree,Ring", 0b011),
+        ("RING", 0b010),
+        ("^Tree", 0b110),
+        ("^ring", 0b101),
+        ("^Direct", 0b011),
+        (" Ring , Tree ", 0b011),
     ],
 )
 def test_parse_algo_mask(spec, mask):
@@ -297,12 +299,12 @@ def test_parse_proto_mask(spec, mask):
 def test_parse_mask_errors():
     with pytest.raises(ValueError) as e:
         internal.parse_algo_mask("CollNet")
-    assert "JAX_RCCL_ALGO" in str(e.value) and "tree, ring" in str(e.value)
+    assert "JAX_RCCL_ALGO" in str(e.value) and "tree, ring, direct" in str(e.value)
     with pytest.raises(ValueError) as e:
         internal.parse_proto_mask("LL256", "MY_PROTO")
     assert "MY_PROTO" in str(e.value) and "ll, ll128, simple" in str(e.value)
     with pytest.raises(ValueError, match="nothing"):
-        internal.parse_algo_mask("^Tree,Ring")
+        internal.parse_algo_mask("^Tree,Ring,Direct")
     with pytest.raises(ValueError) as e:
         sel(MI300X, algorithm="NVLS")
     assert "algorithm" in str(e.value) and "tree, ring" in str(e.value)
@@ -315,7 +317,9 @@ def test_parse_mask_errors():
 def test_dev_func_golden_ids():
     # Generator order: all_gather (3: ring x ll/ll128/simple, sum, int8), all_reduce
     # (tree, ring) x 3 protos x (5 ops x 15 types - 6 float SumPostDiv = 69) = 414,
-    # broadcast 3, reduce 3*69 = 207, reduce_scatter 207 -> 834 collective functions, p2p 834.
+    # broadcast 3, reduce 3*69 = 207, reduce_scatter 207 -> 834 Tree/Ring functions; then our
+    # Direct ones (Simple only): all_gather 1 + all_reduce 69 + broadcast 1 + reduce 69 +
+    # reduce_scatter 69 = 209 (ids 834..1042, see test_direct.py); p2p last: 834 + 209 = 1043.
     assert internal.dev_func_id("all_gather", "sum", "int8", "ring", "ll") == 0
     assert internal.dev_func_id("all_gather", "sum", "int8", "ring", "simple") == 2
     assert internal.dev_func_id("all_reduce", "sum", "int8", "tree", "ll") == 3
@@ -326,8 +330,8 @@ def test_dev_func_golden_ids():
     assert internal.dev_func_id("broadcast", "sum", "int8", "ring", "ll") == 417
     assert internal.dev_func_id("reduce", "sum", "int8", "ring", "ll") == 420
     assert internal.dev_func_id("reduce_scatter", "sum", "int8", "ring", "ll") == 627
-    assert internal.dev_func_id_p2p() == 834
-    assert internal.num_dev_funcs() == 835
+    assert internal.dev_func_id_p2p() == 1043
+    assert internal.num_dev_funcs() == 1044
 
 
 @pytest.mark.parametrize(
@@ -378,7 +382,7 @@ def test_dev_func_ids_are_dense():
     for c in colls:
         for o in ops:
             for t in types:
-                for a in ("tree", "ring"):
+                for a in ("tree", "ring", "direct"):
                     for p in ("ll", "ll128", "simple"):
                         i = internal.dev_func_id(c, o, t, a, p)
                         if i >= 0:
