@@ -25,6 +25,8 @@ void BindRedop(nanobind::module_& m, nanobind::module_& internal);
 void BindSelectInternals(nanobind::module_& internal);
 void BindCollInternals(nanobind::module_& internal);
 void BindP2pInternals(nanobind::module_& internal);
+// The host executor over threads of this process, for tests (ffi/cpu/bind_executor_test.cc).
+void BindExecutorTest(nanobind::module_& internal);
 // The CPU runtime: FFI targets and types to register, runtime statistics (ffi/cpu/).
 void BindRuntime(nanobind::module_& m);
 

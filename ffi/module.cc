@@ -41,5 +41,6 @@ NB_MODULE(_jax_rccl, m) {
   jax_rccl::BindSelectInternals(internal);
   jax_rccl::BindCollInternals(internal);
   jax_rccl::BindP2pInternals(internal);
+  jax_rccl::BindExecutorTest(internal);
   jax_rccl::BindRuntime(m);
 }

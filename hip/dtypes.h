@@ -1,0 +1,203 @@
+// Narrow floating-point element types shared by host code (the CPU executor) and device code
+// (the HIP kernels): float16, bfloat16 and the two fp8 formats, as 8/16-bit storage structs with
+// conversions to and from float that round to nearest even (bit-compatible with ml_dtypes, which
+// is what XLA's CPU backend uses).
+//
+// Plain C++17 with fixed-width integers only: no standard-library types, no intrinsics, so the
+// same code compiles under g++/clang, hipcc and nvcc. JR_HOST_DEVICE marks functions for both
+// sides.
+#pragma once
+
+#include <stdint.h>
+
+#if defined(__CUDACC__) || defined(__HIPCC__)
+#define JR_HOST_DEVICE __host__ __device__
+#else
+#define JR_HOST_DEVICE
+#endif
+
+#define JR_INLINE JR_HOST_DEVICE inline
+
+namespace jax_rccl {
+
+// Storage types: the bits only. Arithmetic happens in float (see reduce_functors.h).
+struct Half {
+  uint16_t bits;
+};
+struct BFloat16 {
+  uint16_t bits;
+};
+struct Fp8E4M3 {  // float8_e4m3fn: bias 7, no infinities, NaN = S.1111.111, max 448
+  uint8_t bits;
+};
+struct Fp8E5M2 {  // float8_e5m2: bias 15, IEEE-like infinities and NaNs, max 57344
+  uint8_t bits;
+};
+
+JR_INLINE uint32_t FloatAsBits(float f) {
+  union {
+    float f;
+    uint32_t u;
+  } v;
+  v.f = f;
+  return v.u;
+}
+
+JR_INLINE float BitsAsFloat(uint32_t u) {
+  union {
+    float f;
+    uint32_t u;
+  } v;
+  v.u = u;
+  return v.f;
+}
+
+// ---- float16 ----
+
+JR_INLINE float HalfBitsToFloat(uint16_t h) {
+  const uint32_t sign = uint32_t(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1fu;
+  const uint32_t mant = h & 0x3ffu;
+  uint32_t out;
+  if (exp == 0x1f) {
+    out = 0x7f800000u | (mant << 13);  // inf / NaN (payload kept)
+  } else if (exp != 0) {
+    out = ((exp + 112u) << 23) | (mant << 13);  // rebias 15 -> 127
+  } else {
+    // Zero or subnormal: mant * 2^-24, exact in float.
+    const float v = float(mant) * 5.9604644775390625e-08f;
+    return sign ? -v : v;
+  }
+  return BitsAsFloat(sign | out);
+}
+
+JR_INLINE uint16_t FloatToHalfBits(float f) {
+  const uint32_t x = FloatAsBits(f);
+  const uint32_t sign = (x >> 16) & 0x8000u;
+  uint32_t ax = x & 0x7fffffffu;
+  if (ax >= 0x7f800000u) return uint16_t(sign | (ax > 0x7f800000u ? 0x7e00u : 0x7c00u));
+  if (ax >= 0x47800000u) return uint16_t(sign | 0x7c00u);  // >= 65536: infinity
+  if (ax < 0x38800000u) {
+    // The result is subnormal or zero: let a float addition with 0.5 round the bits into place
+    // (0.5 has the exponent that lines the half's 2^-24 unit up with the float's last bit).
+    const float t = BitsAsFloat(ax) + 0.5f;
+    return uint16_t(sign | (FloatAsBits(t) - 0x3f000000u));
+  }
+  const uint32_t odd = (ax >> 13) & 1u;
+  ax += 0xc8000fffu + odd;  // rebias 127 -> 15 and round to nearest even
+  return uint16_t(sign | (ax >> 13));
+}
+
+// ---- bfloat16 ----
+
+JR_INLINE float BFloat16BitsToFloat(uint16_t b) {
+  return BitsAsFloat(uint32_t(b) << 16);
+}
+
+JR_INLINE uint16_t FloatToBFloat16Bits(float f) {
+  const uint32_t x = FloatAsBits(f);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return uint16_t((x >> 16) | 0x40u);  // quiet NaN
+  return uint16_t((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
+
+// ---- fp8 ----
+// A format with E exponent bits, M mantissa bits and bias B. `kFn` formats (e4m3fn) have no
+// infinities: their only NaN is all ones and overflow becomes NaN; others (e5m2) overflow to
+// infinity.
+
+template <int E, int M, int B, bool kFn>
+JR_INLINE float Fp8BitsToFloat(uint8_t c) {
+  const uint32_t sign = uint32_t(c & 0x80u) << 24;
+  const uint32_t exp = (c >> M) & ((1u << E) - 1u);
+  const uint32_t mant = c & ((1u << M) - 1u);
+  const uint32_t expMax = (1u << E) - 1u;
+  if (kFn) {
+    if (exp == expMax && mant == ((1u << M) - 1u)) return BitsAsFloat(sign | 0x7fc00000u);
+  } else if (exp == expMax) {
+    return BitsAsFloat(sign | (mant ? 0x7fc00000u : 0x7f800000u));
+  }
+  if (exp == 0) {
+    // mant * 2^(1 - B - M), exact in float.
+    const float unit = BitsAsFloat(uint32_t(127 + 1 - B - M) << 23);
+    const float v = float(mant) * unit;
+    return sign ? -v : v;
+  }
+  return BitsAsFloat(sign | ((exp + uint32_t(127 - B)) << 23) | (mant << (23 - M)));
+}
+
+template <int E, int M, int B, bool kFn>
+JR_INLINE uint8_t FloatToFp8Bits(float f) {
+  const uint32_t x = FloatAsBits(f);
+  const uint32_t sign = (x >> 24) & 0x80u;
+  const uint32_t ax = x & 0x7fffffffu;
+  const uint32_t nanCode = kFn ? 0x7fu : 0x7eu;
+  const uint32_t infCode = kFn ? 0x7fu : (((1u << E) - 1u) << M);
+  // Largest finite code: e4m3fn S.1111.110, e5m2 S.11110.11.
+  const uint32_t maxCode = kFn ? 0x7eu : infCode - 1u;
+  if (ax > 0x7f800000u) return uint8_t(sign | nanCode);
+  if (ax == 0x7f800000u) return uint8_t(sign | infCode);
+  const int e = int(ax >> 23) - 127;
+  uint32_t code;
+  if (e < 1 - B) {
+    // Subnormal (or zero) in the target: an integer count of 2^(1-B-M) units, rounded to
+    // nearest even by a float addition of 2^23 (the count is far below 2^23).
+    const float units = BitsAsFloat(ax) * BitsAsFloat(uint32_t(127 - (1 - B - M)) << 23);
+    code = FloatAsBits(units + 8388608.0f) - 0x4b000000u;
+  } else {
+    const uint32_t shift = 23 - M;
+    const uint32_t odd = (ax >> shift) & 1u;
+    const uint32_t r = ax + ((1u << (shift - 1)) - 1u) + odd;
+    code = (r >> shift) - (uint32_t(127 - B) << M);
+    if (e > 16) code = maxCode + 1u;  // far beyond the range; avoid wrapping
+  }
+  if (code > maxCode) code = kFn ? nanCode : infCode;
+  return uint8_t(sign | code);
+}
+
+JR_INLINE float Fp8E4M3BitsToFloat(uint8_t c) {
+  return Fp8BitsToFloat<4, 3, 7, true>(c);
+}
+JR_INLINE uint8_t FloatToFp8E4M3Bits(float f) {
+  return FloatToFp8Bits<4, 3, 7, true>(f);
+}
+JR_INLINE float Fp8E5M2BitsToFloat(uint8_t c) {
+  return Fp8BitsToFloat<5, 2, 15, false>(c);
+}
+JR_INLINE uint8_t FloatToFp8E5M2Bits(float f) {
+  return FloatToFp8Bits<5, 2, 15, false>(f);
+}
+
+// The conversions as overloads, for templates over the element type.
+JR_INLINE float ToFloat(Half h) {
+  return HalfBitsToFloat(h.bits);
+}
+JR_INLINE float ToFloat(BFloat16 b) {
+  return BFloat16BitsToFloat(b.bits);
+}
+JR_INLINE float ToFloat(Fp8E4M3 c) {
+  return Fp8E4M3BitsToFloat(c.bits);
+}
+JR_INLINE float ToFloat(Fp8E5M2 c) {
+  return Fp8E5M2BitsToFloat(c.bits);
+}
+
+template <typename T>
+JR_INLINE T FromFloat(float f);
+template <>
+JR_INLINE Half FromFloat<Half>(float f) {
+  return Half{FloatToHalfBits(f)};
+}
+template <>
+JR_INLINE BFloat16 FromFloat<BFloat16>(float f) {
+  return BFloat16{FloatToBFloat16Bits(f)};
+}
+template <>
+JR_INLINE Fp8E4M3 FromFloat<Fp8E4M3>(float f) {
+  return Fp8E4M3{FloatToFp8E4M3Bits(f)};
+}
+template <>
+JR_INLINE Fp8E5M2 FromFloat<Fp8E5M2>(float f) {
+  return Fp8E5M2{FloatToFp8E5M2Bits(f)};
+}
+
+}  // namespace jax_rccl
