@@ -1,1 +1,378 @@
-// Placeholder until the CPU runtime lands.
+#include "ffi/cpu/comm.h"
+
+#include <algorithm>
+#include <chrono>
+#include <sstream>
+#include <utility>
+
+namespace jax_rccl {
+namespace cpu {
+
+TopologyView CpuTopology(int nRanks, const Params& params) {
+  TopologyView t;
+  t.nRanks = nRanks;
+  t.nNodes = 1;
+  t.arch = Arch::kCpu;
+  t.intraLink = LinkKind::kLoopback;
+  t.interLink = LinkKind::kNet;
+  t.bwIntra = 8.0f;  // GB/s a channel gets from host memory (a rough figure)
+  t.nChannels = params.nchannels > 0 ? static_cast<int>(params.nchannels) : 2;
+  t.p2pnChannels = 2;
+  t.p2pnChannelsPerPeer = 1;
+  // RCCL's defaults: LL 256 KiB (DEFAULT_LL_BUFFSIZE), LL128 448 KiB, Simple 4 MiB.
+  t.buffSizes[static_cast<int>(Proto::kLL)] = 262144;
+  t.buffSizes[static_cast<int>(Proto::kLL128)] = 458752;
+  t.buffSizes[static_cast<int>(Proto::kSimple)] = 4194304;
+  t.p2pChunkSize = 524288;
+  t.workFifoDepth = static_cast<int>(params.work_fifo_depth);
+  t.directPeers = true;
+  return t;
+}
+
+RuntimeStats& Stats() {
+  static RuntimeStats* stats = new RuntimeStats();  // never destroyed: used by pool threads
+  return *stats;
+}
+
+void ResetStats() {
+  RuntimeStats& s = Stats();
+  s.plansBuilt = 0;
+  s.executions = 0;
+  s.instantiations = 0;
+  s.rendezvousTimeouts = 0;
+  s.mismatches = 0;
+  s.errors = 0;
+}
+
+uint64_t HashMix(uint64_t h, uint64_t v) {
+  // splitmix64 finalizer over the running hash and the value
+  uint64_t z = h ^ (v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2));
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+uint64_t P2pTransferHash(int src, int dst, int k, uint64_t bytes) {
+  uint64_t h = HashMix(0x6a09e667f3bcc909ull, static_cast<uint64_t>(src));
+  h = HashMix(h, static_cast<uint64_t>(dst));
+  h = HashMix(h, static_cast<uint64_t>(k));
+  return HashMix(h, bytes);
+}
+
+namespace {
+
+template <typename T>
+std::string ListString(const std::vector<T>& v) {
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < v.size(); ++i) os << (i ? ", " : "") << v[i];
+  os << "]";
+  return os.str();
+}
+
+Clock::time_point DeadlineIn(double seconds) {
+  if (!(seconds > 0)) seconds = 0;
+  if (seconds > 1e8) seconds = 1e8;  // "forever" without overflowing the clock
+  return Clock::now() +
+         std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+}
+
+}  // namespace
+
+// One execution's rendezvous, shared by its ranks (each holds a reference until it returns).
+// Every field is guarded by the communicator's mutex.
+struct Execution {
+  Execution(const ExecKey& k, int n)
+      : key(k), present(n, 0), peers(n), collFingerprints(n, 0), barrierIn(n, 0) {}
+  ExecKey key;
+  int arrived = 0;
+  std::vector<uint8_t> present;                 // by rank
+  std::vector<std::vector<SlotBuffers>> peers;  // [rank][slot]
+  std::vector<uint64_t> collFingerprints;       // by rank
+  int errorRank = -1;                           // the first rank that cannot take part
+  uint64_t sendSum = 0;
+  uint64_t recvSum = 0;
+  bool complete = false;
+  Status verdict;  // set by the last rank: the ranks disagree on the call
+  uint64_t ticket = 0;
+  // ExecContext::barrier
+  int barrierArrived = 0;
+  uint64_t barrierGeneration = 0;
+  std::vector<uint8_t> barrierIn;  // by rank, in the current generation
+};
+
+Communicator::Communicator(std::vector<int64_t> devices, TopologyView topo,
+                           std::unique_ptr<HostTransport> transport)
+    : devices_(std::move(devices)),
+      topo_(topo),
+      transport_(std::move(transport)),
+      served_(devices_.size(), 0) {
+  Stats().communicators.fetch_add(1);
+}
+
+Communicator::~Communicator() {
+  Stats().rendezvousPending.fetch_sub(static_cast<int64_t>(pending_.size()));
+  Stats().communicators.fetch_sub(1);
+}
+
+std::string Communicator::DevicesString() const {
+  return ListString(devices_);
+}
+
+Status Communicator::FailedError(const std::string& name) const {
+  JR_FAIL(Code::kInvalidUsage, "jax_rccl: '", name, "': the communicator of devices ",
+          DevicesString(),
+          " failed earlier and cannot run collectives any more (start a new process); the first "
+          "failure: ",
+          failReason_);
+}
+
+void Communicator::Fail(const std::string& reason) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!failed_.load()) {
+    failReason_ = reason;
+    failed_.store(true, std::memory_order_release);
+  }
+  Stats().rendezvousPending.fetch_sub(static_cast<int64_t>(pending_.size()));
+  pending_.clear();
+  cv_.notify_all();
+  if (transport_) transport_->WakeAll();
+}
+
+std::shared_ptr<Execution> Communicator::Join(const ExecKey& key, Arrival arrival, Status* error) {
+  const int n = nRanks();
+  auto it = pending_.find(key);
+  std::shared_ptr<Execution> e;
+  if (it == pending_.end()) {
+    e = std::make_shared<Execution>(key, n);
+    pending_.emplace(key, e);
+    Stats().rendezvousPending.fetch_add(1);
+  } else {
+    e = it->second;
+  }
+  const int r = arrival.rank;
+  if (e->present[r]) {
+    *error =
+        Status(Code::kInternal, detail::StrCat("jax_rccl: rank ", r, " of devices ",
+                                               DevicesString(), " joined the execution (call site ",
+                                               key.callSite, ", run id ", key.runId, ") twice"));
+    return nullptr;
+  }
+  e->present[r] = 1;
+  e->peers[r] = std::move(arrival.slots);
+  e->collFingerprints[r] = arrival.collFingerprint;
+  e->sendSum += arrival.sendHash;
+  e->recvSum += arrival.recvHash;
+  if (!arrival.error.ok() && e->errorRank < 0) {
+    // The execution cannot run: every rank (waiting or still to come) fails at once.
+    e->errorRank = r;
+    e->verdict =
+        Status(arrival.error.code(),
+               detail::StrCat("jax_rccl: rank ", r, " (device ", devices_[r], ") of devices ",
+                              DevicesString(), " cannot run the call: ", arrival.error.message()));
+    cv_.notify_all();
+  }
+  if (++e->arrived < n) return e;
+
+  // The last rank: check the ranks agree, hand out the ticket, retire the entry.
+  std::vector<int> differ;
+  for (int q = 1; q < n; ++q) {
+    if (e->collFingerprints[q] != e->collFingerprints[0]) differ.push_back(q);
+  }
+  if (e->errorRank >= 0) {
+    // verdict already set
+  } else if (!differ.empty() || e->sendSum != e->recvSum) {
+    Stats().mismatches.fetch_add(1);
+    std::string what =
+        !differ.empty()
+            ? detail::StrCat("ranks ", ListString(differ),
+                             " planned a different call than rank 0 (counts, dtypes, ops, roots "
+                             "or algorithms differ)")
+            : std::string(
+                  "their sends and receives do not pair up (counts or dtypes differ "
+                  "between a sender and its receiver)");
+    e->verdict = Status(Code::kInvalidUsage,
+                        detail::StrCat("jax_rccl: the ranks of devices ", DevicesString(),
+                                       " disagree on one call: ", what));
+  } else {
+    e->ticket = nextTicket_++;
+  }
+  e->complete = true;
+  pending_.erase(key);
+  Stats().rendezvousPending.fetch_sub(1);
+  cv_.notify_all();
+  return e;
+}
+
+Status Communicator::WaitComplete(Execution& e, int rank, Clock::time_point deadline,
+                                  double timeout, const std::string& name,
+                                  std::unique_lock<std::mutex>& lock) {
+  while (!e.complete && e.errorRank < 0) {
+    if (failed_.load()) return FailedError(name);
+    if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && !e.complete &&
+        e.errorRank < 0 && !failed_.load()) {
+      std::vector<int> missing;
+      std::vector<int64_t> missingDevices;
+      for (int q = 0; q < nRanks(); ++q) {
+        if (!e.present[q]) {
+          missing.push_back(q);
+          missingDevices.push_back(devices_[q]);
+        }
+      }
+      std::string msg = detail::StrCat(
+          "jax_rccl: '", name, "' timed out after ", timeout, " s (JAX_RCCL_TIMEOUT): ranks ",
+          ListString(missing), " (devices ", ListString(missingDevices),
+          ") of the group of devices ", DevicesString(), " never arrived (call site ",
+          e.key.callSite, ", run id ", e.key.runId, "; rank ", rank, " waited)");
+      Stats().rendezvousTimeouts.fetch_add(1);
+      lock.unlock();
+      Fail(msg);
+      lock.lock();
+      JR_FAIL(Code::kTimeout, msg);
+    }
+  }
+  return Status::Ok();
+}
+
+Status Communicator::WaitTurn(Execution& e, int rank, double timeout, const std::string& name,
+                              std::unique_lock<std::mutex>& lock) {
+  Clock::time_point deadline = DeadlineIn(timeout);
+  uint64_t seen = served_[rank];
+  while (served_[rank] != e.ticket) {
+    if (failed_.load()) return FailedError(name);
+    if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && served_[rank] != e.ticket &&
+        !failed_.load()) {
+      if (served_[rank] != seen) {  // earlier executions progress: keep waiting
+        seen = served_[rank];
+        deadline = DeadlineIn(timeout);
+        continue;
+      }
+      std::string msg = detail::StrCat(
+          "jax_rccl: '", name, "' timed out after ", timeout, " s (JAX_RCCL_TIMEOUT): rank ", rank,
+          " (device ", devices_[rank], ") of the group of devices ", DevicesString(),
+          " waited for an earlier collective on the same devices that never finished");
+      Stats().rendezvousTimeouts.fetch_add(1);
+      lock.unlock();
+      Fail(msg);
+      lock.lock();
+      JR_FAIL(Code::kTimeout, msg);
+    }
+  }
+  return Status::Ok();
+}
+
+Status Communicator::Barrier(Execution& e, int rank, Clock::time_point deadline,
+                             const std::string& name) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (failed_.load()) return FailedError(name);
+  const uint64_t generation = e.barrierGeneration;
+  e.barrierIn[rank] = 1;
+  if (++e.barrierArrived == nRanks()) {
+    e.barrierArrived = 0;
+    std::fill(e.barrierIn.begin(), e.barrierIn.end(), 0);
+    ++e.barrierGeneration;
+    cv_.notify_all();
+    return Status::Ok();
+  }
+  while (e.barrierGeneration == generation) {
+    if (failed_.load()) return FailedError(name);
+    if (cv_.wait_until(lock, deadline) == std::cv_status::timeout &&
+        e.barrierGeneration == generation && !failed_.load()) {
+      std::vector<int> missing;
+      for (int q = 0; q < nRanks(); ++q) {
+        if (!e.barrierIn[q]) missing.push_back(q);
+      }
+      std::string msg = detail::StrCat("jax_rccl: '", name,
+                                       "' timed out (JAX_RCCL_TIMEOUT) in a barrier of the group "
+                                       "of devices ",
+                                       DevicesString(), ": ranks ", ListString(missing),
+                                       " never reached it (call site ", e.key.callSite, ", run id ",
+                                       e.key.runId, ")");
+      Stats().rendezvousTimeouts.fetch_add(1);
+      lock.unlock();
+      Fail(msg);
+      JR_FAIL(Code::kTimeout, msg);
+    }
+  }
+  return Status::Ok();
+}
+
+Status Communicator::Run(const ExecKey& key, Arrival arrival, double timeout,
+                         const std::string& name,
+                         const std::function<Status(const ExecContext&)>& body) {
+  const int rank = arrival.rank;
+  JR_REQUIRE(rank >= 0 && rank < nRanks(), Code::kInternal, "jax_rccl: rank ", rank,
+             " out of range for the group of devices ", DevicesString());
+  const Clock::time_point deadline = DeadlineIn(timeout);
+  std::shared_ptr<Execution> e;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (failed_.load()) return FailedError(name);
+    Status joinError;
+    const bool cannotRun = !arrival.error.ok();
+    e = Join(key, std::move(arrival), &joinError);
+    JR_CHECK(joinError);
+    if (cannotRun) return e->verdict;  // posted for the others; no waiting
+    JR_CHECK(WaitComplete(*e, rank, deadline, timeout, name, lock));
+    JR_CHECK(e->verdict);
+    JR_CHECK(WaitTurn(*e, rank, timeout, name, lock));
+  }
+
+  // The barrier of this execution; ExecContext::barrier takes no arguments, so the rank is bound
+  // here (a small struct keeps the std::function free of allocations).
+  struct BarrierCall {
+    Communicator* comm;
+    Execution* e;
+    int rank;
+    Clock::time_point deadline;
+    const std::string* name;
+  };
+  ExecContext ctx;
+  ctx.rank = rank;
+  ctx.nRanks = nRanks();
+  ctx.transport = transport_.get();
+  ctx.peers = &e->peers;
+  ctx.deadline = DeadlineIn(timeout);
+  ctx.aborted = &failed_;
+  ctx.name = name;
+  BarrierCall call{this, e.get(), rank, ctx.deadline, &name};
+  ctx.barrier = [c = &call]() -> Status {
+    return c->comm->Barrier(*c->e, c->rank, c->deadline, *c->name);
+  };
+
+  Status result = body(ctx);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++served_[rank];
+    cv_.notify_all();
+  }
+  if (!result.ok()) {
+    JR_STATUS_FRAME_(result);
+    // The other ranks may wait on this one inside the executor: stop them.
+    Fail(result.message());
+  }
+  return result;
+}
+
+World& World::Get() {
+  static World* world = new World();  // never destroyed: pool threads may outlive statics
+  return *world;
+}
+
+StatusOr<Communicator*> World::GetOrCreate(const std::vector<int64_t>& devices,
+                                           const Params& params) {
+  JR_REQUIRE(!devices.empty(), Code::kInvalidArgument,
+             "jax_rccl: a replica group needs at least one device");
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = comms_.find(devices);
+  if (it != comms_.end()) return it->second.get();
+  TopologyView topo = CpuTopology(static_cast<int>(devices.size()), params);
+  JR_ASSIGN_OR_RETURN(std::unique_ptr<HostTransport> transport, MakeHostTransport(topo));
+  auto comm = std::make_unique<Communicator>(devices, topo, std::move(transport));
+  Communicator* out = comm.get();
+  comms_.emplace(devices, std::move(comm));
+  return out;
+}
+
+}  // namespace cpu
+}  // namespace jax_rccl

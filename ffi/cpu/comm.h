@@ -1,0 +1,145 @@
+// Communicators of the CPU runtime: one per replica group (its devices in rank order), formed on
+// first use in this process, each with its topology view, its host transport and the rendezvous
+// through which the ranks of one execution meet.
+//
+// An execution is one call of one call site: its n invocations (one per device of the group) run
+// on n threads of the CPU client's pool and meet under the key (instance, call site, run id).
+// Executions of one communicator run through its FIFOs one after another: when the last rank of an
+// execution arrives, the execution gets the communicator's next ticket, and every rank runs its
+// tickets in increasing order, so all ranks see the same order on their connections even when
+// JAX has several executions in flight.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "ffi/cpu/executor.h"
+#include "ffi/params.h"
+#include "ffi/planner/status.h"
+#include "ffi/planner/types.h"
+
+namespace jax_rccl {
+namespace cpu {
+
+// The topology the CPU runtime plans with: one node of `nRanks` ranks in one process (arch cpu,
+// loopback links, ranks read each other's buffers), channels from JAX_RCCL_NCHANNELS (default 2),
+// RCCL's default connection buffer sizes.
+TopologyView CpuTopology(int nRanks, const Params& params);
+
+// Counters of the runtime (process-wide). The gauges (communicators, rendezvousPending) are not
+// reset by ResetStats.
+struct RuntimeStats {
+  std::atomic<int64_t> plansBuilt{0};
+  std::atomic<int64_t> executions{0};
+  std::atomic<int64_t> instantiations{0};
+  std::atomic<int64_t> rendezvousTimeouts{0};
+  std::atomic<int64_t> mismatches{0};  // executions whose ranks disagreed on the call
+  std::atomic<int64_t> errors{0};      // executions that returned an error
+  std::atomic<int64_t> communicators{0};
+  std::atomic<int64_t> rendezvousPending{0};  // rendezvous entries alive in the maps
+};
+RuntimeStats& Stats();
+void ResetStats();
+
+// Identifies one execution: the state instance (one per compiled call site), the call site and
+// XLA's run id (shared by the devices of one call, a counter of the executable).
+struct ExecKey {
+  int64_t instance = 0;
+  int64_t callSite = 0;
+  int64_t runId = 0;
+  bool operator<(const ExecKey& o) const {
+    return std::tie(instance, callSite, runId) < std::tie(o.instance, o.callSite, o.runId);
+  }
+};
+
+// What a rank brings to the rendezvous.
+struct Arrival {
+  int rank = 0;
+  std::vector<SlotBuffers> slots;  // its buffers, by task slot
+  // Hash of its collective tasks; every rank of a call must post the same one.
+  uint64_t collFingerprint = 0;
+  // Rank-independent sums over its point-to-point tasks: the sends of all ranks must pair with
+  // the receives of all ranks, so the two totals over the group agree.
+  uint64_t sendHash = 0;
+  uint64_t recvHash = 0;
+  // Set when the rank cannot take part (its plan failed to build): the execution then fails on
+  // every rank at once instead of the others waiting for the deadline.
+  Status error;
+};
+
+// Order-independent hash of one point-to-point transfer (src -> dst, k-th on that pair, bytes).
+uint64_t P2pTransferHash(int src, int dst, int k, uint64_t bytes);
+// Mixes `v` into the hash `h` (for fingerprints).
+uint64_t HashMix(uint64_t h, uint64_t v);
+
+struct Execution;
+
+class Communicator {
+ public:
+  Communicator(std::vector<int64_t> devices, TopologyView topo,
+               std::unique_ptr<HostTransport> transport);
+  ~Communicator();
+
+  int nRanks() const { return static_cast<int>(devices_.size()); }
+  const std::vector<int64_t>& devices() const { return devices_; }
+  const TopologyView& topo() const { return topo_; }
+  bool failed() const { return failed_.load(std::memory_order_acquire); }
+
+  // Runs one rank's part of the execution `key`: posts `arrival`, waits for every rank of the
+  // group (until `timeout` seconds from now), checks that the ranks agree on the call, waits for
+  // this rank's turn on the communicator, then calls `body` with the execution's context (peers'
+  // buffers, barrier, deadline, abort flag). `name` is the collective, for messages.
+  Status Run(const ExecKey& key, Arrival arrival, double timeout, const std::string& name,
+             const std::function<Status(const ExecContext&)>& body);
+
+  // Marks the communicator failed (the first reason is kept), wakes every waiter (also those
+  // inside the transport) and drops the pending rendezvous entries.
+  void Fail(const std::string& reason);
+
+  // "[0, 1, 2]" of the group's devices, for messages.
+  std::string DevicesString() const;
+
+ private:
+  std::shared_ptr<Execution> Join(const ExecKey& key, Arrival arrival, Status* error);
+  Status WaitComplete(Execution& e, int rank, Clock::time_point deadline, double timeout,
+                      const std::string& name, std::unique_lock<std::mutex>& lock);
+  Status WaitTurn(Execution& e, int rank, double timeout, const std::string& name,
+                  std::unique_lock<std::mutex>& lock);
+  Status Barrier(Execution& e, int rank, Clock::time_point deadline, const std::string& name);
+  Status FailedError(const std::string& name) const;  // requires mu_
+
+  const std::vector<int64_t> devices_;
+  const TopologyView topo_;
+  std::unique_ptr<HostTransport> transport_;
+  std::atomic<bool> failed_{false};
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::string failReason_;
+  std::map<ExecKey, std::shared_ptr<Execution>> pending_;  // executions not all ranks reached
+  uint64_t nextTicket_ = 0;
+  std::vector<uint64_t> served_;  // by rank: tickets it has run
+};
+
+// The communicators of this process, keyed by their group.
+class World {
+ public:
+  static World& Get();
+  // The communicator of `devices` (rank order), formed with `params` on first use.
+  StatusOr<Communicator*> GetOrCreate(const std::vector<int64_t>& devices, const Params& params);
+
+ private:
+  std::mutex mu_;
+  std::map<std::vector<int64_t>, std::unique_ptr<Communicator>> comms_;
+};
+
+}  // namespace cpu
+}  // namespace jax_rccl
