@@ -8,10 +8,40 @@ from __future__ import annotations
 
 from jax_rccl import planner
 from jax_rccl._jax_rccl import params as _native_params
+from jax_rccl.api import (
+    all_gather,
+    all_reduce,
+    all_to_all,
+    config,
+    pbroadcast,
+    pmax,
+    pmean,
+    pmin,
+    ppermute,
+    preduce,
+    psum,
+    psum_scatter,
+)
 
 __version__ = "0.1.0"
 
-__all__ = ["planner", "params", "__version__"]
+__all__ = [
+    "planner",
+    "params",
+    "__version__",
+    "psum",
+    "pmax",
+    "pmin",
+    "pmean",
+    "all_gather",
+    "psum_scatter",
+    "all_to_all",
+    "ppermute",
+    "pbroadcast",
+    "all_reduce",
+    "preduce",
+    "config",
+]
 
 
 def params() -> list[dict[str, str]]:

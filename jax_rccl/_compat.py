@@ -1,0 +1,143 @@
+"""Every difference between the JAX versions we support (0.10.2 up to 0.11.x) lives here.
+
+The rest of jax_rccl imports JAX internals only through this module, so a new JAX release
+means reading this file, not the whole package.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from jax._src import config as _config
+from jax._src import core as _core
+from jax._src.interpreters import ad, batching, mlir, pxla  # noqa: F401 - re-exported
+from jax._src.sharding_impls import SPMDAxisContext
+
+try:  # jax >= 0.7: public shard_map
+    from jax import shard_map  # noqa: F401 - re-exported
+except ImportError:  # pragma: no cover - older JAX
+    pass  # type: ignore[no-redef]
+
+Primitive = _core.Primitive
+Tracer = _core.Tracer
+
+
+def is_tracer(x) -> bool:
+    return isinstance(x, _core.Tracer)
+
+
+typeof = _core.typeof
+Zero = ad.Zero
+UndefinedPrimal = ad.UndefinedPrimal
+is_undefined_primal = ad.is_undefined_primal
+instantiate_zeros = ad.instantiate_zeros
+not_mapped = None  # batching: an unbatched operand
+
+
+def tangent_zero(primal_value):
+    """A symbolic zero tangent for `primal_value`."""
+    return Zero(_core.typeof(primal_value).to_tangent_aval())
+
+
+def ct_zero(undefined_primal):
+    """A symbolic zero cotangent for a linear input."""
+    return Zero(undefined_primal.aval.to_ct_aval())
+
+
+# --- varying manual axes ("vma") -------------------------------------------------------------
+
+
+def varying(aval) -> frozenset:
+    """The manual mesh axes over which values of type `aval` may differ."""
+    mat = getattr(aval, "mat", None)  # 0.10+: ManualAxisType
+    if mat is not None:
+        return frozenset(mat.varying)
+    return frozenset(getattr(aval, "vma", frozenset()))  # older: aval.vma
+
+
+def with_varying(aval, vma):
+    """`aval` with its varying manual axes replaced by `vma`."""
+    vma = frozenset(vma)
+    mat = getattr(aval, "mat", None)
+    if mat is not None:
+        return aval.update(manual_axis_type=mat.update(varying=vma))
+    return aval.update(vma=vma)
+
+
+def check_vma_enabled() -> bool:
+    """True while tracing a shard_map body with check_vma=True."""
+    return bool(_config._check_vma.value)
+
+
+def auto_pcast_enabled() -> bool:
+    return bool(getattr(_config, "auto_pcast", None) is None or _config.auto_pcast.value)
+
+
+def pvary(x, axes):
+    """Invariant -> varying cast over `axes` (a no-op where JAX would make it one)."""
+    if not axes:
+        return x
+    return _core.pvary(x, tuple(axes))
+
+
+def check_unreduced(avals, axes, name):
+    fn = getattr(_core, "check_unreduced_args", None)
+    if fn is not None:
+        fn(list(avals), tuple(axes), name)
+
+
+def drop_size_one_axes(axes: tuple) -> tuple:
+    """Mirror jax.lax: with remove_size_one_mesh_axis_from_type, size-1 mesh axes vanish."""
+    flag = getattr(_config, "remove_size_one_mesh_axis_from_type", None)
+    if flag is None or not flag.value:
+        return axes
+    from jax._src.mesh import get_abstract_mesh
+
+    shape = get_abstract_mesh().shape
+    return tuple(a for a in axes if shape.get(a) != 1)
+
+
+# --- named axes in scope ---------------------------------------------------------------------
+
+
+def bound_axis_names() -> tuple:
+    return tuple(_core.get_axis_env().axis_names())
+
+
+def axis_exists(name) -> bool:
+    return _core.get_axis_env().axis_exists(name)
+
+
+def axis_size(name) -> int:
+    return int(_core.get_axis_env().axis_size(name))
+
+
+def named_axis_effects(axes):
+    return {_core.NamedAxisEffect(a) for a in axes}
+
+
+# --- lowering ----------------------------------------------------------------------------------
+
+
+def device_groups(axis_context, axes) -> np.ndarray:
+    """Positions in the flattened mesh of each group of devices along `axes` (rows)."""
+    return np.asarray(pxla.axis_groups(axis_context, tuple(axes)), dtype=np.int64)
+
+
+def mesh_device_ids(axis_context) -> np.ndarray:
+    """Physical device ids (jax Device.id) of the mesh, flattened in mesh order."""
+    return np.asarray(axis_context.mesh.device_ids, dtype=np.int64).reshape(-1)
+
+
+def is_spmd_context(axis_context) -> bool:
+    return isinstance(axis_context, SPMDAxisContext)
+
+
+def module_platforms(ctx) -> tuple[str, ...]:
+    return tuple(ctx.module_context.platforms)
+
+
+def trace_state(name: str, default: str, help: str):
+    """A thread-local string setting that is part of JAX's trace context and jit key."""
+    return _config.string_or_object_state(
+        name, default, help, include_in_jit_key=True, include_in_trace_context=True
+    )

@@ -1,0 +1,499 @@
+"""jax_rccl's public collectives: the names, signatures and results of jax.lax.
+
+Swap ``jax.lax.psum`` for ``jax_rccl.psum`` (and so on) inside ``jax.shard_map``. Every leaf
+of a pytree goes out in ONE grouped custom call. Extras beyond jax.lax: `all_reduce` (ops
+sum/prod/min/max/avg and a pre-multiplier), `preduce` (reduce to one rank) and `config`
+(force the runtime's algorithm/protocol for what is traced inside it).
+
+This layer validates arguments (errors at trace time, naming the argument), converts dtypes
+the runtime does not take (bool, complex) and moves axes so that the primitives in
+`jax_rccl.primitives` see the blocks where the runtime wants them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import numbers
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from jax_rccl import _compat as compat
+from jax_rccl import lowering as _lowering  # noqa: F401 - registers the lowering rules
+from jax_rccl import primitives as P
+
+__all__ = [
+    "psum",
+    "pmax",
+    "pmin",
+    "pmean",
+    "all_gather",
+    "psum_scatter",
+    "all_to_all",
+    "ppermute",
+    "pbroadcast",
+    "all_reduce",
+    "preduce",
+    "config",
+]
+
+# --- tuning overrides --------------------------------------------------------------------------
+
+_ALGORITHM = compat.trace_state(
+    "jax_rccl_config_algorithm",
+    "",
+    "Algorithm(s) for jax_rccl collectives traced in this context (NCCL syntax); '' = the "
+    "runtime's JAX_RCCL_ALGO.",
+)
+_PROTOCOL = compat.trace_state(
+    "jax_rccl_config_protocol",
+    "",
+    "Protocol(s) for jax_rccl collectives traced in this context (NCCL syntax); '' = the "
+    "runtime's JAX_RCCL_PROTO.",
+)
+
+
+@contextlib.contextmanager
+def config(*, algorithm: str | None = None, protocol: str | None = None):
+    """Force the algorithm and/or protocol of the collectives traced inside this block.
+
+    Values use NCCL's syntax (``"Ring"``, ``"Tree"``, ``"Ring,Tree"``, ``"^LL128"``); None
+    keeps the enclosing setting, ``""`` defers to JAX_RCCL_ALGO / JAX_RCCL_PROTO. The setting
+    is part of jax.jit's cache key, so a jitted function is retraced under a new setting.
+    """
+    for arg, val in (("algorithm", algorithm), ("protocol", protocol)):
+        if val is not None and not isinstance(val, str):
+            raise TypeError(f"jax_rccl.config: {arg} must be a str or None, got {val!r}")
+    with contextlib.ExitStack() as stack:
+        if algorithm is not None:
+            stack.enter_context(_ALGORITHM(algorithm))
+        if protocol is not None:
+            stack.enter_context(_PROTOCOL(protocol))
+        yield
+
+
+def _tuning() -> tuple[str, str]:
+    return (str(_ALGORITHM.value or ""), str(_PROTOCOL.value or ""))
+
+
+# --- argument checks ---------------------------------------------------------------------------
+
+
+def _axes(axis_name, api: str) -> tuple:
+    axes = tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
+    for a in axes:
+        if isinstance(a, int):
+            raise TypeError(f"jax_rccl.{api}: axis_name must name mesh axes, got the integer {a}")
+    if len(set(axes)) != len(axes):
+        raise ValueError(f"jax_rccl.{api}: axis_name {axes} repeats a name")
+    P.check_axis_names(axes, f"jax_rccl.{api}")
+    return axes
+
+
+def _mesh_size(axes) -> int:
+    return int(np.prod([compat.axis_size(a) for a in axes], dtype=np.int64))
+
+
+def _groups(axis_index_groups, axes, api: str):
+    """Canonical axis_index_groups (tuple of tuples) and the group size."""
+    size = _mesh_size(axes)
+    if axis_index_groups is None:
+        return None, size
+    try:
+        groups = tuple(tuple(int(i) for i in g) for g in axis_index_groups)
+    except TypeError as e:
+        raise TypeError(
+            f"jax_rccl.{api}: axis_index_groups must be a list of lists of ints, got "
+            f"{axis_index_groups!r}"
+        ) from e
+    flat = [i for g in groups for i in g]
+    if sorted(flat) != list(range(size)):
+        raise ValueError(
+            f"jax_rccl.{api}: axis_index_groups {axis_index_groups!r} must cover all indices "
+            f"0..{size - 1} of axis {axes} exactly once"
+        )
+    if len({len(g) for g in groups}) != 1:
+        raise ValueError(
+            f"jax_rccl.{api}: axis_index_groups {axis_index_groups!r} must all be the same size"
+        )
+    return groups, len(groups[0])
+
+
+def _canonical_dim(dim, ndim, api, arg):
+    if not isinstance(dim, (int, np.integer)) or isinstance(dim, bool):
+        raise TypeError(f"jax_rccl.{api}: {arg} must be an int, got {dim!r}")
+    if not -ndim <= dim < ndim:
+        raise ValueError(
+            f"jax_rccl.{api}: {arg}={dim} is out of range for an operand of rank {ndim}"
+        )
+    return int(dim) % ndim
+
+
+def _pvary(x, axes):
+    """What jax.lax does to an input not yet varying over `axes` (check_vma + auto_pcast)."""
+    if not (compat.check_vma_enabled() and compat.auto_pcast_enabled()):
+        return x
+    missing = tuple(a for a in axes if a not in compat.varying(compat.typeof(x)))
+    return compat.pvary(x, missing) if missing else x
+
+
+# --- dtypes: what the runtime takes, and the conversions around it -----------------------------
+
+_COMPLEX_OK = ("sum", "avg", "move")
+
+
+def _encode(leaf, api: str, use: str, index: int):
+    """Leaf -> (primitive leaves, decode). `use`: sum/avg/prod/max/min/move."""
+    x = jnp.asarray(leaf)
+    dt = np.dtype(x.dtype)
+    if dt == np.bool_:
+        if use in ("sum", "avg"):
+            return [x.astype(np.int32)], lambda ys: ys[0]  # as jax.lax.psum
+        return [x.astype(np.uint8)], lambda ys: ys[0].astype(np.bool_)
+    if jnp.issubdtype(dt, jnp.complexfloating):
+        if use not in _COMPLEX_OK:
+            raise TypeError(
+                f"jax_rccl.{api}: leaf {index} has dtype {dt}; complex values support only "
+                "sum, mean and data movement"
+            )
+        return [lax.real(x), lax.imag(x)], lambda ys: lax.complex(ys[0], ys[1])
+    if dt not in P.SUPPORTED_DTYPES:
+        raise TypeError(
+            f"jax_rccl.{api}: leaf {index} has unsupported dtype {dt}; supported: bool, "
+            f"complex64/128 and {sorted(str(d) for d in P.SUPPORTED_DTYPES)}"
+        )
+    return [x], lambda ys: ys[0]
+
+
+def _encode_all(leaves, api, use, axes):
+    flat, decoders, counts = [], [], []
+    for i, leaf in enumerate(leaves):
+        parts, dec = _encode(leaf, api, use, i)
+        flat.extend(_pvary(p, axes) for p in parts)
+        decoders.append(dec)
+        counts.append(len(parts))
+    return flat, decoders, counts
+
+
+def _decode_all(outs, decoders, counts):
+    res, k = [], 0
+    for dec, c in zip(decoders, counts, strict=True):
+        res.append(dec(list(outs[k : k + c])))
+        k += c
+    return res
+
+
+def _map_leaves(x, fn):
+    leaves, tree = jax.tree_util.tree_flatten(x)
+    if not leaves:
+        return x
+    return jax.tree_util.tree_unflatten(tree, fn(leaves))
+
+
+# --- reductions ---------------------------------------------------------------------------------
+
+
+def _reduce(x, axis_name, api, *, op="sum", axis_index_groups=None, premul=None):
+    axes = _axes(axis_name, api)
+    axes = compat.drop_size_one_axes(axes)
+    if not axes:
+        return x
+    groups, n = _groups(axis_index_groups, axes, api)
+    premul_kind, premul_value, scale = _premul(premul, op, api)
+
+    def run(leaves):
+        if premul_kind == 0 and op == "sum" and not any(map(compat.is_tracer, leaves)):
+            # Constants, as jax.lax.psum: no communication (psum(1, ax) is the axis size).
+            return [
+                jnp.asarray(leaf, np.int32 if np.asarray(leaf).dtype == np.bool_ else None) * n
+                for leaf in leaves
+            ]
+        if premul_kind:
+            for i, leaf in enumerate(leaves):
+                dt = jnp.result_type(leaf)
+                if not jnp.issubdtype(dt, jnp.inexact):
+                    raise TypeError(
+                        f"jax_rccl.{api}: premul needs floating leaves; leaf {i} has dtype {dt}"
+                    )
+        use = "sum" if premul_kind else op
+        flat, decoders, counts = _encode_all(leaves, api, use, axes)
+        scales = []
+        if premul_kind == 2:
+            scales = [_pvary(scale, axes).astype(v.dtype) for v in flat]
+        outs = P.all_reduce_p.bind(
+            *flat,
+            *scales,
+            axes=axes,
+            groups=groups,
+            op=op if not premul_kind else "sum",
+            premul=premul_kind,
+            premul_value=premul_value,
+            invariant=compat.check_vma_enabled() and groups is None,
+            tuning=_tuning(),
+        )
+        return _decode_all(outs, decoders, counts)
+
+    return _map_leaves(x, run)
+
+
+def _premul(premul, op, api):
+    """(kind, value, array): 0 none, 1 a Python/NumPy scalar, 2 an array scalar per device."""
+    if premul is None:
+        return 0, 0.0, None
+    if op != "sum":
+        raise ValueError(f"jax_rccl.{api}: premul works with op='sum' only, got op={op!r}")
+    if isinstance(premul, (bool, np.bool_)):
+        raise TypeError(f"jax_rccl.{api}: premul must be a real number, got {premul!r}")
+    if isinstance(premul, numbers.Real):
+        return 1, float(premul), None
+    if isinstance(premul, numbers.Number):
+        raise TypeError(f"jax_rccl.{api}: premul must be real, got {premul!r}")
+    arr = premul if compat.is_tracer(premul) else jnp.asarray(premul)
+    if np.shape(arr) != ():
+        raise ValueError(
+            f"jax_rccl.{api}: premul must be a scalar, got an array of shape {np.shape(arr)}"
+        )
+    if not jnp.issubdtype(arr.dtype, jnp.floating) and not jnp.issubdtype(arr.dtype, jnp.integer):
+        raise TypeError(f"jax_rccl.{api}: premul must be real, got dtype {arr.dtype}")
+    return 2, 0.0, arr
+
+
+def psum(x, axis_name, *, axis_index_groups=None):
+    """All-reduce sum over `axis_name` (as jax.lax.psum; bool leaves become int32)."""
+    return _reduce(x, axis_name, "psum", op="sum", axis_index_groups=axis_index_groups)
+
+
+def pmax(x, axis_name, *, axis_index_groups=None):
+    """All-reduce max over `axis_name` (as jax.lax.pmax)."""
+    return _reduce(x, axis_name, "pmax", op="max", axis_index_groups=axis_index_groups)
+
+
+def pmin(x, axis_name, *, axis_index_groups=None):
+    """All-reduce min over `axis_name` (as jax.lax.pmin)."""
+    return _reduce(x, axis_name, "pmin", op="min", axis_index_groups=axis_index_groups)
+
+
+def pmean(x, axis_name, *, axis_index_groups=None):
+    """All-reduce mean over `axis_name`: psum, then divide by the group size (as jax.lax)."""
+    axes = _axes(axis_name, "pmean")
+    _, n = _groups(axis_index_groups, axes, "pmean")
+    x = psum(x, axis_name, axis_index_groups=axis_index_groups)
+    return jax.tree_util.tree_map(lambda v: v / n, x)
+
+
+def all_reduce(x, axis_name, *, op="sum", premul=None, axis_index_groups=None):
+    """All-reduce with `op` in sum/prod/min/max/avg.
+
+    `premul` (op='sum' only, floating leaves): each device's input is multiplied by it before
+    the sum. A Python scalar is baked into the program; an array scalar (which may differ per
+    device) is read at run time.
+    """
+    if op not in P.OPS:
+        raise ValueError(f"jax_rccl.all_reduce: op={op!r} is not one of {P.OPS}")
+    return _reduce(
+        x, axis_name, "all_reduce", op=op, axis_index_groups=axis_index_groups, premul=premul
+    )
+
+
+def preduce(x, axis_name, root, *, axis_index_groups=None):
+    """Sum over `axis_name` delivered to the device at index `root`; the others get zeros."""
+    return _rooted(x, axis_name, root, "preduce", "root", P.reduce_p, "sum", axis_index_groups)
+
+
+def pbroadcast(x, axis_name, source):
+    """Every device gets the value of the device at index `source` (as jax.lax.pbroadcast)."""
+    return _rooted(x, axis_name, source, "pbroadcast", "source", P.broadcast_p, "move", None)
+
+
+def _rooted(x, axis_name, root, api, arg, prim, use, axis_index_groups):
+    axes = _axes(axis_name, api)
+    groups, n = _groups(axis_index_groups, axes, api)
+    if not isinstance(root, (int, np.integer)) or isinstance(root, bool):
+        raise TypeError(f"jax_rccl.{api}: {arg} must be an int, got {root!r}")
+    if not 0 <= root < n:
+        raise ValueError(f"jax_rccl.{api}: {arg}={root} is outside the group of size {n}")
+
+    def run(leaves):
+        flat, decoders, counts = _encode_all(leaves, api, use, axes)
+        outs = prim.bind(*flat, axes=axes, groups=groups, root=int(root), tuning=_tuning())
+        return _decode_all(outs, decoders, counts)
+
+    return _map_leaves(x, run)
+
+
+# --- data movement ------------------------------------------------------------------------------
+
+
+def _moveaxis(x, src, dst):
+    return x if src == dst else jnp.moveaxis(x, src, dst)
+
+
+def all_gather(x, axis_name, *, axis=0, tiled=False, axis_index_groups=None):
+    """Gather every device's value along `axis` (as jax.lax.all_gather)."""
+    api = "all_gather"
+    axes = _axes(axis_name, api)
+    groups, n = _groups(axis_index_groups, axes, api)
+
+    def run(leaves):
+        dims = []
+        for i, leaf in enumerate(leaves):
+            nd = np.ndim(leaf)
+            if tiled and nd == 0:
+                raise ValueError(
+                    f"jax_rccl.{api}: tiled=True needs leaves of rank >= 1; leaf {i} is a scalar"
+                )
+            dims.append(_canonical_dim(axis, nd if tiled else nd + 1, api, "axis"))
+        flat, decoders, counts = _encode_all(leaves, api, "move", axes)
+        outs = P.all_gather_p.bind(*flat, axes=axes, groups=groups, axis_size=n, tuning=_tuning())
+        res, k = [], 0
+        for d, c, dec in zip(dims, counts, decoders, strict=True):
+            ys = []
+            for y in outs[k : k + c]:  # y[n, *s]
+                y = _moveaxis(y, 0, d)
+                if tiled:
+                    shape = list(y.shape)
+                    shape[d : d + 2] = [shape[d] * shape[d + 1]]
+                    y = y.reshape(shape)
+                ys.append(y)
+            res.append(dec(ys))
+            k += c
+        return res
+
+    return _map_leaves(x, run)
+
+
+def psum_scatter(x, axis_name, *, scatter_dimension=0, tiled=False, axis_index_groups=None):
+    """Sum over `axis_name`, each device keeping its block of `scatter_dimension`."""
+    api = "psum_scatter"
+    axes = _axes(axis_name, api)
+    axes = compat.drop_size_one_axes(axes)
+    if not axes:
+        return x
+    groups, n = _groups(axis_index_groups, axes, api)
+
+    def run(leaves):
+        blocks = []
+        for i, leaf in enumerate(leaves):
+            shape = np.shape(leaf)
+            if not shape:
+                raise ValueError(
+                    f"jax_rccl.{api}: leaf {i} is a scalar; it needs a scatter_dimension"
+                )
+            d = _canonical_dim(scatter_dimension, len(shape), api, "scatter_dimension")
+            size = shape[d]
+            if tiled and size % n:
+                raise ValueError(
+                    f"jax_rccl.{api}: scatter_dimension {d} of leaf {i} has size {size}, not "
+                    f"divisible by the group size {n} (tiled=True)"
+                )
+            if not tiled and size != n:
+                raise ValueError(
+                    f"jax_rccl.{api}: scatter_dimension {d} of leaf {i} has size {size}; it "
+                    f"must equal the group size {n} (or pass tiled=True)"
+                )
+            blocks.append(d)
+        flat, decoders, counts = _encode_all(leaves, api, "sum", axes)
+        ins, k = [], 0
+        for d, c in zip(blocks, counts, strict=True):
+            for v in flat[k : k + c]:
+                if tiled:
+                    shape = list(v.shape)
+                    shape[d : d + 1] = [n, shape[d] // n]
+                    v = v.reshape(shape)
+                ins.append(_moveaxis(v, d, 0))
+            k += c
+        outs = P.reduce_scatter_p.bind(
+            *ins, axes=axes, groups=groups, axis_size=n, tuning=_tuning()
+        )
+        return _decode_all(outs, decoders, counts)
+
+    return _map_leaves(x, run)
+
+
+def all_to_all(x, axis_name, split_axis, concat_axis, *, tiled=False, axis_index_groups=None):
+    """Split `split_axis` over the devices and concatenate what arrives along `concat_axis`."""
+    api = "all_to_all"
+    axes = _axes(axis_name, api)
+    groups, n = _groups(axis_index_groups, axes, api)
+
+    def run(leaves):
+        plans = []
+        for i, leaf in enumerate(leaves):
+            shape = np.shape(leaf)
+            if not shape:
+                raise ValueError(f"jax_rccl.{api}: leaf {i} is a scalar; it needs a split_axis")
+            s = _canonical_dim(split_axis, len(shape), api, "split_axis")
+            c = _canonical_dim(concat_axis, len(shape), api, "concat_axis")
+            if tiled and shape[s] % n:
+                raise ValueError(
+                    f"jax_rccl.{api}: split_axis {s} of leaf {i} has size {shape[s]}, not "
+                    f"divisible by the group size {n} (tiled=True)"
+                )
+            if not tiled and shape[s] != n:
+                raise ValueError(
+                    f"jax_rccl.{api}: split_axis {s} of leaf {i} has size {shape[s]}; it must "
+                    f"equal the group size {n} (or pass tiled=True)"
+                )
+            plans.append((s, c))
+        flat, decoders, counts = _encode_all(leaves, api, "move", axes)
+        ins, k = [], 0
+        for (s, _), cnt in zip(plans, counts, strict=True):
+            for v in flat[k : k + cnt]:
+                if tiled:
+                    shape = list(v.shape)
+                    shape[s : s + 1] = [n, shape[s] // n]
+                    v = v.reshape(shape)
+                ins.append(_moveaxis(v, s, 0))  # v[n, rest...]
+            k += cnt
+        outs = P.all_to_all_p.bind(*ins, axes=axes, groups=groups, axis_size=n, tuning=_tuning())
+        res, k = [], 0
+        for (_, c), cnt, dec in zip(plans, counts, decoders, strict=True):
+            ys = []
+            for y in outs[k : k + cnt]:  # y[j] = device j's block
+                y = _moveaxis(y, 0, c)
+                if tiled:
+                    shape = list(y.shape)
+                    shape[c : c + 2] = [shape[c] * shape[c + 1]]
+                    y = y.reshape(shape)
+                ys.append(y)
+            res.append(dec(ys))
+            k += cnt
+        return res
+
+    return _map_leaves(x, run)
+
+
+def ppermute(x, axis_name, perm: Sequence[tuple[int, int]]):
+    """Send each device's value to another one (as jax.lax.ppermute); no sender -> zeros."""
+    api = "ppermute"
+    axes = _axes(axis_name, api)
+    n = _mesh_size(axes)
+    if not isinstance(perm, (list, tuple)):
+        raise TypeError(
+            f"jax_rccl.{api}: perm must be a list or tuple of (source, "
+            f"destination) pairs, got {type(perm).__name__}"
+        )
+    try:
+        pairs = tuple((int(s), int(d)) for s, d in perm)
+    except (TypeError, ValueError) as e:
+        raise TypeError(
+            f"jax_rccl.{api}: perm must hold (source, destination) int pairs, got {perm!r}"
+        ) from e
+    for s, d in pairs:
+        if not (0 <= s < n and 0 <= d < n):
+            raise ValueError(f"jax_rccl.{api}: perm pair {(s, d)} is outside the axis of size {n}")
+    srcs, dsts = [s for s, _ in pairs], [d for _, d in pairs]
+    if len(set(srcs)) != len(srcs):
+        raise ValueError(f"jax_rccl.{api}: perm {list(pairs)} repeats a source")
+    if len(set(dsts)) != len(dsts):
+        raise ValueError(f"jax_rccl.{api}: perm {list(pairs)} repeats a destination")
+
+    def run(leaves):
+        flat, decoders, counts = _encode_all(leaves, api, "move", axes)
+        outs = P.ppermute_p.bind(*flat, axes=axes, perm=pairs, tuning=_tuning())
+        return _decode_all(outs, decoders, counts)
+
+    return _map_leaves(x, run)

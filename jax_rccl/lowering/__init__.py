@@ -1,0 +1,281 @@
+"""Lowering of jax_rccl's primitives to the runtime's custom calls.
+
+ONE helper, `lower_collective`, emits `jax_rccl_<kind>` with every attribute of the FFI
+contract (docs in notes/ISSUE3_BRIEF.md): replica groups of PHYSICAL device ids taken from the
+shard_map mesh, op, premul, root, perm, algorithm, protocol, a unique call site and a name.
+Operands and results travel as 1-D arrays (the primitives already put blocks where the runtime
+wants them, so this is a free reshape). Zero-size leaves never reach the runtime. No tokens,
+no side effect: every device runs the same schedule, and JAX keeps its fast dispatch path.
+
+Platforms: cpu now; cuda and rocm raise NotImplementedError until the GPU runtime lands.
+"""
+
+from __future__ import annotations
+
+import itertools
+from functools import partial
+
+import numpy as np
+from jax._src.lib.mlir import ir
+from jax._src.lib.mlir.dialects import hlo
+
+from jax_rccl import _compat as compat
+from jax_rccl import primitives as P
+
+mlir = compat.mlir
+
+#: Platforms with a runtime behind the custom calls.
+SUPPORTED_PLATFORMS = ("cpu",)
+
+_local_call_sites = itertools.count(1)
+
+
+def _runtime():
+    """jax_rccl._ffi with its targets registered, or None while the runtime is not built."""
+    try:
+        from jax_rccl import _ffi
+    except ImportError:
+        return None
+    _ffi.ensure_registered()
+    return _ffi
+
+
+def _next_call_site(ffi) -> int:
+    if ffi is not None and hasattr(ffi, "next_call_site"):
+        return int(ffi.next_call_site())
+    return next(_local_call_sites)
+
+
+def replica_groups(ctx, axes, groups=None, *, sort=False) -> np.ndarray:
+    """[n_groups, group_size] PHYSICAL device ids of the groups along mesh `axes`.
+
+    Ranks follow JAX's order (the axis index over `axes`, major to minor as named); with
+    axis_index_groups, group k of each mesh group holds those axis indices, in that order.
+    `sort` orders each group by mesh position (jax.lax.ppermute's convention).
+    """
+    axis_ctx = ctx.module_context.axis_context
+    if not compat.is_spmd_context(axis_ctx):
+        raise NotImplementedError(
+            "jax_rccl collectives lower only inside jax.shard_map (got an axis context of type "
+            f"{type(axis_ctx).__name__}; pmap is not supported)"
+        )
+    positions = compat.device_groups(axis_ctx, axes)
+    if groups is not None:
+        positions = np.asarray([[row[i] for i in g] for row in positions for g in groups])
+    if sort:
+        positions = np.sort(positions, axis=1)
+    return compat.mesh_device_ids(axis_ctx)[positions]
+
+
+def _flat_type(aval):
+    return ir.RankedTensorType.get([int(np.prod(aval.shape))], mlir.dtype_to_ir_type(aval.dtype))
+
+
+def lower_collective(
+    ctx,
+    *args,
+    kind,
+    axes,
+    groups=None,
+    op="sum",
+    premul=0,
+    premul_value=0.0,
+    root=0,
+    perm=(),
+    tuning=("", ""),
+    n_leaves=None,
+    sort_groups=False,
+    name="",
+):
+    """Emit `jax_rccl_<kind>` over the leaves in `args` (the first `n_leaves`; after them, one
+    premul scalar per leaf). Results have the shapes of ctx.avals_out."""
+    n_leaves = len(args) if n_leaves is None else n_leaves
+    leaves, scalars = args[:n_leaves], args[n_leaves:]
+    in_avals, out_avals = ctx.avals_in[:n_leaves], ctx.avals_out
+    live = [i for i, a in enumerate(out_avals) if np.prod(a.shape) > 0]
+    outs = [None] * len(out_avals)
+    for i, a in enumerate(out_avals):
+        if i not in live:
+            outs[i] = mlir.ir_constant(np.zeros(a.shape, a.dtype))
+    if not live:
+        return outs
+
+    rg = replica_groups(ctx, axes, groups, sort=sort_groups)
+    ffi = _runtime()
+    algorithm, protocol = tuning
+    attrs = {
+        "replica_groups": np.ascontiguousarray(rg.reshape(-1), dtype=np.int64),
+        "group_size": np.int64(rg.shape[1]),
+        "op": np.int32(P.OP_CODES[op]),
+        "premul": np.int32(premul),
+        "premul_value": np.float64(premul_value),
+        "root": np.int64(root),
+        "perm": np.asarray(perm, dtype=np.int64).reshape(-1),
+        "algorithm": str(algorithm),
+        "protocol": str(protocol),
+        "call_site": np.int64(_next_call_site(ffi)),
+        "name": name,
+    }
+    operands = [hlo.reshape(_flat_type(in_avals[i]), leaves[i]) for i in live]
+    if premul == 2:
+        for i in live:
+            scalar_aval = ctx.avals_in[n_leaves + i]
+            operands.append(
+                hlo.reshape(
+                    ir.RankedTensorType.get([1], mlir.dtype_to_ir_type(scalar_aval.dtype)),
+                    scalars[i],
+                )
+            )
+    result_types = [_flat_type(out_avals[i]) for i in live]
+    call = mlir.custom_call(
+        f"jax_rccl_{kind}",
+        result_types=result_types,
+        operands=operands,
+        backend_config={k: mlir.ir_attribute(v) for k, v in attrs.items()},
+        has_side_effect=False,
+        api_version=4,
+        operand_layouts=[(0,)] * len(operands),
+        result_layouts=[(0,)] * len(result_types),
+    )
+    for i, r in zip(live, call.results, strict=True):
+        outs[i] = hlo.reshape(mlir.aval_to_ir_type(ctx.module_context, out_avals[i]), r)
+    return outs
+
+
+# --- per-primitive rules: parameters -> the helper ------------------------------------------
+
+_REDUCE_NAMES = {
+    "sum": "psum",
+    "max": "pmax",
+    "min": "pmin",
+    "prod": "all_reduce(prod)",
+    "avg": "all_reduce(avg)",
+}
+
+
+def _label(api, axes):
+    return f"{api} over {tuple(axes)!r}"
+
+
+def _all_reduce_rule(ctx, *args, axes, groups, op, premul, premul_value, invariant, tuning):
+    del invariant
+    n = len(args) // 2 if premul == 2 else len(args)
+    return lower_collective(
+        ctx,
+        *args,
+        kind="all_reduce",
+        axes=axes,
+        groups=groups,
+        op=op,
+        premul=premul,
+        premul_value=premul_value,
+        tuning=tuning,
+        n_leaves=n,
+        name=_label("all_reduce(premul)" if premul else _REDUCE_NAMES[op], axes),
+    )
+
+
+def _reduce_rule(ctx, *args, axes, groups, root, tuning):
+    return lower_collective(
+        ctx,
+        *args,
+        kind="reduce",
+        axes=axes,
+        groups=groups,
+        root=root,
+        tuning=tuning,
+        name=_label("preduce", axes),
+    )
+
+
+def _broadcast_rule(ctx, *args, axes, groups, root, tuning):
+    return lower_collective(
+        ctx,
+        *args,
+        kind="broadcast",
+        axes=axes,
+        groups=groups,
+        root=root,
+        tuning=tuning,
+        name=_label("pbroadcast", axes),
+    )
+
+
+def _all_gather_rule(ctx, *args, axes, groups, axis_size, tuning):
+    del axis_size
+    return lower_collective(
+        ctx,
+        *args,
+        kind="all_gather",
+        axes=axes,
+        groups=groups,
+        tuning=tuning,
+        name=_label("all_gather", axes),
+    )
+
+
+def _reduce_scatter_rule(ctx, *args, axes, groups, axis_size, tuning):
+    del axis_size
+    return lower_collective(
+        ctx,
+        *args,
+        kind="reduce_scatter",
+        axes=axes,
+        groups=groups,
+        tuning=tuning,
+        name=_label("psum_scatter", axes),
+    )
+
+
+def _all_to_all_rule(ctx, *args, axes, groups, axis_size, tuning):
+    del axis_size
+    return lower_collective(
+        ctx,
+        *args,
+        kind="all_to_all",
+        axes=axes,
+        groups=groups,
+        tuning=tuning,
+        name=_label("all_to_all", axes),
+    )
+
+
+def _ppermute_rule(ctx, *args, axes, perm, tuning):
+    return lower_collective(
+        ctx,
+        *args,
+        kind="ppermute",
+        axes=axes,
+        perm=perm,
+        tuning=tuning,
+        sort_groups=True,
+        name=_label("ppermute", axes),
+    )
+
+
+def _unsupported_platform(prim, ctx, *args, **params):
+    platforms = compat.module_platforms(ctx)
+    raise NotImplementedError(
+        f"{prim.name}: no jax_rccl runtime for platform(s) {platforms}; supported: "
+        f"{SUPPORTED_PLATFORMS}"
+    )
+
+
+_RULES = {
+    P.all_reduce_p: _all_reduce_rule,
+    P.reduce_p: _reduce_rule,
+    P.broadcast_p: _broadcast_rule,
+    P.all_gather_p: _all_gather_rule,
+    P.reduce_scatter_p: _reduce_scatter_rule,
+    P.all_to_all_p: _all_to_all_rule,
+    P.ppermute_p: _ppermute_rule,
+}
+
+# cacheable=False: JAX would otherwise reuse one lowering for equal equations of a module, and
+# two call sites would share a `call_site` (and a rendezvous).
+for _prim, _rule in _RULES.items():
+    mlir.register_lowering(_prim, partial(_unsupported_platform, _prim))
+    for _platform in SUPPORTED_PLATFORMS:
+        mlir.register_lowering(_prim, _rule, platform=_platform, cacheable=False)
+    for _platform in ("cuda", "rocm"):
+        mlir.register_lowering(_prim, partial(_unsupported_platform, _prim), platform=_platform)

@@ -1,0 +1,138 @@
+"""Shared helpers of the jax_rccl collective tests: meshes, running a body under
+jit(shard_map) next to its jax.lax twin, and comparing the two."""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
+
+import jax_rccl
+
+# A hang must fail a test, not the suite (the runtime reads this at instantiate).
+os.environ.setdefault("JAX_RCCL_TIMEOUT", "60")
+
+
+@functools.cache
+def runtime_available() -> bool:
+    """True once the CPU runtime behind the custom calls is built and registers."""
+    try:
+        from jax_rccl import _ffi
+
+        _ffi.ensure_registered()
+        return True
+    except Exception:  # noqa: BLE001 - not built yet (or broken): execution tests skip
+        return False
+
+
+needs_runtime = pytest.mark.skipif(
+    not runtime_available(),
+    reason="the jax_rccl CPU runtime is not built into the installed package",
+)
+
+
+def mesh_1d(order=None) -> Mesh:
+    devs = np.array(jax.devices()[:8])
+    if order is not None:
+        devs = devs[np.asarray(order)]
+    return Mesh(devs, ("i",))
+
+
+def mesh_2d() -> Mesh:
+    return Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("x", "y"))
+
+
+def all_axes(mesh: Mesh):
+    names = tuple(mesh.axis_names)
+    return names[0] if len(names) == 1 else names
+
+
+def per_device(fn, mesh: Mesh, *, check_vma=True, in_specs=None):
+    """jit(shard_map(fn)) whose outputs come back stacked per device: leaf[d] = device d's.
+
+    Inputs are sharded along their leading axis over every mesh axis (unless `in_specs`)."""
+    spec = P(all_axes(mesh))
+
+    def body(*args):
+        out = fn(*args)
+        return jax.tree_util.tree_map(lambda y: jnp.expand_dims(y, 0), out)
+
+    sm = jax.shard_map(
+        body,
+        mesh=mesh,
+        in_specs=spec if in_specs is None else in_specs,
+        out_specs=spec,
+        check_vma=check_vma,
+    )
+    return jax.jit(sm)
+
+
+def body_types(fn, mesh: Mesh, *args, check_vma=True):
+    """(shape, dtype, varying axes) of each output leaf of `fn`, typed inside shard_map."""
+    seen = []
+
+    def record(*a):
+        out = fn(*a)
+        for leaf in jax.tree_util.tree_leaves(out):
+            t = jax.typeof(leaf)
+            seen.append((t.shape, t.dtype, frozenset(jax_rccl._compat.varying(t))))
+        return out
+
+    jax.eval_shape(per_device(record, mesh, check_vma=check_vma), *args)
+    return seen
+
+
+def assert_same_types(fn, mesh: Mesh, *args, check_vma=True):
+    """`fn(lib)` types alike for lib = jax_rccl and jax.lax (shapes, dtypes, varying axes)."""
+    got = body_types(fn(jax_rccl), mesh, *args, check_vma=check_vma)
+    want = body_types(fn(jax.lax), mesh, *args, check_vma=check_vma)
+    assert got == want, (got, want)
+
+
+def assert_same(got, want, *, exact=None, rtol=None):
+    """Trees of arrays equal in structure, shape and dtype; values exact for ints/bools."""
+    gl, gt = jax.tree_util.tree_flatten(got)
+    wl, wt = jax.tree_util.tree_flatten(want)
+    assert gt == wt, (gt, wt)
+    for g, w in zip(gl, wl, strict=True):
+        g, w = np.asarray(g), np.asarray(w)
+        assert g.shape == w.shape, (g.shape, w.shape)
+        assert g.dtype == w.dtype, (g.dtype, w.dtype)
+        is_exact = exact if exact is not None else not np.issubdtype(w.dtype, np.inexact)
+        if is_exact:
+            np.testing.assert_array_equal(g, w)
+        else:
+            tol = rtol or {2: 2e-2, 4: 1e-5, 8: 1e-12, 16: 1e-12}.get(w.dtype.itemsize, 1e-5)
+            if np.issubdtype(w.dtype, np.complexfloating):
+                tol = 1e-5 if w.dtype == np.complex64 else 1e-12
+            np.testing.assert_allclose(
+                g.astype(np.float64) if g.dtype.kind == "V" else g, w, rtol=tol, atol=tol
+            )
+
+
+def sample(shape, dtype, seed=0):
+    """Small, exactly representable values (sums stay exact in every dtype)."""
+    rng = np.random.default_rng(seed)
+    dt = np.dtype(jnp.dtype(dtype))
+    if dt == np.bool_:
+        return jnp.asarray(rng.integers(0, 2, shape).astype(bool))
+    if np.issubdtype(dt, np.complexfloating):
+        v = rng.integers(-4, 5, shape) + 1j * rng.integers(-4, 5, shape)
+        return jnp.asarray(v.astype(dt))
+    lo = 0 if np.issubdtype(dt, np.unsignedinteger) else -4
+    return jnp.asarray(rng.integers(lo, 5, shape)).astype(dt)
+
+
+def lowered_text(fn, mesh: Mesh, *args, check_vma=True) -> str:
+    return per_device(fn, mesh, check_vma=check_vma).lower(*args).as_text()
+
+
+def custom_calls(text: str, kind: str | None = None) -> list[str]:
+    tag = f"@jax_rccl_{kind}(" if kind else "@jax_rccl_"
+    return [line for line in text.splitlines() if "custom_call" in line and tag in line]

@@ -1,0 +1,59 @@
+"""jax_rccl.ppermute next to jax.lax.ppermute under jit(shard_map) on 8 CPU devices."""
+
+import jax.numpy as jnp
+import pytest
+from collectives_util import (
+    assert_same,
+    assert_same_types,
+    mesh_1d,
+    mesh_2d,
+    needs_runtime,
+    per_device,
+    sample,
+)
+from jax import lax
+
+import jax_rccl
+
+PERMS = {
+    "shift": [(j, (j + 1) % 8) for j in range(8)],
+    "swap_pairs": [(j, j ^ 1) for j in range(8)],
+    "partial": [(0, 3), (3, 5), (6, 0)],  # devices without a sender get zeros
+    "identity": [(j, j) for j in range(8)],
+    "empty": [],
+}
+
+
+@pytest.mark.parametrize("name", list(PERMS))
+def test_types_match_lax(name):
+    assert_same_types(
+        lambda lib: lambda v: lib.ppermute(v, "i", PERMS[name]),
+        mesh_1d(),
+        sample((8 * 2,), "float32"),
+    )
+
+
+@needs_runtime
+@pytest.mark.parametrize("name", list(PERMS))
+def test_permutations(name):
+    mesh = mesh_1d()
+    tree = {
+        "f": sample((8 * 3, 2), "float32"),
+        "b": sample((8 * 5,), "bool"),
+        "c": sample((8,), "complex64"),
+        "empty": jnp.zeros((8, 0), jnp.int32),
+        "odd": sample((8 * 1001,), "int8"),
+    }
+    fn = lambda lib: lambda t: lib.ppermute(t, "i", PERMS[name])  # noqa: E731
+    assert_same(per_device(fn(jax_rccl), mesh)(tree), per_device(fn(lax), mesh)(tree))
+
+
+@needs_runtime
+@pytest.mark.parametrize("axes", [("x", "y"), "x", "y"])
+def test_2d_mesh(axes):
+    mesh = mesh_2d()
+    n = 8 if axes == ("x", "y") else (2 if axes == "x" else 4)
+    perm = [(j, (j + 1) % n) for j in range(n)]
+    x = sample((8 * 3,), "float32")
+    fn = lambda lib: lambda v: lib.ppermute(v, axes, perm)  # noqa: E731
+    assert_same(per_device(fn(jax_rccl), mesh)(x), per_device(fn(lax), mesh)(x))

@@ -1,0 +1,77 @@
+"""jax_rccl.psum_scatter next to jax.lax.psum_scatter under jit(shard_map) on 8 CPU devices."""
+
+import jax.numpy as jnp
+import pytest
+from collectives_util import (
+    assert_same,
+    assert_same_types,
+    mesh_1d,
+    mesh_2d,
+    needs_runtime,
+    per_device,
+    sample,
+)
+from jax import lax
+
+import jax_rccl
+
+CASES = [
+    dict(scatter_dimension=0),
+    dict(scatter_dimension=1),
+    dict(scatter_dimension=0, tiled=True),
+    dict(scatter_dimension=1, tiled=True),
+    dict(scatter_dimension=-1, tiled=True),
+]
+
+
+def _x():
+    return sample((8 * 8, 8, 16), "float32")  # per device [8, 8, 16]
+
+
+def _fn(lib, kw):
+    if lib is lax:  # jax 0.10.2's psum_scatter rejects a negative scatter_dimension in lowering
+        kw = dict(kw, scatter_dimension=kw["scatter_dimension"] % 3)
+    return lambda v: lib.psum_scatter(v, "i", **kw)
+
+
+@pytest.mark.parametrize("kw", CASES, ids=str)
+def test_types_match_lax(kw):
+    assert_same_types(lambda lib: _fn(lib, kw), mesh_1d(), _x())
+
+
+@needs_runtime
+@pytest.mark.parametrize("kw", CASES, ids=str)
+def test_scatter_dimension_and_tiling(kw):
+    mesh, x = mesh_1d(), _x()
+    assert_same(per_device(_fn(jax_rccl, kw), mesh)(x), per_device(_fn(lax, kw), mesh)(x))
+
+
+@needs_runtime
+def test_dtypes_pytree_and_sizes():
+    mesh = mesh_1d()
+    tree = {
+        "c": sample((8 * 8, 3), "complex64"),
+        "i8": sample((8 * 8,), "int8"),
+        "bf": sample((8 * 8, 1), "bfloat16"),
+        "u32": sample((8 * 16,), "uint32"),
+        "empty": jnp.zeros((8 * 8, 0), jnp.float32),
+        "odd": sample((8 * 8, 129), "float16"),
+    }
+    fn = lambda lib: lambda t: lib.psum_scatter(t, "i", tiled=True)  # noqa: E731
+    assert_same(per_device(fn(jax_rccl), mesh)(tree), per_device(fn(lax), mesh)(tree))
+
+
+@needs_runtime
+@pytest.mark.parametrize("axes", [("x", "y"), "x", ("y", "x")])
+def test_2d_mesh(axes):
+    mesh, x = mesh_2d(), sample((8 * 8, 5), "int32")
+    fn = lambda lib: lambda v: lib.psum_scatter(v, axes, tiled=True)  # noqa: E731
+    assert_same(per_device(fn(jax_rccl), mesh)(x), per_device(fn(lax), mesh)(x))
+
+
+@needs_runtime
+def test_axis_index_groups():
+    mesh, x = mesh_1d(), sample((8 * 4, 3), "float32")
+    groups = [[0, 1, 2, 3], [7, 6, 5, 4]]
+    fn = lambda lib: lambda v: lib.psum_scatter(v, "i", axis_index_groups=groups)  # noqa: E731
+    assert_same(per_device(fn(jax_rccl), mesh)(x), per_device(fn(lax), mesh, check_vma=False)(x))
