@@ -180,7 +180,8 @@ constexpr float kCpuFifoBandwidthFactor = 0.5f;  // two copies per hop instead o
 //   all_gather      1      each rank copies the n inputs into its output (writes n * count)
 //   reduce_scatter  1      rank r reduces block r over the n inputs (reads n * count)
 //   broadcast       1      each rank copies the root's input (writes count)
-//   reduce          n      the root alone reduces all n inputs (reads n * count)
+//   reduce          1      rank r reduces sub-slice r over the n inputs into the root's output
+//                          (reads count)
 // The per-rank memory bandwidth is the one the Ring formula uses for the same topology
 // (nChannels * bwIntra) times kCpuDirectMemBwFactor, so Ring and Direct stay comparable when the
 // topology's bandwidth changes.
@@ -192,7 +193,7 @@ struct DirectTraffic {
 };
 constexpr DirectTraffic kCpuDirectTraffic[CostModel::kNumCostColls] = {
     {1.0f, 0.0f},  // broadcast
-    {0.0f, 1.0f},  // reduce: the root reads every input
+    {1.0f, 0.0f},  // reduce: each rank reduces its sub-slice into the root's output
     {1.0f, 0.0f},  // all_gather
     {1.0f, 0.0f},  // reduce_scatter
     {2.0f, 0.0f},  // all_reduce

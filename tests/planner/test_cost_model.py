@@ -216,11 +216,12 @@ def test_cpu_model_over_shm_pays_handoffs_and_fifo_copies():
 def test_direct_rows_only_with_direct_peers_on_one_node():
     # Direct rows come from the host executor's traffic (tables in cost_model.cc), Simple only:
     # latency 2 barriers * 10 us; bandwidth nChannels * bwIntra = 10 GB/s over the bytes the
-    # busiest rank moves per byte: all_reduce 2, reduce nRanks (= 4), others 1.
+    # busiest rank moves per byte: all_reduce 2, the others 1 (reduce: the ranks share the
+    # root's reduction, each reading its 1/n sub-slice of every input).
     m = internal.cost_model(dict(CPU, directPeers=True))
     for coll, traffic in [
         ("broadcast", 1),
-        ("reduce", 4),
+        ("reduce", 1),
         ("all_gather", 1),
         ("reduce_scatter", 1),
         ("all_reduce", 2),
