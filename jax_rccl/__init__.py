@@ -7,6 +7,8 @@ kernels behind XLA FFI custom calls.
 from __future__ import annotations
 
 from jax_rccl import planner
+from jax_rccl._ffi import reset_runtime_stats, runtime_stats
+from jax_rccl._jax_rccl import cpu_topology as _cpu_topology
 from jax_rccl._jax_rccl import params as _native_params
 from jax_rccl.api import (
     all_gather,
@@ -41,6 +43,9 @@ __all__ = [
     "all_reduce",
     "preduce",
     "config",
+    "runtime_stats",
+    "reset_runtime_stats",
+    "runtime_topology",
 ]
 
 
@@ -52,3 +57,11 @@ def params() -> list[dict[str, str]]:
 
         _w.warn(w, stacklevel=2)
     return list(table)
+
+
+def runtime_topology(nranks: int) -> dict[str, object]:
+    """The topology the CPU runtime plans a group of ``nranks`` devices with (a dict of
+    TopologyView fields; ``planner.Topology.from_native`` turns it into a Topology)."""
+    if not isinstance(nranks, int) or nranks < 1:
+        raise ValueError(f"nranks must be an integer >= 1, got {nranks!r}")
+    return dict(_cpu_topology(nranks))
