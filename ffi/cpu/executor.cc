@@ -111,7 +111,9 @@ class Executor {
   Status AdvanceUnit(Unit* u, bool* progressed);
   Prim CollPrim(const Unit& u, int64_t i) const;
   int64_t CollOpCount(const Unit& u) const;
-  Status RunDirect(const WorkElemColl& e, TaskRt* t);
+  // phase 0: the reduction or copy; phase 1 (all_reduce only, after a barrier): gather the
+  // peers' reduced sub-slices into this rank's output.
+  Status RunDirect(const WorkElemColl& e, TaskRt* t, int phase);
   Status TimeoutError(const std::vector<Lane>& lanes) const;
 
   const Plan& plan_;
@@ -350,8 +352,20 @@ Prim Executor::CollPrim(const Unit& u, int64_t i) const {
   return p;
 }
 
-// Direct (ours): reads and writes peers' buffers in place; the caller holds the barriers.
-Status Executor::RunDirect(const WorkElemColl& e, TaskRt* t) {
+// A large Direct all_reduce runs in two phases with a barrier between (each rank reduces its
+// sub-slice into its own output, then copies the peers' sub-slices from theirs): every rank then
+// writes only its own output, so a fresh output buffer's pages fault in on their owner's thread
+// instead of all ranks contending for the same pages. Smaller ones save that barrier and write
+// their sub-slice into every output in one pass.
+constexpr int64_t kDirectTwoPhaseBytes = 8 << 20;
+
+bool DirectTwoPhase(const WorkElemColl& e, int64_t unitSize) {
+  return int64_t(e.workCount) * unitSize >= kDirectTwoPhaseBytes;
+}
+
+// Direct (ours): reads (and for small all_reduces and reduce, writes) peers' buffers in place;
+// the caller holds the barriers.
+Status Executor::RunDirect(const WorkElemColl& e, TaskRt* t, int phase) {
   const TaskPlan& tp = *t->tp;
   const auto& peers = *ctx_.peers;
   const int n = n_;
@@ -376,14 +390,35 @@ Status Executor::RunDirect(const WorkElemColl& e, TaskRt* t) {
   std::vector<void*> dsts(n);
   std::vector<uint64_t> args(n);
   for (int k = 0; k < n; ++k) args[k] = k == rank_ ? t->opArg : tr_->OpArg(k, slot);
+  if (phase != 0 && tp.coll != Coll::kAllReduce) return Status::Ok();
   switch (tp.coll) {
     case Coll::kAllReduce: {
-      if (myN == 0) break;
-      for (int k = 0; k < n; ++k) {
-        srcs[k] = sendOf(k) + (wo + myLo) * us;
-        dsts[k] = recvOf(k) + (wo + myLo) * us;
+      if (!DirectTwoPhase(e, us)) {
+        // One pass: sub-slice r over every input, written into every rank's output.
+        if (phase != 0 || myN == 0) break;
+        for (int k = 0; k < n; ++k) {
+          srcs[k] = sendOf(k) + (wo + myLo) * us;
+          dsts[k] = recvOf(k) + (wo + myLo) * us;
+        }
+        t->direct(srcs.data(), n, dsts.data(), n, myN, args.data());
+      } else if (phase == 0) {
+        // Reduce-scatter: sub-slice r over every input into this rank's own output.
+        if (myN == 0) break;
+        for (int k = 0; k < n; ++k) srcs[k] = sendOf(k) + (wo + myLo) * us;
+        dsts[0] = t->recv + (wo + myLo) * us;
+        t->direct(srcs.data(), n, dsts.data(), 1, myN, args.data());
+      } else {
+        // All-gather: the peers' reduced sub-slices from their outputs into this one.
+        for (int k = 0; k < n; ++k) {
+          if (k == rank_) continue;
+          const int64_t lo = std::min(wc, per * k);
+          const int64_t hi = std::min(wc, per * (k + 1));
+          if (hi > lo) {
+            std::memcpy(t->recv + (wo + lo) * us, recvOf(k) + (wo + lo) * us,
+                        size_t((hi - lo) * us));
+          }
+        }
       }
-      t->direct(srcs.data(), n, dsts.data(), n, myN, args.data());
       break;
     }
     case Coll::kReduce: {
@@ -431,10 +466,7 @@ Status Executor::StartWork(Lane* lane) {
                  e.slot, ", the plan has ", tasks_.size(), " tasks");
       TaskRt* t = &tasks_[e.slot];
       const TaskPlan& tp = *t->tp;
-      if (tp.algo == Algo::kDirect || tp.pattern == Pattern::kDirect) {
-        JR_CHECK(RunDirect(e, t));
-        continue;
-      }
+      if (tp.algo == Algo::kDirect || tp.pattern == Pattern::kDirect) continue;  // RunKernel
       Unit u;
       u.kind = Unit::kColl;
       u.e = &e;
@@ -652,6 +684,8 @@ Status Executor::TimeoutError(const std::vector<Lane>& lanes) const {
 
 Status Executor::RunKernel(const KernelPlan& kp) {
   bool hasDirect = false;
+  bool hasDirectAllReduce = false;
+  std::vector<std::pair<const WorkElemColl*, TaskRt*>> direct;
   std::vector<Lane> lanes;
   for (int c = 0; c < kp.channelUbound && c < int(kp.channels.size()); ++c) {
     const ChannelPlan& ch = kp.channels[size_t(c)];
@@ -662,7 +696,12 @@ Status Executor::RunKernel(const KernelPlan& kp) {
         const WorkElemColl& e = w.elems[k];
         if (!e.isUsed || e.slot >= tasks_.size()) continue;
         const TaskPlan& tp = *tasks_[e.slot].tp;
-        hasDirect = hasDirect || tp.algo == Algo::kDirect || tp.pattern == Pattern::kDirect;
+        if (tp.algo == Algo::kDirect || tp.pattern == Pattern::kDirect) {
+          hasDirect = true;
+          hasDirectAllReduce = hasDirectAllReduce || (tp.coll == Coll::kAllReduce &&
+                                                      DirectTwoPhase(e, tasks_[e.slot].unitSize));
+          direct.emplace_back(&e, &tasks_[e.slot]);
+        }
       }
     }
     Lane lane;
@@ -677,6 +716,11 @@ Status Executor::RunKernel(const KernelPlan& kp) {
     for (size_t i = 0; i < tasks_.size(); ++i) args[i] = tasks_[i].opArg;
     tr_->PublishOpArgs(rank_, args);
     JR_CHECK(ctx_.barrier());
+    for (auto& [e, t] : direct) JR_CHECK(RunDirect(*e, t, 0));
+    if (hasDirectAllReduce) {
+      JR_CHECK(ctx_.barrier());
+      for (auto& [e, t] : direct) JR_CHECK(RunDirect(*e, t, 1));
+    }
   }
   for (Lane& lane : lanes) {
     lane.work = 0;

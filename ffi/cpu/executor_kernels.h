@@ -3,8 +3,14 @@
 // through a small table, never per element.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <vector>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include "ffi/planner/types.h"
 #include "hip/reduce_functors.h"
@@ -131,46 +137,158 @@ inline void CopyPiece(const PieceArgs& a, uint64_t) {
 
 // Elements per block of the Direct reduction: the accumulator block stays in L1.
 constexpr int64_t kDirectBlockBytes = 8192;
+// Outputs at least this large are written with streaming stores (they bypass the caches: no
+// read-for-ownership of lines that are about to be overwritten whole).
+constexpr int64_t kStreamMinBytes = 1 << 20;
 
+// Copies `bytes` to `to`, with streaming stores where the platform has them.
+inline void StreamCopy(void* to, const void* from, size_t bytes) {
+#if defined(__SSE2__)
+  char* d = static_cast<char*>(to);
+  const char* s = static_cast<const char*>(from);
+  const size_t head = std::min(bytes, size_t((16 - (reinterpret_cast<uintptr_t>(d) & 15)) & 15));
+  std::memcpy(d, s, head);
+  d += head;
+  s += head;
+  bytes -= head;
+  const size_t body = bytes & ~size_t(15);
+  for (size_t i = 0; i < body; i += 16) {
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i),
+                     _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i)));
+  }
+  std::memcpy(d + body, s + body, bytes - body);
+#else
+  std::memcpy(to, from, bytes);
+#endif
+}
+
+inline void StreamFence() {
+#if defined(__SSE2__)
+  _mm_sfence();
+#endif
+}
+
+// One pass over K inputs of a block: v = (first ? in_0 : acc[i]) reduced with the next inputs
+// (each through its PreOp), kept in registers so the compiler vectorizes over i. Not final: the
+// running value goes back to acc; final: PostOp and the store to `out` in the element type.
+template <typename F, int K, bool kFinal, bool kFirst>
+JR_INLINE void FusedLoop(typename F::Acc* __restrict acc, typename F::Elem* __restrict out,
+                         const typename F::Elem* const* srcs, const F* fns, int64_t m) {
+  using Tr = ElemTraits<typename F::Elem>;
+  using Acc = typename F::Acc;
+  const typename F::Elem* __restrict s[K];
+  for (int k = 0; k < K; ++k) s[k] = srcs[k];
+  for (int64_t i = 0; i < m; ++i) {
+    Acc v;
+    if constexpr (kFirst) {
+      v = Tr::Load(s[0][i]);
+      if constexpr (F::kHasPreOp) v = fns[0].PreOp(v);
+    } else {
+      v = acc[i];
+    }
+#pragma GCC unroll 8
+    for (int k = kFirst ? 1 : 0; k < K; ++k) {
+      Acc x = Tr::Load(s[k][i]);
+      if constexpr (F::kHasPreOp) x = fns[k].PreOp(x);
+      v = fns[0].Reduce(v, x);
+    }
+    if constexpr (kFinal) {
+      if constexpr (F::kHasPostOp) v = fns[0].PostOp(v);
+      out[i] = Tr::Store(v);
+    } else {
+      acc[i] = v;
+    }
+  }
+}
+
+// One pass over K inputs of a block: v = (first ? in_0 : acc[i]) reduced with the next inputs
+// (each through its PreOp), kept in registers so the compiler vectorizes over i. Not final: the
+// running value goes back to acc; final: PostOp and the store to `out` in the element type.
+template <typename F, int K, bool kFinal>
+JR_INLINE void FusedBlock(typename F::Acc* acc, typename F::Elem* out,
+                          const typename F::Elem* const* srcs, const F* fns, int64_t m,
+                          bool first) {
+  if (first) {
+    FusedLoop<F, K, kFinal, true>(acc, out, srcs, fns, m);
+  } else {
+    FusedLoop<F, K, kFinal, false>(acc, out, srcs, fns, m);
+  }
+}
+
+template <typename F, bool kFinal>
+void FusedGroup(typename F::Acc* acc, typename F::Elem* out, const typename F::Elem* const* srcs,
+                const F* fns, int k, int64_t m, bool first) {
+  switch (k) {
+    case 1:
+      return FusedBlock<F, 1, kFinal>(acc, out, srcs, fns, m, first);
+    case 2:
+      return FusedBlock<F, 2, kFinal>(acc, out, srcs, fns, m, first);
+    case 3:
+      return FusedBlock<F, 3, kFinal>(acc, out, srcs, fns, m, first);
+    case 4:
+      return FusedBlock<F, 4, kFinal>(acc, out, srcs, fns, m, first);
+    case 5:
+      return FusedBlock<F, 5, kFinal>(acc, out, srcs, fns, m, first);
+    case 6:
+      return FusedBlock<F, 6, kFinal>(acc, out, srcs, fns, m, first);
+    case 7:
+      return FusedBlock<F, 7, kFinal>(acc, out, srcs, fns, m, first);
+    default:
+      return FusedBlock<F, 8, kFinal>(acc, out, srcs, fns, m, first);
+  }
+}
+
+// Direct: reduces `nsrc` inputs of `n` elements (input k through the PreOp of opArgs[k], its
+// owner's scalar) into `ndst` outputs (through PostOp), block by block, in input order (rank 0's
+// value, then rank 1's, ..., as a sequential reduction). Every input element is read before the
+// output element at the same offset is written, so outputs may alias inputs at equal offsets.
 template <typename F>
 void RunDirect(const void* const* srcs, int nsrc, void* const* dsts, int ndst, int64_t n,
                const uint64_t* opArgs) {
   using T = typename F::Elem;
-  using Tr = ElemTraits<T>;
   using Acc = typename F::Acc;
   constexpr int64_t kBlock = kDirectBlockBytes / sizeof(Acc);
-  const F fn(opArgs[0]);
+  constexpr int kGroup = 8;
+  if (ndst == 0 || nsrc == 0) return;
+  std::vector<F> fns;
+  fns.reserve(nsrc);
+  for (int k = 0; k < nsrc; ++k) fns.emplace_back(opArgs[k]);
+  const bool stream = ndst > 1 && int64_t(n * sizeof(T)) >= kStreamMinBytes;
+  const T* ptrs[kGroup];
+  if (nsrc <= kGroup && !stream) {
+    // One pass over whole streams (the prefetchers' best case), straight into the first output.
+    for (int k = 0; k < nsrc; ++k) ptrs[k] = static_cast<const T*>(srcs[k]);
+    T* d0 = static_cast<T*>(dsts[0]);
+    FusedGroup<F, true>(nullptr, d0, ptrs, fns.data(), nsrc, n, true);
+    for (int k = 1; k < ndst; ++k) std::memcpy(dsts[k], d0, size_t(n) * sizeof(T));
+    return;
+  }
   alignas(64) Acc acc[kBlock];
+  alignas(64) T tmp[kBlock];
   for (int64_t off = 0; off < n; off += kBlock) {
     const int64_t m = n - off < kBlock ? n - off : kBlock;
-    {
-      const T* __restrict s = static_cast<const T*>(srcs[0]) + off;
-      for (int64_t i = 0; i < m; ++i) {
-        Acc v = Tr::Load(s[i]);
-        if (F::kHasPreOp) v = fn.PreOp(v);
-        acc[i] = v;
+    // The final value goes to the first output directly, or to `tmp` when it is streamed out.
+    T* first = stream ? tmp : static_cast<T*>(dsts[0]) + off;
+    for (int k0 = 0; k0 < nsrc; k0 += kGroup) {
+      const int kn = nsrc - k0 < kGroup ? nsrc - k0 : kGroup;
+      for (int k = 0; k < kn; ++k) ptrs[k] = static_cast<const T*>(srcs[k0 + k]) + off;
+      if (k0 + kn == nsrc) {
+        FusedGroup<F, true>(acc, first, ptrs, fns.data() + k0, kn, m, k0 == 0);
+      } else {
+        FusedGroup<F, false>(acc, first, ptrs, fns.data() + k0, kn, m, k0 == 0);
       }
     }
-    for (int k = 1; k < nsrc; ++k) {
-      const T* __restrict s = static_cast<const T*>(srcs[k]) + off;
-      const F fk(opArgs[k]);
-      for (int64_t i = 0; i < m; ++i) {
-        Acc v = Tr::Load(s[i]);
-        if (F::kHasPreOp) v = fk.PreOp(v);
-        acc[i] = fn.Reduce(acc[i], v);
+    const size_t bytes = size_t(m) * sizeof(T);
+    for (int k = stream ? 0 : 1; k < ndst; ++k) {
+      T* d = static_cast<T*>(dsts[k]) + off;
+      if (stream) {
+        StreamCopy(d, first, bytes);
+      } else {
+        std::memcpy(d, first, bytes);
       }
-    }
-    if (ndst == 0) continue;
-    T* __restrict d0 = static_cast<T*>(dsts[0]) + off;
-    for (int64_t i = 0; i < m; ++i) {
-      Acc v = acc[i];
-      if (F::kHasPostOp) v = fn.PostOp(v);
-      d0[i] = Tr::Store(v);
-    }
-    for (int k = 1; k < ndst; ++k) {
-      CopyBytes(static_cast<T*>(dsts[k]) + off, d0, size_t(m) * sizeof(T));
     }
   }
+  if (stream) StreamFence();
 }
 
 template <typename T>
