@@ -22,6 +22,8 @@ namespace jax_rccl {
     "Point-to-point chunks up to this many bytes use the LL protocol")                            \
   X(nchannels, "JAX_RCCL_NCHANNELS", Int, 0,                                                      \
     "Channels for collectives; 0 keeps the topology's value")                                     \
+  X(huge_pages, "JAX_RCCL_HUGE_PAGES", Int, 1,                                                    \
+    "1: advise transparent huge pages on large CPU outputs before writing them; 0: leave them")   \
   X(work_fifo_depth, "JAX_RCCL_WORK_FIFO_DEPTH", Int, 262144,                                     \
     "Work elements in the FIFO ring of a non-persistent launch (a power of two)")
 
