@@ -147,8 +147,6 @@ StatusOr<Plan> MakePlan(const PlanRequest& req) {
   plan.tasks.resize(req.tasks.size());
 
   GroupState g;
-  g.sendQueue.resize(topo.nRanks);
-  g.recvQueue.resize(topo.nRanks);
   g.colls.reserve(req.tasks.size());
 
   // Intake (taskAppend).
@@ -173,6 +171,10 @@ StatusOr<Plan> MakePlan(const PlanRequest& req) {
       p.bytes = int64_t(t.count * DataTypeSize(t.dtype));
       tp.nBytes = p.bytes;
       tp.pattern = Pattern::kP2p;
+      if (g.sendQueue.empty()) {  // per-peer queues only for groups with p2p
+        g.sendQueue.resize(topo.nRanks);
+        g.recvQueue.resize(topo.nRanks);
+      }
       g.p2ps.push_back(p);
       (p.isSend ? g.sendQueue : g.recvQueue)[t.peer].push_back(int(g.p2ps.size()) - 1);
       g.nTasksP2p += 1;

@@ -1,7 +1,7 @@
 """Lowering of jax_rccl's primitives to the runtime's custom calls.
 
 ONE helper, `lower_collective`, emits `jax_rccl_<kind>` with every attribute of the FFI
-contract (docs in notes/ISSUE3_BRIEF.md): replica groups of PHYSICAL device ids taken from the
+contract (docs/architecture.md, "The FFI contract"): replica groups of PHYSICAL device ids taken from the
 shard_map mesh, op, premul, root, perm, algorithm, protocol, a unique call site and a name.
 Operands and results travel as 1-D arrays (the primitives already put blocks where the runtime
 wants them, so this is a free reshape). Zero-size leaves never reach the runtime. No tokens,
