@@ -1,8 +1,9 @@
 """Lowering of jax_rccl's primitives to the runtime's custom calls.
 
 ONE helper, `lower_collective`, emits `jax_rccl_<kind>` with every attribute of the FFI
-contract (docs/architecture.md, "The FFI contract"): replica groups of PHYSICAL device ids taken from the
-shard_map mesh, op, premul, root, perm, algorithm, protocol, a unique call site and a name.
+contract (docs/architecture.md, "The FFI contract"): replica groups of PHYSICAL device ids
+taken from the shard_map mesh, op, premul, root, perm, algorithm, protocol, a unique call site
+and a name.
 Operands and results travel as 1-D arrays (the primitives already put blocks where the runtime
 wants them, so this is a free reshape). Zero-size leaves never reach the runtime. No tokens,
 no side effect: every device runs the same schedule, and JAX keeps its fast dispatch path.
