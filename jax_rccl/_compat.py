@@ -141,3 +141,40 @@ def trace_state(name: str, default: str, help: str):
     return _config.string_or_object_state(
         name, default, help, include_in_jit_key=True, include_in_trace_context=True
     )
+
+
+# --- multi-process: JAX's distributed key-value store -----------------------------------------
+
+
+def distributed_client():
+    """The key-value client of `jax.distributed.initialize`, or None when it was not called.
+
+    0.10.2 .. 0.11.x keep it as ``jax._src.distributed.global_state.client`` (a
+    DistributedRuntimeClient with ``key_value_set`` and ``blocking_key_value_get``)."""
+    from jax._src import distributed
+
+    state = getattr(distributed, "global_state", None)
+    return getattr(state, "client", None)
+
+
+def kv_set(client, key: str, value: str) -> None:
+    client.key_value_set(key, value)
+
+
+def kv_get(client, key: str, timeout_s: float) -> str:
+    """The value of `key`, waiting up to `timeout_s` for someone to set it (raises past it)."""
+    value = client.blocking_key_value_get(key, max(1, int(timeout_s * 1000)))
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def kv_try_get(client, key: str) -> str | None:
+    """The value of `key` if it is set now, else None (never waits)."""
+    try_get = getattr(client, "key_value_try_get", None)
+    try:
+        if try_get is not None:
+            value = try_get(key)
+        else:  # pragma: no cover - a client without try_get
+            value = client.blocking_key_value_get(key, 1)
+    except Exception:  # noqa: BLE001 - "not found" is an exception in every version
+        return None
+    return value.decode() if isinstance(value, bytes) else value

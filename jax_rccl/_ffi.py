@@ -13,7 +13,7 @@ import threading
 
 import jax
 
-from jax_rccl import _jax_rccl
+from jax_rccl import _bootstrap, _jax_rccl
 
 STATE_TYPE = "jax_rccl_cpu_state"
 
@@ -43,6 +43,9 @@ def ensure_registered() -> None:
         # The backend must exist before types are registered, or its start-up fails with
         # "Types used by FFI handlers must be registered before the handler registration".
         jax.devices()
+        # Several JAX processes: meet them once and hand the world table to the runtime
+        # before anything is lowered (a no-op in a single-process program).
+        _bootstrap.ensure_world()
         for name, registration in _jax_rccl.cpu_ffi_types().items():
             jax.ffi.register_ffi_type(name, registration, platform="cpu")
         targets = _jax_rccl.cpu_ffi_targets()
@@ -57,6 +60,11 @@ def ensure_registered() -> None:
 def next_call_site() -> int:
     """A process-wide unique id for one lowered custom call (keys the runtime's rendezvous)."""
     return next(_call_sites)
+
+
+def world() -> dict | None:
+    """The world table handed to the runtime (None in a single-process program)."""
+    return _bootstrap.world()
 
 
 def runtime_stats() -> dict[str, int]:

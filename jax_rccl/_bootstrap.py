@@ -1,0 +1,182 @@
+"""The world table: which process owns which device, on which host, in this run.
+
+A program of several JAX processes (``jax.distributed.initialize``) compiles one SPMD program in
+every process, and a replica group may hold devices of other processes. Before the first
+collective is lowered, the processes meet once through JAX's own distributed key-value store:
+
+- process 0 publishes a random session id (``jax_rccl/session``), which names the run's shared
+  memory segments, so stale segments of a crashed run never meet a new one;
+- every process publishes ``{"process", "host", "devices", "pid"}`` under
+  ``jax_rccl/world/<process>`` and reads everyone's (each wait bounded by ``JAX_RCCL_TIMEOUT``;
+  a process that never publishes is named in the error);
+- the table goes to the runtime once: ``_jax_rccl.set_world(world)``.
+
+A single-process program does nothing here: every device is local.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import socket
+import threading
+import time
+
+import jax
+
+from jax_rccl import _compat, _jax_rccl
+
+KEY_PREFIX = "jax_rccl"
+SESSION_KEY = f"{KEY_PREFIX}/session"
+
+_lock = threading.Lock()
+_done = False
+_error: BaseException | None = None
+_world: dict | None = None
+_peers: list[dict] | None = None
+
+
+def world_key(process: int) -> str:
+    return f"{KEY_PREFIX}/world/{process}"
+
+
+def timeout_s() -> float:
+    """JAX_RCCL_TIMEOUT as the runtime parses it (seconds)."""
+    table, _ = _jax_rccl.params()
+    for row in table:
+        if row.get("name") == "timeout":
+            try:
+                return float(row.get("value"))
+            except (TypeError, ValueError):
+                break
+    return float(os.environ.get("JAX_RCCL_TIMEOUT", "300"))
+
+
+def ensure_world() -> dict | None:
+    """Meets the other processes once (no-op in a single-process program); the world or None.
+
+    A failure is remembered: a half-published world cannot be published again, so later calls
+    raise the same error."""
+    global _done, _error
+    if _done:
+        if _error is not None:
+            raise _error
+        return _world
+    with _lock:
+        if not _done:
+            try:
+                _bootstrap()
+            except BaseException as e:
+                _error = e
+                raise
+            finally:
+                _done = True
+        elif _error is not None:
+            raise _error
+    return _world
+
+
+def world() -> dict | None:
+    """The table handed to the runtime (None in a single-process program or before first use)."""
+    return _world
+
+
+def peers() -> list[dict] | None:
+    """What every process published (process, host, devices, pid), by process index."""
+    return None if _peers is None else [dict(p) for p in _peers]
+
+
+def _bootstrap() -> None:
+    global _world, _peers
+    nprocesses = jax.process_count()
+    if nprocesses <= 1:
+        return
+    client = _compat.distributed_client()
+    if client is None:
+        raise RuntimeError(
+            f"jax_rccl: this program runs {nprocesses} JAX processes but "
+            "jax.distributed.initialize() was not called in this process; jax_rccl meets the "
+            "other processes through JAX's distributed key-value store"
+        )
+    me = jax.process_index()
+    timeout = timeout_s()
+    deadline = time.monotonic() + timeout
+
+    if me == 0:
+        _compat.kv_set(client, SESSION_KEY, secrets.token_hex(8))
+    mine = {
+        "process": me,
+        "host": socket.gethostname(),
+        "devices": [int(d.id) for d in jax.local_devices()],
+        "pid": os.getpid(),
+    }
+    _compat.kv_set(client, world_key(me), json.dumps(mine))
+
+    session = _get(client, SESSION_KEY, deadline, timeout, nprocesses, me, waiting_for=[0])
+    peers = []
+    for p in range(nprocesses):
+        if p == me:
+            peers.append(mine)
+            continue
+        raw = _get(client, world_key(p), deadline, timeout, nprocesses, me, waiting_for=[p])
+        entry = json.loads(raw)
+        if int(entry.get("process", -1)) != p:
+            raise RuntimeError(
+                f"jax_rccl: the world entry of process {p} names process {entry.get('process')}"
+            )
+        peers.append(entry)
+
+    devices = []
+    for entry in peers:
+        for d in entry["devices"]:
+            devices.append({"id": int(d), "process": int(entry["process"]), "host": entry["host"]})
+    devices.sort(key=lambda d: d["id"])
+    _check_devices(devices)
+    table = {"process": me, "nprocesses": nprocesses, "session": session, "devices": devices}
+    set_world = getattr(_jax_rccl, "set_world", None)
+    if set_world is None:
+        raise RuntimeError(
+            "jax_rccl: this native module cannot run collectives across processes (it has no "
+            "set_world); rebuild jax_rccl"
+        )
+    set_world(table)
+    _world = table
+    _peers = peers
+
+
+def _get(client, key, deadline, timeout, nprocesses, me, *, waiting_for):
+    remaining = deadline - time.monotonic()
+    try:
+        if remaining <= 0:
+            raise TimeoutError(key)
+        return _compat.kv_get(client, key, remaining)
+    except Exception as e:  # noqa: BLE001 - a deadline is an XlaRuntimeError, not TimeoutError
+        missing = [
+            p
+            for p in range(nprocesses)
+            if p != me and _compat.kv_try_get(client, world_key(p)) is None
+        ]
+        if not missing:
+            missing = list(waiting_for)
+        raise RuntimeError(
+            f"jax_rccl: process {me} waited {timeout:g} s (JAX_RCCL_TIMEOUT) for the other "
+            f"processes to publish their devices; process(es) {missing} never did (key "
+            f"{key!r}; did every process reach its first jax_rccl collective?)"
+        ) from e
+
+
+def _check_devices(devices) -> None:
+    """The published table must agree with JAX's view of the devices."""
+    table = {d["id"]: d["process"] for d in devices}
+    if len(table) != len(devices):
+        raise RuntimeError("jax_rccl: two processes published the same device id")
+    jax_view = {int(d.id): int(d.process_index) for d in jax.devices()}
+    if table != jax_view:
+        diff = sorted(
+            i for i in set(table) | set(jax_view) if table.get(i, -1) != jax_view.get(i, -1)
+        )
+        raise RuntimeError(
+            "jax_rccl: the devices the processes published disagree with jax.devices() on "
+            f"device ids {diff}"
+        )

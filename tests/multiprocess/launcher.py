@@ -1,0 +1,111 @@
+"""Starts N JAX processes on this host, each with its own virtual CPU devices, and collects them.
+
+Every process runs ``worker.py`` (a program by name) after ``jax.distributed.initialize`` with
+a coordinator on a free local port. Each launch is bounded: past `timeout` the processes still
+running are killed (by pid) and the result says so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker.py")
+RESULT_TAG = "JAX_RCCL_RESULT "
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclasses.dataclass
+class Proc:
+    process: int
+    returncode: int | None
+    stdout: str
+    stderr: str
+    timed_out: bool
+
+    @property
+    def result(self) -> dict | None:
+        """The JSON the worker printed last (``JAX_RCCL_RESULT {...}``), if any."""
+        for line in reversed(self.stdout.splitlines()):
+            if line.startswith(RESULT_TAG):
+                return json.loads(line[len(RESULT_TAG) :])
+        return None
+
+    def describe(self) -> str:
+        tail = "\n".join((self.stdout + self.stderr).splitlines()[-40:])
+        return f"process {self.process}: rc={self.returncode} timed_out={self.timed_out}\n{tail}"
+
+
+def launch(
+    program: str,
+    nprocs: int,
+    local_devices: int,
+    *,
+    args: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
+    timeout: float = 60.0,
+    jax_rccl_timeout: float = 10.0,
+) -> list[Proc]:
+    """Runs `program` of worker.py in `nprocs` processes with `local_devices` CPU devices each."""
+    port = free_port()
+    procs = []
+    for i in range(nprocs):
+        e = dict(os.environ)
+        e.update(
+            XLA_FLAGS=f"--xla_force_host_platform_device_count={local_devices}",
+            JAX_PLATFORMS="cpu",
+            JAX_RCCL_TIMEOUT=str(jax_rccl_timeout),
+            PYTHONUNBUFFERED="1",
+        )
+        e.pop("JAX_RCCL_ALGO", None)
+        e.pop("JAX_RCCL_PROTO", None)
+        e.update(env or {})
+        cmd = [
+            sys.executable,
+            "-P",
+            WORKER,
+            program,
+            f"--process={i}",
+            f"--nprocs={nprocs}",
+            f"--port={port}",
+            *args,
+        ]
+        # Files, not pipes: a chatty process never blocks on a full pipe while we wait on another.
+        so, se = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+        procs.append((subprocess.Popen(cmd, env=e, stdout=so, stderr=se), so, se))
+    deadline = time.monotonic() + timeout
+    out = []
+    for i, (p, so, se) in enumerate(procs):
+        timed_out = False
+        try:
+            p.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            p.kill()
+            p.wait()
+        so.seek(0)
+        se.seek(0)
+        out.append(Proc(i, p.returncode, so.read(), se.read(), timed_out))
+        so.close()
+        se.close()
+    return out
+
+
+def shm_entries(session: str | None = None) -> list[str]:
+    """Names under /dev/shm that belong to jax_rccl (of one session when given)."""
+    prefix = "jrccl." if session is None else f"jrccl.{session}."
+    try:
+        return sorted(n for n in os.listdir("/dev/shm") if n.startswith(prefix))
+    except FileNotFoundError:
+        return []

@@ -1,0 +1,147 @@
+"""jax_rccl across JAX processes on one host: the bootstrap, every public collective against
+NumPy, forced algorithms, a process that dies, processes that disagree, and no shared memory
+left behind. Each test starts its own processes (launcher.py, worker.py), each launch bounded.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from launcher import launch, shm_entries
+
+TIMEOUT = 5.0  # JAX_RCCL_TIMEOUT in the processes
+
+
+def _ok(procs, *, expect_rc=0):
+    for p in procs:
+        assert not p.timed_out, p.describe()
+        assert p.result is not None and p.result.get("ok"), p.describe()
+        if expect_rc is not None:
+            assert p.returncode == expect_rc, p.describe()
+    return [p.result for p in procs]
+
+
+def _no_segments(results):
+    sessions = {r.get("session") for r in results if r.get("session")}
+    for s in sessions:
+        assert shm_entries(s) == [], f"session {s} left {shm_entries(s)} in /dev/shm"
+
+
+# --- bootstrap ---------------------------------------------------------------------------------
+
+
+def test_single_process_has_no_world():
+    from jax_rccl import _bootstrap
+
+    assert _bootstrap.ensure_world() is None
+    assert _bootstrap.world() is None
+
+
+def test_world_table():
+    res = _ok(launch("probe", 2, 2, args=("--bootstrap",), timeout=60))
+    worlds = [r["world"] for r in res]
+    assert [w["process"] for w in worlds] == [0, 1]
+    assert len({w["session"] for w in worlds}) == 1
+    assert all(len(w["session"]) >= 16 and int(w["session"], 16) >= 0 for w in worlds)
+    devices = worlds[0]["devices"]
+    assert all(w["devices"] == devices and w["nprocesses"] == 2 for w in worlds)
+    jax_view = sorted(tuple(d) for d in res[0]["devices"])  # (id, process_index)
+    assert sorted((d["id"], d["process"]) for d in devices) == jax_view
+    assert len({d["host"] for d in devices}) == 1
+    assert [p["devices"] for p in res[0]["peers"]] == [r["local"] for r in res]
+    for r in res:
+        if "native_world" in r:  # the runtime keeps what it was given
+            assert r["native_world"] == r["world"]
+
+
+def test_bootstrap_names_a_missing_process():
+    procs = launch(
+        "killed",
+        3,
+        1,
+        args=("--victim=2", "--when=before", "--shutdown-timeout=1"),
+        timeout=60,
+        jax_rccl_timeout=2.0,
+    )
+    assert procs[2].returncode == -9
+    for r in _ok(procs[:2], expect_rc=None):
+        assert r["raised"], r
+        assert "process(es) [2] never did" in r["error"], r["error"]
+        assert r["seconds"] < 2.0 + 5, r
+
+
+def test_harness_against_jax_lax():
+    """The NumPy twin of the checks agrees with jax.lax across processes (gloo)."""
+    _ok(launch("collectives", 2, 2, args=("--backend=lax", "--sizes=64"), timeout=60))
+
+
+# --- collectives in the runtime -----------------------------------------------------------------
+
+
+@pytest.mark.needs_world
+@pytest.mark.parametrize("nprocs,local", [(2, 1), (2, 2), (4, 1), (4, 2)])
+def test_every_collective(nprocs, local):
+    res = _ok(launch("collectives", nprocs, local, timeout=90, jax_rccl_timeout=TIMEOUT))
+    _no_segments(res)
+
+
+@pytest.mark.needs_world
+@pytest.mark.parametrize("algo", ["Ring", "Tree"])
+def test_forced_algorithm(algo):
+    res = _ok(
+        launch(
+            "collectives",
+            2,
+            2,
+            args=(f"--algo={algo}", "--sizes=64,40000"),
+            timeout=90,
+            jax_rccl_timeout=TIMEOUT,
+        )
+    )
+    _no_segments(res)
+
+
+@pytest.mark.needs_world
+def test_killed_process_is_an_error_not_a_hang():
+    procs = launch(
+        "killed",
+        3,
+        1,
+        args=("--victim=2", "--when=after", "--shutdown-timeout=1"),
+        timeout=60,
+        jax_rccl_timeout=TIMEOUT,
+    )
+    assert procs[2].returncode == -9, procs[2].describe()
+    res = _ok(procs[:2], expect_rc=None)  # JAX's own shutdown then aborts: a peer is gone
+    for r in res:
+        assert r["raised"], r
+        assert "process 2" in r["error"], r["error"]
+        assert r["seconds"] < TIMEOUT + 5, r
+    _no_segments(res)
+
+
+@pytest.mark.needs_world
+def test_mismatched_counts_are_an_error():
+    res = _ok(launch("mismatch", 2, 1, timeout=60, jax_rccl_timeout=TIMEOUT))
+    for r in res:
+        assert r["raised"], r
+        assert r["seconds"] < TIMEOUT + 5, r
+    _no_segments(res)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _segments_before():
+    return set(shm_entries())
+
+
+def test_no_segments_left(_segments_before):
+    """No jax_rccl shared memory appeared during this module and stayed (a concurrent run's
+    transient segments get a few seconds to go)."""
+    deadline = time.monotonic() + 3
+    while True:
+        left = sorted(set(shm_entries()) - _segments_before)
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert left == [], left
