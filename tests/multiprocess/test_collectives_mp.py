@@ -116,8 +116,11 @@ def test_killed_process_is_an_error_not_a_hang():
     res = _ok(procs[:2], expect_rc=None)  # JAX's own shutdown then aborts: a peer is gone
     for r in res:
         assert r["raised"], r
-        assert "process 2" in r["error"], r["error"]
         assert r["seconds"] < TIMEOUT + 5, r
+        assert "process " in r["error"], r["error"]
+    # The rank a survivor waits for may itself be a survivor that is stuck (a ring): at least
+    # one error names the dead process.
+    assert any("process 2" in r["error"] for r in res), [r["error"] for r in res]
     _no_segments(res)
 
 

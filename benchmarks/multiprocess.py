@@ -1,0 +1,317 @@
+"""All-reduce across JAX processes on one host: jax_rccl (shared memory) next to jax.lax.psum
+(JAX's CPU collectives, gloo) in the same run, and MPI (mpi4py Allreduce) where it is installed.
+
+    .venv/bin/python -P benchmarks/multiprocess.py [--nprocs 4] [--max-mb 64] [--no-mpi]
+
+The parent starts `--nprocs` JAX processes of one CPU device each (jax.distributed on a local
+port); each times float32 all-reduces of 1 KB .. `--max-mb` MB with both libraries, size by
+size, and prints its figures; a call's time is the slowest process's mean over a timed loop
+(best of `--reps` loops). MPI runs as a second job under ``mpirun -n <nprocs>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+TAG = "JAX_RCCL_BENCH "
+
+
+def sizes(max_mb: float) -> list[int]:
+    out, b = [], 1024
+    while b <= max_mb * 2**20:
+        out.append(b)
+        b *= 4
+    return out
+
+
+def iterations(nbytes: int) -> int:
+    return int(max(3, min(200, 2**26 // nbytes)))
+
+
+def timed(fn, reps: int, iters: int) -> float:
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn(iters)
+        best = min(best, (time.perf_counter() - t0) / iters)
+    return best
+
+
+# --- one JAX process ---------------------------------------------------------------------------
+
+
+def jax_worker(args) -> None:
+    import jax
+
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(
+        coordinator_address=f"127.0.0.1:{args.port}",
+        num_processes=args.nprocs,
+        process_id=args.process,
+        initialization_timeout=60,
+    )
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    import jax_rccl
+
+    devs = jax.devices()
+    n = len(devs)
+    mesh = Mesh(np.array(devs), ("i",))
+    spec = P("i")
+
+    def compiled(psum):
+        return jax.jit(
+            jax.shard_map(lambda v: psum(v, "i"), mesh=mesh, in_specs=spec, out_specs=spec)
+        )
+
+    libs = {"jax_rccl": compiled(jax_rccl.psum), "lax_gloo": compiled(jax.lax.psum)}
+    libs = {k: v for k, v in libs.items() if k in args.libs.split(",")}
+    for nbytes in sizes(args.max_mb):
+        count = nbytes // 4
+        local = np.full((1, count), args.process + 1, np.float32)
+        x = jax.make_array_from_callback(
+            (n, count), NamedSharding(mesh, spec), lambda idx, local=local: local
+        )
+        iters = iterations(nbytes)
+        for lib, f in libs.items():
+            y = f(x)  # compile + warm up
+            jax.block_until_ready(y)
+            want = n * (n + 1) / 2
+            got = float(np.asarray(y.addressable_shards[0].data)[0, -1])
+            if got != want:
+                raise AssertionError(f"{lib} {nbytes} B: got {got}, want {want}")
+
+            def loop(k, f=f, x=x):
+                out = None
+                for _ in range(k):
+                    out = f(x)
+                jax.block_until_ready(out)
+
+            t = timed(loop, args.reps, iters)
+            print(TAG + json.dumps({"lib": lib, "bytes": nbytes, "s": t}), flush=True)
+
+
+# --- one MPI rank --------------------------------------------------------------------------------
+
+
+def mpi_worker(args) -> None:
+    import numpy as np
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    mpi4jax_allreduce = None
+    try:
+        import jax
+        import jax.numpy as jnp
+        import mpi4jax
+
+        def one(x):
+            out = mpi4jax.allreduce(x, op=MPI.SUM, comm=comm)
+            return out[0] if isinstance(out, tuple) else out  # older mpi4jax: (value, token)
+
+        mpi4jax_allreduce = jax.jit(one)
+    except ImportError:
+        pass
+    if comm.rank == 0:
+        print(TAG + json.dumps({"lib": "_mpi4jax", "available": mpi4jax_allreduce is not None}))
+    for nbytes in sizes(args.max_mb):
+        src = np.full(nbytes // 4, comm.rank + 1, np.float32)
+        dst = np.empty_like(src)
+        comm.Allreduce(src, dst, op=MPI.SUM)
+
+        def loop(k, src=src, dst=dst):
+            for _ in range(k):
+                comm.Allreduce(src, dst, op=MPI.SUM)
+
+        comm.Barrier()
+        t = comm.reduce(timed(loop, args.reps, iterations(nbytes)), op=MPI.MAX, root=0)
+        if comm.rank == 0:  # one writer: ranks share mpirun's stdout
+            print(TAG + json.dumps({"lib": "mpi4py", "bytes": nbytes, "s": t}), flush=True)
+        if mpi4jax_allreduce is not None:
+            x = jnp.asarray(src)
+            y = mpi4jax_allreduce(x)
+            jax.block_until_ready(y)
+            if float(np.asarray(y)[-1]) != comm.size * (comm.size + 1) / 2:
+                raise AssertionError(f"mpi4jax {nbytes} B: wrong sum {np.asarray(y)[-1]}")
+
+            def jloop(k, x=x):
+                out = None
+                for _ in range(k):
+                    out = mpi4jax_allreduce(x)
+                jax.block_until_ready(out)
+
+            comm.Barrier()
+            t = comm.reduce(timed(jloop, args.reps, iterations(nbytes)), op=MPI.MAX, root=0)
+            if comm.rank == 0:
+                print(TAG + json.dumps({"lib": "mpi4jax", "bytes": nbytes, "s": t}), flush=True)
+
+
+# --- the parent ----------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def collect(text: str, into: dict) -> None:
+    for line in text.splitlines():
+        if line.startswith(TAG):
+            r = json.loads(line[len(TAG) :])
+            if "available" in r:
+                into[r["lib"]] = r["available"]
+                continue
+            key = (r["lib"], r["bytes"])
+            into[key] = max(into.get(key, 0.0), r["s"])  # the slowest process
+
+
+def run_jax(args, results) -> None:
+    port = free_port()
+    procs = []
+    for i in range(args.nprocs):
+        env = dict(
+            os.environ,
+            XLA_FLAGS="--xla_force_host_platform_device_count=1",
+            JAX_PLATFORMS="cpu",
+            JAX_RCCL_TIMEOUT="120",
+        )
+        cmd = [
+            sys.executable,
+            "-P",
+            __file__,
+            "--role=jax",
+            f"--process={i}",
+            f"--nprocs={args.nprocs}",
+            f"--port={port}",
+            f"--max-mb={args.max_mb}",
+            f"--reps={args.reps}",
+            f"--libs={args.libs}",
+        ]
+        out = tempfile.TemporaryFile("w+")
+        procs.append((subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT), out))
+    failed = False
+    for i, (p, out) in enumerate(procs):
+        try:
+            p.wait(timeout=args.timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+        out.seek(0)
+        text = out.read()
+        collect(text, results)
+        if p.returncode != 0 and not failed:
+            failed = True
+            print(f"process {i} failed (rc {p.returncode}):\n" + text[-3000:], file=sys.stderr)
+    if failed:
+        raise SystemExit(1)
+
+
+def run_mpi(args, results) -> str:
+    mpirun = shutil.which("mpirun")
+    if mpirun is None:
+        return "mpirun not found"
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        return "mpi4py is not installed"
+    cmd = [
+        mpirun,
+        "--oversubscribe",
+        "--allow-run-as-root",
+        "-n",
+        str(args.nprocs),
+        sys.executable,
+        "-P",
+        __file__,
+        "--role=mpi",
+        f"--max-mb={args.max_mb}",
+        f"--reps={args.reps}",
+    ]
+    env = dict(
+        os.environ,
+        JAX_PLATFORMS="cpu",
+        OMPI_MCA_btl="self,vader",
+        OMPI_ALLOW_RUN_AS_ROOT="1",
+        OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+    )
+    try:
+        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        return "mpirun timed out"
+    if r.returncode != 0:
+        return f"mpirun failed (rc {r.returncode}): {(r.stdout + r.stderr)[-500:]}"
+    collect(r.stdout, results)
+    return ""
+
+
+def fmt_size(b: int) -> str:
+    return f"{b // 2**20} MB" if b >= 2**20 else f"{b // 1024} KB"
+
+
+def fmt_time(s: float | None) -> str:
+    if s is None:
+        return "-"
+    return f"{s * 1e6:.1f} us" if s < 1e-3 else f"{s * 1e3:.2f} ms"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--role", default="parent", choices=["parent", "jax", "mpi"])
+    ap.add_argument("--process", type=int, default=0)
+    ap.add_argument("--nprocs", type=int, default=4)
+    ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--max-mb", type=float, default=64)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--timeout", type=float, default=600)
+    ap.add_argument("--no-mpi", action="store_true")
+    ap.add_argument("--libs", default="jax_rccl,lax_gloo", help="JAX libraries to time")
+    args = ap.parse_args(argv)
+    if args.role == "jax":
+        jax_worker(args)
+        return 0
+    if args.role == "mpi":
+        mpi_worker(args)
+        return 0
+
+    results: dict = {}
+    t0 = time.monotonic()
+    run_jax(args, results)
+    mpi_note = "skipped (--no-mpi)" if args.no_mpi else run_mpi(args, results)
+    libs = args.libs.split(",") + (["mpi4py"] if not mpi_note else [])
+    if results.get("_mpi4jax"):
+        libs.append("mpi4jax")
+    elif not mpi_note:
+        mpi_note = "mpi4jax: not installed"
+    print(
+        f"all-reduce (sum, float32), {args.nprocs} processes x 1 CPU device, one host, "
+        f"{os.cpu_count()} cores; time per call (slowest process, best of {args.reps} loops)"
+    )
+    head = ["size"] + libs + [f"{lib}/{libs[0]}" for lib in libs[1:]]
+    rows = []
+    for b in sizes(args.max_mb):
+        t = {lib: results.get((lib, b)) for lib in libs}
+        base = t[libs[0]]
+        ratios = [f"{t[lib] / base:.2f}x" if t[lib] and base else "-" for lib in libs[1:]]
+        rows.append([fmt_size(b)] + [fmt_time(t[lib]) for lib in libs] + ratios)
+    widths = [max(len(r[i]) for r in rows + [head]) for i in range(len(head))]
+    for r in [head] + rows:
+        print("  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)))
+    if mpi_note:
+        print(f"MPI: {mpi_note}")
+    print(f"({time.monotonic() - t0:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
