@@ -158,28 +158,39 @@ def _check(name, arr, expected, failures):
             )
 
 
-def _flat_collectives(jr, n):
-    """Every public collective over the 1-D axis "i" of n devices; body input v: (m,)."""
+def _flat_collectives(jr, n, only=(), chain=False):
+    """Every public collective over the 1-D axis "i" of n devices; body input v: (m,).
+
+    Independent calls may run in any order on each process (XLA's CPU runtime schedules them);
+    with `chain`, each call's input depends on the previous call's result (through a zero),
+    which fixes one order everywhere."""
+    ops = [
+        ("psum", lambda v: jr.psum(v, "i")),
+        ("pmean", lambda v: jr.pmean(v, "i")),
+        ("pmax", lambda v: jr.pmax(v, "i")),
+        ("pmin", lambda v: jr.pmin(v, "i")),
+        ("prod", lambda v: jr.all_reduce(v, "i", op="prod")),
+        ("avg", lambda v: jr.all_reduce(v, "i", op="avg")),
+        ("premul", lambda v: jr.all_reduce(v, "i", premul=0.5)),
+        ("psum_int", lambda v: jr.psum(v.astype("int32"), "i")),
+        ("all_gather", lambda v: jr.all_gather(v, "i", tiled=True)),
+        ("psum_scatter", lambda v: jr.psum_scatter(v, "i", tiled=True)),
+        ("all_to_all", lambda v: jr.all_to_all(v.reshape(n, -1), "i", 0, 0, tiled=True)),
+        ("ppermute", lambda v: jr.ppermute(v, "i", [(j, (j + 1) % n) for j in range(n)])),
+        ("pbroadcast", lambda v: jr.pbroadcast(v, "i", n - 1)),
+        ("preduce", lambda v: jr.preduce(v, "i", 1 % n)),
+    ]
+    ops = [(k, f) for k, f in ops if not only or k in only]
 
     def body(v):
-        m = v.shape[0]
-        c = m // n
-        return {
-            "psum": jr.psum(v, "i"),
-            "pmean": jr.pmean(v, "i"),
-            "pmax": jr.pmax(v, "i"),
-            "pmin": jr.pmin(v, "i"),
-            "prod": jr.all_reduce(v, "i", op="prod"),
-            "avg": jr.all_reduce(v, "i", op="avg"),
-            "premul": jr.all_reduce(v, "i", premul=0.5),
-            "psum_int": jr.psum(v.astype("int32"), "i"),
-            "all_gather": jr.all_gather(v, "i", tiled=True),
-            "psum_scatter": jr.psum_scatter(v, "i", tiled=True),
-            "all_to_all": jr.all_to_all(v.reshape(n, c), "i", 0, 0, tiled=True),
-            "ppermute": jr.ppermute(v, "i", [(j, (j + 1) % n) for j in range(n)]),
-            "pbroadcast": jr.pbroadcast(v, "i", n - 1),
-            "preduce": jr.preduce(v, "i", 1 % n),
-        }
+        out = {}
+        dep = None
+        for name, f in ops:
+            x = v if dep is None else v + dep
+            out[name] = f(x)
+            if chain:  # a float zero XLA cannot fold away (0 * x is not 0 for NaN x)
+                dep = (out[name].astype("float32").reshape(-1)[:1] * 0.0).astype(v.dtype)
+        return out
 
     return body
 
@@ -237,7 +248,8 @@ def prog_collectives(args):
     k = len(jax.local_devices())
     failures = []
     mesh = Mesh(np.array(devs), ("i",))
-    body = _flat_collectives(jr, n)
+    only = tuple(x for x in args.only.split(",") if x)
+    body = _flat_collectives(jr, n, only, chain=args.chain)
 
     def per_device(v):
         return jax.tree_util.tree_map(lambda y: jnp.expand_dims(y, 0), body(v[0]))
@@ -408,6 +420,8 @@ def main(argv=None) -> int:
     ap.add_argument("--algo", default="")
     ap.add_argument("--backend", default="jax_rccl", choices=["jax_rccl", "lax"])
     ap.add_argument("--sizes", default="64,40000")
+    ap.add_argument("--chain", action="store_true", help="one order of the collectives")
+    ap.add_argument("--only", default="", help="comma-separated collectives of the flat body")
     args = ap.parse_args(argv)
     t0 = time.monotonic()
     try:
