@@ -1,6 +1,10 @@
-// Test-only entry point of the host executor (jax_rccl._jax_rccl.internal.run_plan_threads): plans
-// a group for every rank of a topology, runs the ranks as threads of this process over one host
-// transport, and returns every rank's outputs. See tests/cpu/test_executor.py.
+// Test-only entry points of the host executor:
+// - jax_rccl._jax_rccl.internal.run_plan_threads plans a group for every rank of a topology, runs
+//   the ranks as threads of this process over one host transport, and returns every rank's
+//   outputs (tests/cpu/test_executor.py);
+// - jax_rccl._jax_rccl.internal.run_plan_process runs this process's ranks of a replica group
+//   through the runtime's real communicator (World::GetOrCreate: with a world table whose group
+//   spans processes, the shared-memory transport), without JAX (tests/multiprocess/).
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
@@ -17,7 +21,9 @@
 #include <vector>
 
 #include "ffi/bindings.h"
+#include "ffi/cpu/comm.h"
 #include "ffi/cpu/executor.h"
+#include "ffi/params.h"
 #include "ffi/planner/planner.h"
 #include "ffi/planner/redop.h"
 
@@ -324,9 +330,155 @@ RunResult RunPlanThreads(const nb::dict& topology, const nb::list& taskList, con
   return res;
 }
 
+std::atomic<int64_t> g_processInstance{1 << 30};
+
+// This process's ranks `localRanks` of the group `groupDevices`, through the communicator.
+RunResult RunPlanProcess(const std::vector<int64_t>& groupDevices,
+                         const std::vector<int>& localRanks, const nb::list& taskList,
+                         const nb::list& inputs, double timeoutS, const std::string& algorithm,
+                         const std::string& protocol, int64_t callSite, int repeat) {
+  if (repeat < 1) throw nb::value_error("repeat must be >= 1");
+  const Params params = LoadParams();
+  cpu::Communicator* comm = ValueOrThrow(cpu::World::Get().GetOrCreate(groupDevices, params));
+  const int n = comm->nRanks();
+  const size_t nl = localRanks.size();
+  if (inputs.size() != nl) {
+    throw nb::value_error(
+        detail::StrCat("inputs must hold one list per local rank (", nl, "), got ", inputs.size())
+            .c_str());
+  }
+  const bool perRank =
+      taskList.size() == size_t(n) && taskList.size() > 0 && nb::isinstance<nb::list>(taskList[0]);
+  const uint32_t algoMask = ValueOrThrow(ParseAlgoMask(algorithm, "algorithm"));
+  const uint32_t protoMask = ValueOrThrow(ParseProtoMask(protocol, "protocol"));
+  std::vector<Plan> plans;
+  plans.reserve(nl);
+  std::vector<cpu::CallFingerprint> fps(nl);
+  std::vector<std::vector<std::vector<char>>> inBufs(nl), outBufs(nl);
+  std::vector<std::vector<cpu::SlotBuffers>> slots(nl);
+  std::vector<std::vector<TaskDesc>> descs(nl);
+  for (size_t li = 0; li < nl; ++li) {
+    const int r = localRanks[li];
+    if (r < 0 || r >= n) throw nb::value_error("local_ranks: rank out of range");
+    const nb::list mineTasks = perRank ? nb::cast<nb::list>(taskList[size_t(r)]) : taskList;
+    PlanRequest req;
+    req.topo = comm->topo();
+    req.rank = r;
+    req.tuning.algoMask = algoMask;
+    req.tuning.protoMask = protoMask;
+    req.persistent = true;
+    for (size_t i = 0; i < mineTasks.size(); ++i) {
+      req.tasks.push_back(TaskFromDictTest(nb::cast<nb::dict>(mineTasks[i]), i).desc);
+    }
+    descs[li] = req.tasks;
+    plans.push_back(ValueOrThrow(MakePlan(req)));
+    fps[li] = cpu::FingerprintPlan(plans.back(), 0);
+    const nb::list mine = nb::cast<nb::list>(inputs[li]);
+    const size_t nt = descs[li].size();
+    if (mine.size() != nt) {
+      throw nb::value_error(detail::StrCat("inputs[", li, "] must hold one bytes per task (", nt,
+                                           "), got ", mine.size())
+                                .c_str());
+    }
+    inBufs[li].resize(nt);
+    outBufs[li].resize(nt);
+    slots[li].resize(nt);
+    for (size_t i = 0; i < nt; ++i) {
+      size_t inB, outB;
+      TaskBytes(descs[li][i], n, &inB, &outB);
+      nb::bytes b = nb::cast<nb::bytes>(mine[i]);
+      if (b.size() != inB) {
+        throw nb::value_error(
+            detail::StrCat("inputs[", li, "][", i, "] must be ", inB, " bytes, got ", b.size())
+                .c_str());
+      }
+      inBufs[li][i].assign(b.c_str(), b.c_str() + inB);
+      inBufs[li][i].push_back(0);
+      outBufs[li][i].assign(outB + 1, 0);
+      slots[li][i].send = descs[li][i].coll == Coll::kRecv ? nullptr : inBufs[li][i].data();
+      slots[li][i].recv = descs[li][i].coll == Coll::kSend ? nullptr : outBufs[li][i].data();
+    }
+  }
+
+  const int64_t instance = g_processInstance.fetch_add(1);
+  std::mutex errMu;
+  Status firstError;
+  double seconds = 0;
+  {
+    nb::gil_scoped_release release;
+    std::vector<std::thread> threads;
+    for (size_t li = 0; li < nl; ++li) {
+      threads.emplace_back([&, li]() {
+        const int r = localRanks[li];
+        Status s;
+        Clock::time_point t0 = Clock::now();
+        const int total = repeat > 1 ? repeat + 1 : 1;  // one warm-up when timing
+        for (int it = 0; it < total && s.ok(); ++it) {
+          if (it == 1) t0 = Clock::now();
+          cpu::Arrival a;
+          a.rank = r;
+          a.slots = slots[li];
+          a.collFingerprint = fps[li].coll;
+          a.sendHash = fps[li].send;
+          a.recvHash = fps[li].recv;
+          a.tasksText = &fps[li].text;
+          s = comm->Run(
+              cpu::ExecKey{instance, callSite, it}, std::move(a), timeoutS, "run_plan_process",
+              [&](const cpu::ExecContext& ctx) { return cpu::ExecutePlan(plans[li], ctx); });
+        }
+        if (s.ok() && li == 0) {
+          seconds = std::chrono::duration<double>(Clock::now() - t0).count() / repeat;
+        }
+        if (!s.ok()) {
+          std::lock_guard<std::mutex> lock(errMu);
+          if (firstError.ok()) firstError = s;
+        }
+      });
+    }
+    for (std::thread& t : threads) t.join();
+  }
+  ThrowIfError(firstError);
+  RunResult res;
+  res.seconds = seconds;
+  res.outputs.resize(nl);
+  for (size_t li = 0; li < nl; ++li) {
+    for (size_t i = 0; i < descs[li].size(); ++i) {
+      size_t inB, outB;
+      TaskBytes(descs[li][i], n, &inB, &outB);
+      res.outputs[li].push_back(nb::bytes(outBufs[li][i].data(), outB));
+    }
+  }
+  return res;
+}
+
 }  // namespace
 
 void BindExecutorTest(nb::module_& internal) {
+  // set_world lives on the parent module ("<parent>.internal" -> "<parent>").
+  std::string parent = nb::cast<std::string>(internal.attr("__name__"));
+  parent = parent.substr(0, parent.rfind('.'));
+  internal.def(
+      "run_plan_process",
+      [parent](nb::object world, const std::vector<int64_t>& group_devices,
+               const std::vector<int>& local_ranks, const nb::list& tasks, const nb::list& inputs,
+               double timeout_s, const std::string& algorithm, const std::string& protocol,
+               int64_t call_site, int repeat) {
+        if (!world.is_none()) {
+          nb::module_::import_(parent.c_str()).attr("set_world")(world);
+        }
+        RunResult r = RunPlanProcess(group_devices, local_ranks, tasks, inputs, timeout_s,
+                                     algorithm, protocol, call_site, repeat);
+        return std::make_tuple(r.outputs, r.seconds);
+      },
+      nb::arg("world").none(), nb::arg("group_device_ids"), nb::arg("local_ranks"),
+      nb::arg("tasks"), nb::arg("inputs"), nb::arg("timeout_s") = 10.0, nb::arg("algorithm") = "",
+      nb::arg("protocol") = "", nb::arg("call_site") = 0, nb::arg("repeat") = 1,
+      "Runs this process's ranks `local_ranks` of the replica group `group_device_ids` through "
+      "the runtime's communicator (after set_world(world) unless world is None): plans `tasks` "
+      "(one list, or one list per rank of the group) per local rank, runs each as a thread and "
+      "returns (outputs[local index][task] as bytes, seconds per execution on the first local "
+      "rank; with repeat > 1 after one warm-up execution). `call_site` keys the first-use check "
+      "across processes.");
   internal.def(
       "run_plan_threads",
       [](const nb::dict& topology, const nb::list& tasks, const nb::list& inputs, double timeout_s,

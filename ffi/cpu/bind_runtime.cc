@@ -1,17 +1,84 @@
 // Python view of the CPU runtime: the FFI targets and the state type to register with JAX, the
 // runtime's counters and the topology it plans with.
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+
+#include <string>
+#include <utility>
 
 #include "ffi/bindings.h"
 #include "ffi/cpu/comm.h"
 #include "ffi/cpu/handlers.h"
+#include "ffi/cpu/world.h"
 #include "ffi/params.h"
 
 namespace nb = nanobind;
 
 namespace jax_rccl {
 
+namespace {
+
+nb::object Field(const nb::dict& d, const char* key, const char* where) {
+  if (!d.contains(key)) {
+    throw nb::value_error(detail::StrCat("set_world: ", where, " has no '", key, "'").c_str());
+  }
+  return nb::borrow(d[key]);
+}
+
+void SetWorld(const nb::dict& world) {
+  cpu::WorldTable t;
+  try {
+    t.process = nb::cast<int>(Field(world, "process", "world"));
+    t.nprocesses = nb::cast<int>(Field(world, "nprocesses", "world"));
+    t.session = nb::cast<std::string>(Field(world, "session", "world"));
+    nb::object devs = Field(world, "devices", "world");
+    size_t i = 0;
+    for (nb::handle h : devs) {
+      const std::string where = detail::StrCat("devices[", i++, "]");
+      nb::dict d = nb::cast<nb::dict>(h);
+      cpu::WorldDevice wd;
+      wd.id = nb::cast<int64_t>(Field(d, "id", where.c_str()));
+      wd.process = nb::cast<int>(Field(d, "process", where.c_str()));
+      wd.host = nb::cast<std::string>(Field(d, "host", where.c_str()));
+      t.devices.push_back(std::move(wd));
+    }
+  } catch (const nb::cast_error&) {
+    throw nb::type_error(
+        "set_world: expected {'process': int, 'nprocesses': int, 'session': str, 'devices': "
+        "[{'id': int, 'process': int, 'host': str}, ...]}");
+  }
+  ThrowIfError(cpu::SetWorldTable(std::move(t)));
+}
+
+nb::object GetWorld() {
+  std::shared_ptr<const cpu::WorldTable> t = cpu::GetWorldTable();
+  if (!t) return nb::none();
+  nb::dict d;
+  d["process"] = t->process;
+  d["nprocesses"] = t->nprocesses;
+  d["session"] = t->session;
+  nb::list devs;
+  for (const cpu::WorldDevice& wd : t->devices) {
+    nb::dict e;
+    e["id"] = wd.id;
+    e["process"] = wd.process;
+    e["host"] = wd.host;
+    devs.append(e);
+  }
+  d["devices"] = devs;
+  return d;
+}
+
+}  // namespace
+
 void BindRuntime(nb::module_& m) {
+  m.def("set_world", &SetWorld, nb::arg("world"),
+        "Installs the world table of a multi-process run: {'process': this process's index, "
+        "'nprocesses', 'session': hex str (same in every process, unique per run), 'devices': "
+        "[{'id': global device id, 'process', 'host'}, ...]}. Replica groups spanning processes "
+        "of one host then run over shared memory; groups spanning hosts raise "
+        "NotImplementedError.");
+  m.def("world", &GetWorld, "The world table set by set_world, or None.");
   m.def(
       "cpu_ffi_targets",
       []() {

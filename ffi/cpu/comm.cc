@@ -2,8 +2,13 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <sstream>
+#include <thread>
 #include <utility>
+
+#include "ffi/cpu/shm.h"
+#include "ffi/cpu/transport_host.h"
 
 namespace jax_rccl {
 namespace cpu {
@@ -59,6 +64,46 @@ uint64_t P2pTransferHash(int src, int dst, int k, uint64_t bytes) {
   return HashMix(h, bytes);
 }
 
+CallFingerprint FingerprintPlan(const Plan& plan, uint64_t seed) {
+  CallFingerprint f;
+  const int n = plan.nRanks;
+  uint64_t fp = HashMix(0, seed);
+  std::vector<int> sentTo(size_t(std::max(n, 1)), 0), receivedFrom(size_t(std::max(n, 1)), 0);
+  std::ostringstream text;
+  int listed = 0;
+  for (const TaskPlan& tp : plan.tasks) {
+    const bool p2p = tp.coll == Coll::kSend || tp.coll == Coll::kRecv;
+    if (listed < 6) {
+      text << (listed ? "; " : "") << CollName(tp.coll) << " " << DataTypeName(tp.dtype) << " x"
+           << tp.count;
+      if (p2p) text << (tp.coll == Coll::kSend ? " to " : " from ") << tp.peer;
+      if (tp.coll == Coll::kBroadcast || tp.coll == Coll::kReduce) text << " root " << tp.root;
+      ++listed;
+    } else if (listed == 6) {
+      text << "; ... (" << plan.tasks.size() << " tasks)";
+      ++listed;
+    }
+    if (p2p) {
+      if (tp.peer < 0 || tp.peer >= n) continue;
+      const uint64_t bytes = tp.count * DataTypeSize(tp.dtype);
+      if (tp.coll == Coll::kSend)
+        f.send += P2pTransferHash(plan.rank, tp.peer, sentTo[size_t(tp.peer)]++, bytes);
+      else
+        f.recv += P2pTransferHash(tp.peer, plan.rank, receivedFrom[size_t(tp.peer)]++, bytes);
+      continue;
+    }
+    for (uint64_t v : {static_cast<uint64_t>(tp.coll), tp.count, static_cast<uint64_t>(tp.dtype),
+                       static_cast<uint64_t>(tp.opFull.op), static_cast<uint64_t>(tp.root),
+                       static_cast<uint64_t>(static_cast<int>(tp.algo) + 1)}) {
+      fp = HashMix(fp, v);
+    }
+  }
+  if (plan.tasks.empty()) text << "nothing";
+  f.coll = fp;
+  f.text = text.str();
+  return f;
+}
+
 namespace {
 
 template <typename T>
@@ -107,7 +152,23 @@ Communicator::Communicator(std::vector<int64_t> devices, TopologyView topo,
       topo_(topo),
       transport_(std::move(transport)),
       served_(devices_.size(), 0) {
+  placement_.process.assign(devices_.size(), 0);
+  placement_.local.assign(devices_.size(), 1);
+  placement_.processes = {0};
+  nLocal_ = static_cast<int>(devices_.size());
   Stats().communicators.fetch_add(1);
+}
+
+Communicator::Communicator(std::vector<int64_t> devices, TopologyView topo,
+                           std::unique_ptr<HostTransport> transport, GroupPlacement placement,
+                           std::unique_ptr<ShmGroup> shm)
+    : Communicator(std::move(devices), topo, std::move(transport)) {
+  placement_ = std::move(placement);
+  shm_ = std::move(shm);
+  shmTransport_ = dynamic_cast<HostFifoTransport*>(transport_.get());
+  nLocal_ = 0;
+  for (uint8_t l : placement_.local) nLocal_ += l ? 1 : 0;
+  verified_.resize(devices_.size());
 }
 
 Communicator::~Communicator() {
@@ -117,6 +178,21 @@ Communicator::~Communicator() {
 
 std::string Communicator::DevicesString() const {
   return ListString(devices_);
+}
+
+std::string Communicator::RankString(int rank) const {
+  if (!crossProcess()) return detail::StrCat("rank ", rank, " (device ", devices_[rank], ")");
+  return detail::StrCat("rank ", rank, " (device ", devices_[rank], ", process ",
+                        placement_.process[rank], ")");
+}
+
+std::string Communicator::PlacementString() const {
+  std::ostringstream os;
+  for (int r = 0; r < nRanks(); ++r) {
+    os << (r ? ", " : "") << "rank " << r << " = device " << devices_[r] << " in process "
+       << placement_.process[r];
+  }
+  return os.str();
 }
 
 Status Communicator::FailedError(const std::string& name) const {
@@ -137,6 +213,7 @@ void Communicator::Fail(const std::string& reason) {
   pending_.clear();
   cv_.notify_all();
   if (transport_) transport_->WakeAll();
+  if (shm_) shm_->UnlinkAll();
 }
 
 std::shared_ptr<Execution> Communicator::Join(const ExecKey& key, Arrival arrival, Status* error) {
@@ -172,22 +249,29 @@ std::shared_ptr<Execution> Communicator::Join(const ExecKey& key, Arrival arriva
                               DevicesString(), " cannot run the call: ", arrival.error.message()));
     cv_.notify_all();
   }
-  if (++e->arrived < n) return e;
+  if (++e->arrived < nLocal_) return e;
 
-  // The last rank: check the ranks agree, hand out the ticket, retire the entry.
+  // The last (local) rank: check the ranks agree, hand out the ticket, retire the entry. Across
+  // processes only the local ranks are compared here (the others at the call site's first use).
   std::vector<int> differ;
-  for (int q = 1; q < n; ++q) {
-    if (e->collFingerprints[q] != e->collFingerprints[0]) differ.push_back(q);
+  int first = -1;
+  for (int q = 0; q < n; ++q) {
+    if (!e->present[q]) continue;
+    if (first < 0) {
+      first = q;
+    } else if (e->collFingerprints[q] != e->collFingerprints[first]) {
+      differ.push_back(q);
+    }
   }
+  if (crossProcess()) e->sendSum = e->recvSum = 0;
   if (e->errorRank >= 0) {
     // verdict already set
   } else if (!differ.empty() || e->sendSum != e->recvSum) {
     Stats().mismatches.fetch_add(1);
     std::string what =
         !differ.empty()
-            ? detail::StrCat("ranks ", ListString(differ),
-                             " planned a different call than rank 0 (counts, dtypes, ops, roots "
-                             "or algorithms differ)")
+            ? detail::StrCat("ranks ", ListString(differ), " planned a different call than rank ",
+                             first, " (counts, dtypes, ops, roots or algorithms differ)")
             : std::string(
                   "their sends and receives do not pair up (counts or dtypes differ "
                   "between a sender and its receiver)");
@@ -214,7 +298,7 @@ Status Communicator::WaitComplete(Execution& e, int rank, Clock::time_point dead
       std::vector<int> missing;
       std::vector<int64_t> missingDevices;
       for (int q = 0; q < nRanks(); ++q) {
-        if (!e.present[q]) {
+        if (!e.present[q] && placement_.local[q]) {
           missing.push_back(q);
           missingDevices.push_back(devices_[q]);
         }
@@ -297,13 +381,120 @@ Status Communicator::Barrier(Execution& e, int rank, Clock::time_point deadline,
   return Status::Ok();
 }
 
+Status Communicator::Connect(Clock::time_point deadline, double timeout, const std::string& name) {
+  std::lock_guard<std::mutex> lock(connectMu_);
+  if (connected_) return Status::Ok();
+  int missing = -1;
+  Status s = shm_->OpenRemote(deadline, &failed_, &missing);
+  if (!s.ok()) {
+    if (s.code() != Code::kTimeout || missing < 0) return s;
+    Stats().rendezvousTimeouts.fetch_add(1);
+    JR_FAIL(Code::kTimeout, "jax_rccl: '", name, "' timed out after ", timeout,
+            " s (JAX_RCCL_TIMEOUT) waiting for ", RankString(missing), " of the group of devices ",
+            DevicesString(), " to create its shared-memory segment ", shm_->Name(missing),
+            ": process ", placement_.process[missing],
+            " never joined this group (did it make the same call?)");
+  }
+  for (int r = 0; r < nRanks(); ++r) shmTransport_->AttachRegion(r, shm_->Region(r));
+  connected_ = true;
+  return Status::Ok();
+}
+
+Status Communicator::CheckCallSite(int64_t callSite, int rank, const CallFingerprint& mine,
+                                   Clock::time_point deadline, double timeout,
+                                   const std::string& name) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const auto& v = verified_[rank];
+    if (std::find(v.begin(), v.end(), callSite) != v.end()) return Status::Ok();
+  }
+  ShmFingerprint fp;
+  fp.coll = mine.coll;
+  fp.send = mine.send;
+  fp.recv = mine.recv;
+  fp.text = mine.text;
+  const bool posted = shm_->PostFingerprint(rank, callSite, fp);
+  std::vector<ShmFingerprint> all(static_cast<size_t>(nRanks()));
+  std::vector<int> state(static_cast<size_t>(nRanks()), 0);  // 1 found, -1 skipped
+  all[size_t(rank)] = fp;
+  state[size_t(rank)] = posted ? 1 : -1;
+  int sleepUs = 20;
+  while (true) {
+    int waitingFor = -1;
+    for (int q = 0; q < nRanks(); ++q) {
+      if (state[size_t(q)] != 0) continue;
+      state[size_t(q)] = shm_->FindFingerprint(q, callSite, &all[size_t(q)]);
+      if (state[size_t(q)] == 0 && waitingFor < 0) waitingFor = q;
+    }
+    if (waitingFor < 0) break;
+    if (failed_.load()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      return FailedError(name);
+    }
+    if (Clock::now() >= deadline) {
+      Stats().rendezvousTimeouts.fetch_add(1);
+      JR_FAIL(Code::kTimeout, "jax_rccl: '", name, "' timed out after ", timeout,
+              " s (JAX_RCCL_TIMEOUT) waiting for ", RankString(waitingFor),
+              " of the group of devices ", DevicesString(), " to reach call site ", callSite,
+              " (did process ", placement_.process[waitingFor], " make this call?)");
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(sleepUs));
+    sleepUs = std::min(sleepUs * 2, 2000);
+  }
+  // Every rank with an entry must have planned the same collectives; the point-to-point sums
+  // must pair up when every rank posted.
+  int other = -1;
+  bool allFound = true;
+  uint64_t sendSum = 0, recvSum = 0;
+  for (int q = 0; q < nRanks(); ++q) {
+    if (state[size_t(q)] != 1) {
+      allFound = false;
+      continue;
+    }
+    sendSum += all[size_t(q)].send;
+    recvSum += all[size_t(q)].recv;
+    if (other < 0 && all[size_t(q)].coll != mine.coll) other = q;
+  }
+  if (other >= 0 || (allFound && sendSum != recvSum)) {
+    Stats().mismatches.fetch_add(1);
+    if (other >= 0) {
+      JR_FAIL(Code::kInvalidUsage, "jax_rccl: '", name, "': the ranks of devices ", DevicesString(),
+              " disagree on call site ", callSite, ": ", RankString(rank), " has tasks '",
+              mine.text, "' but ", RankString(other), " has tasks '", all[size_t(other)].text,
+              "' (counts, dtypes, ops, roots or algorithms differ)");
+    }
+    std::ostringstream os;
+    for (int q = 0; q < nRanks(); ++q) {
+      os << (q ? "; " : "") << RankString(q) << ": '" << all[size_t(q)].text << "'";
+    }
+    JR_FAIL(Code::kInvalidUsage, "jax_rccl: '", name, "': the ranks of devices ", DevicesString(),
+            " disagree on call site ", callSite,
+            ": their sends and receives do not pair up (counts or dtypes differ between a sender "
+            "and its receiver): ",
+            os.str());
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  verified_[rank].push_back(callSite);
+  return Status::Ok();
+}
+
 Status Communicator::Run(const ExecKey& key, Arrival arrival, double timeout,
                          const std::string& name,
                          const std::function<Status(const ExecContext&)>& body) {
   const int rank = arrival.rank;
   JR_REQUIRE(rank >= 0 && rank < nRanks(), Code::kInternal, "jax_rccl: rank ", rank,
              " out of range for the group of devices ", DevicesString());
+  JR_REQUIRE(placement_.local[rank], Code::kInternal, "jax_rccl: ", RankString(rank),
+             " of the group of devices ", DevicesString(), " does not belong to this process (",
+             placement_.thisProcess, ")");
   const Clock::time_point deadline = DeadlineIn(timeout);
+  CallFingerprint mine;
+  if (crossProcess()) {
+    mine.coll = arrival.collFingerprint;
+    mine.send = arrival.sendHash;
+    mine.recv = arrival.recvHash;
+    if (arrival.tasksText != nullptr) mine.text = *arrival.tasksText;
+  }
   std::shared_ptr<Execution> e;
   {
     std::unique_lock<std::mutex> lock(mu_);
@@ -336,11 +527,37 @@ Status Communicator::Run(const ExecKey& key, Arrival arrival, double timeout,
   ctx.aborted = &failed_;
   ctx.name = name;
   BarrierCall call{this, e.get(), rank, ctx.deadline, &name};
-  ctx.barrier = [c = &call]() -> Status {
-    return c->comm->Barrier(*c->e, c->rank, c->deadline, *c->name);
-  };
+  if (crossProcess()) {
+    ctx.barrier = [c = &call]() -> Status {
+      JR_FAIL(Code::kUnsupported, "jax_rccl: '", *c->name,
+              "': the Direct algorithm reads the peers' buffers in place and needs every rank of "
+              "the group in one process; the group of devices ",
+              c->comm->DevicesString(), " spans processes (use Ring or Tree)");
+    };
+  } else {
+    ctx.barrier = [c = &call]() -> Status {
+      return c->comm->Barrier(*c->e, c->rank, c->deadline, *c->name);
+    };
+  }
 
-  Status result = body(ctx);
+  Status result;
+  bool failComm = true;
+  if (crossProcess()) {
+    result = Connect(ctx.deadline, timeout, name);
+    if (result.ok()) {
+      shm_->MaybeUnlink();
+      result = CheckCallSite(key.callSite, rank, mine, ctx.deadline, timeout, name);
+      // A disagreement touched no FIFO: the communicator stays usable.
+      if (!result.ok() && result.code() == Code::kInvalidUsage) failComm = false;
+    }
+  }
+  if (result.ok()) {
+    result = body(ctx);
+    if (!result.ok() && crossProcess() && result.code() == Code::kTimeout) {
+      result = Status(result.code(), detail::StrCat(result.message(), " [the group of devices ",
+                                                    DevicesString(), ": ", PlacementString(), "]"));
+    }
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     ++served_[rank];
@@ -349,7 +566,7 @@ Status Communicator::Run(const ExecKey& key, Arrival arrival, double timeout,
   if (!result.ok()) {
     JR_STATUS_FRAME_(result);
     // The other ranks may wait on this one inside the executor: stop them.
-    Fail(result.message());
+    if (failComm) Fail(result.message());
   }
   return result;
 }
@@ -366,9 +583,27 @@ StatusOr<Communicator*> World::GetOrCreate(const std::vector<int64_t>& devices,
   std::lock_guard<std::mutex> lock(mu_);
   auto it = comms_.find(devices);
   if (it != comms_.end()) return it->second.get();
+  JR_ASSIGN_OR_RETURN(GroupPlacement placement, PlaceGroup(devices));
   TopologyView topo = CpuTopology(static_cast<int>(devices.size()), params);
-  JR_ASSIGN_OR_RETURN(std::unique_ptr<HostTransport> transport, MakeHostTransport(topo));
-  auto comm = std::make_unique<Communicator>(devices, topo, std::move(transport));
+  std::unique_ptr<Communicator> comm;
+  if (!placement.crossProcess) {
+    JR_ASSIGN_OR_RETURN(std::unique_ptr<HostTransport> transport, MakeHostTransport(topo));
+    comm = std::make_unique<Communicator>(devices, topo, std::move(transport));
+  } else {
+    // One host, several processes: shared-memory FIFOs; no rank reads another's buffers.
+    topo.intraLink = LinkKind::kShm;
+    topo.directPeers = false;
+    auto transport = std::make_unique<HostFifoTransport>(topo, /*shared=*/true);
+    uint64_t h = 0x243f6a8885a308d3ull;
+    for (int64_t d : devices) h = HashMix(h, static_cast<uint64_t>(d));
+    char hex[17];
+    std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(h));
+    auto shm = std::make_unique<ShmGroup>(detail::StrCat("/jrccl.", placement.session, ".", hex),
+                                          placement, transport->geometry());
+    JR_CHECK(shm->CreateLocal());
+    comm = std::make_unique<Communicator>(devices, topo, std::move(transport), placement,
+                                          std::move(shm));
+  }
   Communicator* out = comm.get();
   comms_.emplace(devices, std::move(comm));
   return out;

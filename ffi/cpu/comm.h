@@ -2,6 +2,15 @@
 // first use in this process, each with its topology view, its host transport and the rendezvous
 // through which the ranks of one execution meet.
 //
+// A group whose devices all belong to this process runs in-process (loopback links, Direct reads of
+// peers' buffers, heap FIFOs). A group spanning processes of one host (the world table,
+// world.h) holds this process's ranks only: its topology has shm links and no direct peers (the
+// planner picks Ring, Tree or p2p), and its FIFO transport lives in shared-memory segments
+// (shm.h), one per rank, mapped on the first execution. Local ranks meet at the rendezvous as
+// below; ranks in other processes are synchronized by the FIFOs themselves. On the first use of a
+// call site every rank posts its call fingerprint and a short text of its tasks in its segment
+// and compares them with every peer's before running.
+//
 // An execution is one call of one call site: its n invocations (one per device of the group) run
 // on n threads of the CPU client's pool and meet under the key (instance, call site, run id).
 // Executions of one communicator run through its FIFOs one after another: when the last rank of an
@@ -22,6 +31,7 @@
 #include <vector>
 
 #include "ffi/cpu/executor.h"
+#include "ffi/cpu/world.h"
 #include "ffi/params.h"
 #include "ffi/planner/status.h"
 #include "ffi/planner/types.h"
@@ -60,6 +70,18 @@ struct ExecKey {
   }
 };
 
+// What the ranks of a call compare: a hash of the collective tasks (equal on every rank), the
+// rank-independent sums over the point-to-point transfers (sends of all ranks pair with receives
+// of all ranks), and a short text of the tasks for messages.
+struct CallFingerprint {
+  uint64_t coll = 0;
+  uint64_t send = 0;
+  uint64_t recv = 0;
+  std::string text;
+};
+// The fingerprint of `plan` (built for plan.rank); `seed` distinguishes call kinds.
+CallFingerprint FingerprintPlan(const Plan& plan, uint64_t seed);
+
 // What a rank brings to the rendezvous.
 struct Arrival {
   int rank = 0;
@@ -70,6 +92,8 @@ struct Arrival {
   // the receives of all ranks, so the two totals over the group agree.
   uint64_t sendHash = 0;
   uint64_t recvHash = 0;
+  // The text of its tasks (for messages across processes; may be null).
+  const std::string* tasksText = nullptr;
   // Set when the rank cannot take part (its plan failed to build): the execution then fails on
   // every rank at once instead of the others waiting for the deadline.
   Status error;
@@ -81,14 +105,26 @@ uint64_t P2pTransferHash(int src, int dst, int k, uint64_t bytes);
 uint64_t HashMix(uint64_t h, uint64_t v);
 
 struct Execution;
+class ShmGroup;
+class HostFifoTransport;
 
 class Communicator {
  public:
+  // In-process: every rank of `devices` belongs to this process.
   Communicator(std::vector<int64_t> devices, TopologyView topo,
                std::unique_ptr<HostTransport> transport);
+  // Across processes: `placement` says which ranks are local; `shm` holds the segments (this
+  // process's already created) and `transport` is the shared FIFO transport over them.
+  Communicator(std::vector<int64_t> devices, TopologyView topo,
+               std::unique_ptr<HostTransport> transport, GroupPlacement placement,
+               std::unique_ptr<ShmGroup> shm);
   ~Communicator();
 
   int nRanks() const { return static_cast<int>(devices_.size()); }
+  bool crossProcess() const { return placement_.crossProcess; }
+  const GroupPlacement& placement() const { return placement_; }
+  // "rank r (device d, process p)", for messages.
+  std::string RankString(int rank) const;
   const std::vector<int64_t>& devices() const { return devices_; }
   const TopologyView& topo() const { return topo_; }
   bool failed() const { return failed_.load(std::memory_order_acquire); }
@@ -115,6 +151,14 @@ class Communicator {
                   std::unique_lock<std::mutex>& lock);
   Status Barrier(Execution& e, int rank, Clock::time_point deadline, const std::string& name);
   Status FailedError(const std::string& name) const;  // requires mu_
+  // Across processes, before the first execution: maps every peer's segment (once).
+  Status Connect(Clock::time_point deadline, double timeout, const std::string& name);
+  // Across processes, the first use of a call site by `rank`: posts its fingerprint and compares
+  // it with every peer's.
+  Status CheckCallSite(int64_t callSite, int rank, const CallFingerprint& mine,
+                       Clock::time_point deadline, double timeout, const std::string& name);
+  // "rank 0 = device 0 in process 0, ..." (cross-process messages).
+  std::string PlacementString() const;
 
   const std::vector<int64_t> devices_;
   const TopologyView topo_;
@@ -127,13 +171,24 @@ class Communicator {
   std::map<ExecKey, std::shared_ptr<Execution>> pending_;  // executions not all ranks reached
   uint64_t nextTicket_ = 0;
   std::vector<uint64_t> served_;  // by rank: tickets it has run
+
+  // Across processes.
+  GroupPlacement placement_;
+  int nLocal_ = 0;
+  std::unique_ptr<ShmGroup> shm_;
+  HostFifoTransport* shmTransport_ = nullptr;
+  std::mutex connectMu_;
+  bool connected_ = false;
+  std::vector<std::vector<int64_t>> verified_;  // by rank: call sites checked (under mu_)
 };
 
 // The communicators of this process, keyed by their group.
 class World {
  public:
   static World& Get();
-  // The communicator of `devices` (rank order), formed with `params` on first use.
+  // The communicator of `devices` (rank order), formed with `params` on first use: in-process
+  // when every device is local, over shared memory when the group spans processes of one host
+  // (the world table), an error (kUnsupported) when it spans hosts.
   StatusOr<Communicator*> GetOrCreate(const std::vector<int64_t>& devices, const Params& params);
 
  private:

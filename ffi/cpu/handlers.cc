@@ -230,6 +230,7 @@ struct DeviceSlot {
   std::vector<uint8_t> zeroBefore, zeroAfter;  // by leaf: outputs this rank zeroes
   std::unique_ptr<uint64_t[]> scalarCells;     // premul == 2: one per leaf
   uint64_t collFingerprint = 0, sendHash = 0, recvHash = 0;
+  std::string tasksText;  // for messages across processes
 };
 
 }  // namespace
@@ -503,6 +504,7 @@ Status BuildPlan(const CpuState& st, DeviceSlot& slot, const ffi::RemainingArgs&
     plan->rank = slot.rank;
     plan->nRanks = n;
     slot.collFingerprint = HashMix(0, static_cast<uint64_t>(st.kind));
+    slot.tasksText = detail::StrCat(KindName(st.kind), ": nothing");
     slot.plan = std::move(plan);
     Stats().plansBuilt.fetch_add(1);
     return Status::Ok();
@@ -519,25 +521,13 @@ Status BuildPlan(const CpuState& st, DeviceSlot& slot, const ffi::RemainingArgs&
   JR_ASSIGN_OR_RETURN(Plan plan, MakePlan(req));
   if (st.params.debug == "INFO" || st.params.debug == "TRACE") LogPlan(st, slot.rank, plan);
 
-  // What the other ranks check at the rendezvous.
-  uint64_t fp = HashMix(0, static_cast<uint64_t>(st.kind));
-  std::vector<int> sentTo(n, 0), receivedFrom(n, 0);
-  for (const TaskPlan& tp : plan.tasks) {
-    if (tp.coll == Coll::kSend || tp.coll == Coll::kRecv) {
-      const uint64_t bytes = tp.count * DataTypeSize(tp.dtype);
-      if (tp.coll == Coll::kSend)
-        slot.sendHash += P2pTransferHash(slot.rank, tp.peer, sentTo[tp.peer]++, bytes);
-      else
-        slot.recvHash += P2pTransferHash(tp.peer, slot.rank, receivedFrom[tp.peer]++, bytes);
-      continue;
-    }
-    for (uint64_t v : {static_cast<uint64_t>(tp.coll), tp.count, static_cast<uint64_t>(tp.dtype),
-                       static_cast<uint64_t>(tp.opFull.op), static_cast<uint64_t>(tp.root),
-                       static_cast<uint64_t>(static_cast<int>(tp.algo) + 1)}) {
-      fp = HashMix(fp, v);
-    }
-  }
-  slot.collFingerprint = fp;
+  // What the other ranks check at the rendezvous (and, across processes, at the call site's
+  // first use).
+  CallFingerprint fp = FingerprintPlan(plan, static_cast<uint64_t>(st.kind));
+  slot.sendHash = fp.send;
+  slot.recvHash = fp.recv;
+  slot.tasksText = detail::StrCat(KindName(st.kind), ": ", fp.text);
+  slot.collFingerprint = fp.coll;
   slot.plan = std::make_unique<Plan>(std::move(plan));
   Stats().plansBuilt.fetch_add(1);
   return Status::Ok();
@@ -612,6 +602,7 @@ Status Execute(CpuState& st, int64_t device, int64_t runId, const ffi::Remaining
     arrival.collFingerprint = slot.collFingerprint;
     arrival.sendHash = slot.sendHash;
     arrival.recvHash = slot.recvHash;
+    arrival.tasksText = &slot.tasksText;
     arrival.slots.resize(slot.sources.size());
     for (size_t t = 0; t < slot.sources.size(); ++t) {
       const SlotSource& s = slot.sources[t];

@@ -1,5 +1,5 @@
-// The in-process host transport: FIFO connections in host memory and futex doorbells (see
-// transport_host.h).
+// The host transport: FIFO connections and futex doorbells, in process memory or in shared
+// memory (see transport_host.h).
 #include <linux/futex.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -16,83 +16,124 @@ namespace cpu {
 
 namespace {
 
-void FutexWait(std::atomic<uint32_t>* word, uint32_t expected, int64_t timeoutNs) {
+void FutexWait(std::atomic<uint32_t>* word, uint32_t expected, int64_t timeoutNs, bool shared) {
   struct timespec ts;
   ts.tv_sec = timeoutNs / 1000000000;
   ts.tv_nsec = timeoutNs % 1000000000;
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT_PRIVATE, expected, &ts, nullptr,
-          0);
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), shared ? FUTEX_WAIT : FUTEX_WAIT_PRIVATE,
+          expected, &ts, nullptr, 0);
 }
 
-void FutexWakeAll(std::atomic<uint32_t>* word) {
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE_PRIVATE, INT_MAX, nullptr,
-          nullptr, 0);
+void FutexWakeAll(std::atomic<uint32_t>* word, bool shared) {
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), shared ? FUTEX_WAKE : FUTEX_WAKE_PRIVATE,
+          INT_MAX, nullptr, nullptr, 0);
 }
 
 static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t), "futex word is 32 bits");
 
 }  // namespace
 
-HostFifoTransport::HostFifoTransport(const TopologyView& topo)
-    : nRanks_(topo.nRanks),
-      nChannels_(std::min(kMaxChannels, std::max({topo.nChannels, topo.p2pnChannels, 1}))) {
+TransportGeometry GeometryOf(const TopologyView& topo) {
+  TransportGeometry g;
+  g.nRanks = topo.nRanks;
+  g.nChannels = std::min(kMaxChannels, std::max({topo.nChannels, topo.p2pnChannels, 1}));
   int64_t step = 0;
   for (int p = 0; p < kNumProtos; ++p) {
-    stepBytes_[p] = topo.buffSizes[p] / kSteps;
-    step = std::max<int64_t>(step, stepBytes_[p]);
+    g.stepBytes[p] = topo.buffSizes[p] / kSteps;
+    step = std::max<int64_t>(step, g.stepBytes[p]);
   }
   // Keep slots 64-byte aligned so the reduce loops see aligned data.
-  slotBytes_ = std::max<int64_t>(64, (step + 63) / 64 * 64);
-  bells_.reset(new Doorbell[nRanks_]);
-  opArgs_.resize(size_t(nRanks_));
-  const size_t n = size_t(nChannels_) * nRanks_ * nRanks_;
+  g.slotBytes = std::max<int64_t>(64, (step + 63) / 64 * 64);
+  return g;
+}
+
+void RankRegion::Init(char* region, const TransportGeometry& g) {
+  for (int c = 0; c < g.nChannels; ++c) {
+    for (int f = 0; f < g.nRanks; ++f) {
+      const int64_t h = HeaderOffset(g, c, f);
+      HostConn* conn = reinterpret_cast<HostConn*>(region + h);
+      conn->slotBytes = g.slotBytes;
+      conn->dataOffset = DataOffset(g, c, f) - h;
+    }
+  }
+}
+
+HostFifoTransport::HostFifoTransport(const TopologyView& topo) : HostFifoTransport(topo, false) {}
+
+HostFifoTransport::HostFifoTransport(const TopologyView& topo, bool shared)
+    : geo_(GeometryOf(topo)), shared_(shared) {
+  opArgs_.resize(size_t(geo_.nRanks));
+  if (shared_) {
+    regions_.assign(size_t(geo_.nRanks), nullptr);
+    return;
+  }
+  bells_.reset(new Doorbell[geo_.nRanks]);
+  const size_t n = size_t(geo_.nChannels) * geo_.nRanks * geo_.nRanks;
   conns_.reset(new std::atomic<HostConn*>[n]);
   for (size_t i = 0; i < n; ++i) conns_[i].store(nullptr, std::memory_order_relaxed);
 }
 
 HostFifoTransport::~HostFifoTransport() = default;
 
+void HostFifoTransport::AttachRegion(int rank, char* region) {
+  if (shared_ && rank >= 0 && rank < geo_.nRanks) regions_[size_t(rank)] = region;
+}
+
+Doorbell& HostFifoTransport::Bell(int rank) const {
+  if (shared_) return *reinterpret_cast<Doorbell*>(regions_[size_t(rank)]);
+  return bells_[rank];
+}
+
 HostConn* HostFifoTransport::Conn(int channel, int from, int to) {
-  if (channel < 0 || channel >= nChannels_ || from < 0 || from >= nRanks_ || to < 0 ||
-      to >= nRanks_) {
+  const int n = geo_.nRanks;
+  if (channel < 0 || channel >= geo_.nChannels || from < 0 || from >= n || to < 0 || to >= n) {
     return nullptr;
   }
-  std::atomic<HostConn*>& cell = conns_[(size_t(channel) * nRanks_ + from) * nRanks_ + to];
+  if (shared_) {
+    char* region = regions_[size_t(to)];
+    if (region == nullptr) return nullptr;
+    return reinterpret_cast<HostConn*>(region + RankRegion::HeaderOffset(geo_, channel, from));
+  }
+  std::atomic<HostConn*>& cell = conns_[(size_t(channel) * n + from) * n + to];
   HostConn* c = cell.load(std::memory_order_acquire);
   if (c != nullptr) return c;
   std::lock_guard<std::mutex> lock(allocMu_);
   c = cell.load(std::memory_order_acquire);
   if (c != nullptr) return c;
-  auto conn = std::unique_ptr<HostConn>(new (std::nothrow) HostConn());
-  auto buf = std::unique_ptr<char[]>(new (std::nothrow) char[size_t(slotBytes_) * kSteps + 64]);
-  if (!conn || !buf) return nullptr;
-  const uintptr_t p = reinterpret_cast<uintptr_t>(buf.get());
-  conn->buffer = reinterpret_cast<char*>((p + 63) / 64 * 64);
-  conn->slotBytes = slotBytes_;
-  c = conn.get();
-  owned_.push_back(std::move(conn));
-  buffers_.push_back(std::move(buf));
+  // One block: the header, then the slots (64-byte aligned), the slots at a fixed offset.
+  constexpr int64_t kHeader = RankRegion::kConnHeaderBytes;
+  auto block = std::unique_ptr<char[]>(
+      new (std::nothrow) char[size_t(kHeader + geo_.slotBytes * kSteps + 64)]);
+  if (!block) return nullptr;
+  const uintptr_t p = reinterpret_cast<uintptr_t>(block.get());
+  char* base = reinterpret_cast<char*>((p + 63) / 64 * 64);
+  c = new (base) HostConn();
+  c->slotBytes = geo_.slotBytes;
+  c->dataOffset = kHeader;
+  blocks_.push_back(std::move(block));
   cell.store(c, std::memory_order_release);
   return c;
 }
 
 void HostFifoTransport::Ring(int rank) {
-  Doorbell& b = bells_[rank];
+  Doorbell& b = Bell(rank);
   b.seq.fetch_add(1, std::memory_order_seq_cst);
-  if (b.waiters.load(std::memory_order_seq_cst) != 0) FutexWakeAll(&b.seq);
+  if (b.waiters.load(std::memory_order_seq_cst) != 0) FutexWakeAll(&b.seq, shared_);
 }
 
 void HostFifoTransport::Wait(int rank, uint32_t seen, int64_t timeoutNs) {
-  Doorbell& b = bells_[rank];
+  Doorbell& b = Bell(rank);
   b.waiters.fetch_add(1, std::memory_order_seq_cst);
-  if (b.seq.load(std::memory_order_seq_cst) == seen) FutexWait(&b.seq, seen, timeoutNs);
+  if (b.seq.load(std::memory_order_seq_cst) == seen) FutexWait(&b.seq, seen, timeoutNs, shared_);
   b.waiters.fetch_sub(1, std::memory_order_seq_cst);
 }
 
 void HostFifoTransport::WakeAll() {
-  for (int r = 0; r < nRanks_; ++r) {
-    bells_[r].seq.fetch_add(1, std::memory_order_seq_cst);
-    FutexWakeAll(&bells_[r].seq);
+  for (int r = 0; r < geo_.nRanks; ++r) {
+    if (shared_ && regions_[size_t(r)] == nullptr) continue;
+    Doorbell& b = Bell(r);
+    b.seq.fetch_add(1, std::memory_order_seq_cst);
+    FutexWakeAll(&b.seq, shared_);
   }
 }
 

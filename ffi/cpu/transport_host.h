@@ -1,5 +1,5 @@
-// The in-process host transport (private to ffi/cpu/): per channel and directed pair of ranks a
-// FIFO connection of kSteps slots, and per rank a doorbell that waiters sleep on.
+// The host transport (private to ffi/cpu/): per channel and directed pair of ranks a FIFO
+// connection of kSteps slots, and per rank a doorbell that waiters sleep on.
 //
 // A connection has a `tail` (steps the sender filled) and a `head` (steps the receiver consumed),
 // both monotonic 64-bit counters that persist across executions, like RCCL's connection step
@@ -8,12 +8,22 @@
 // step s when tail > s (acquire), reads the slot in place, then publishes head = s + 1 and rings
 // the sender's doorbell. Each slot records the bytes written, which the receiver checks.
 //
+// Connections hold no pointers: a connection's slots lie at a fixed offset from its header, so
+// the same layout works in process memory and in shared memory mapped at different addresses.
+// Storage comes from the heap (every rank in this process: connections allocated on first use)
+// or from one region per rank (ranks in several processes: rank t's region, in its shared-memory
+// segment, holds t's doorbell and the connections from every rank to t on every channel; see
+// RankRegion below and ffi/cpu/shm.h).
+//
 // Doorbells: a sequence number bumped on every post, and a futex waiters sleep on with a timeout
 // (no busy spinning). A waiter samples the sequence before checking its conditions, so a post it
-// missed changes the sequence and the futex wait returns at once.
+// missed changes the sequence and the futex wait returns at once. Futexes of a shared transport
+// are process-shared (FUTEX_WAIT/FUTEX_WAKE without _PRIVATE): a post in one process wakes a
+// waiter in another.
 #pragma once
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -30,9 +40,12 @@ struct alignas(64) HostConn {
   std::atomic<uint64_t> head{0};  // written by the receiver
   char pad1[64 - sizeof(std::atomic<uint64_t>)];
   int64_t slotSizes[kSteps] = {};  // bytes in each slot (written before tail is published)
-  char* buffer = nullptr;          // kSteps slots of slotBytes
   int64_t slotBytes = 0;
-  char* Slot(uint64_t step) const { return buffer + int64_t(step % kSteps) * slotBytes; }
+  int64_t dataOffset = 0;  // bytes from this header to slot 0 (kSteps slots of slotBytes)
+  char* Slot(uint64_t step) const {
+    return const_cast<char*>(reinterpret_cast<const char*>(this)) + dataOffset +
+           int64_t(step % kSteps) * slotBytes;
+  }
 };
 
 struct alignas(64) Doorbell {
@@ -40,27 +53,76 @@ struct alignas(64) Doorbell {
   std::atomic<uint32_t> waiters{0};
 };
 
+static_assert(sizeof(std::atomic<uint64_t>) == 8 && sizeof(std::atomic<uint32_t>) == 4,
+              "lock-free words of the shared layout");
+
+// The sizes every process of a group derives from the topology alone.
+struct TransportGeometry {
+  int nRanks = 0;
+  int nChannels = 0;
+  int64_t slotBytes = 0;  // the largest step of any protocol, 64-byte aligned
+  int64_t stepBytes[kNumProtos] = {};
+};
+TransportGeometry GeometryOf(const TopologyView& topo);
+
+// One rank's region: its doorbell, then the headers of the connections to it
+// ([channel][from]), then their slots. Offsets are from the region's start.
+struct RankRegion {
+  static constexpr int64_t kConnHeaderBytes = 256;
+  static constexpr int64_t kHeadersOffset = 4096;  // the doorbell owns the first page
+  static int64_t ConnIndex(const TransportGeometry& g, int channel, int from) {
+    return int64_t(channel) * g.nRanks + from;
+  }
+  static int64_t HeaderOffset(const TransportGeometry& g, int channel, int from) {
+    return kHeadersOffset + ConnIndex(g, channel, from) * kConnHeaderBytes;
+  }
+  static int64_t DataStart(const TransportGeometry& g) {
+    const int64_t end = kHeadersOffset + int64_t(g.nChannels) * g.nRanks * kConnHeaderBytes;
+    return (end + 4095) / 4096 * 4096;
+  }
+  static int64_t DataOffset(const TransportGeometry& g, int channel, int from) {
+    return DataStart(g) + ConnIndex(g, channel, from) * kSteps * g.slotBytes;
+  }
+  static int64_t Bytes(const TransportGeometry& g) {
+    return DataOffset(g, g.nChannels, 0);  // one past the last connection
+  }
+  // Writes the connection headers' constants into zeroed memory (the creator, once).
+  static void Init(char* region, const TransportGeometry& g);
+};
+static_assert(sizeof(HostConn) <= RankRegion::kConnHeaderBytes, "connection header size");
+
 class HostFifoTransport final : public HostTransport {
  public:
+  // In-process: every rank's storage on the heap.
   explicit HostFifoTransport(const TopologyView& topo);
+  // Across processes: each rank's storage is a region attached with AttachRegion before the
+  // first execution (its doorbell and connections to it, laid out as RankRegion says).
+  HostFifoTransport(const TopologyView& topo, bool shared);
   ~HostFifoTransport() override;
 
-  int nRanks() const override { return nRanks_; }
+  int nRanks() const override { return geo_.nRanks; }
   void WakeAll() override;
 
-  int nChannels() const { return nChannels_; }
+  bool shared() const { return shared_; }
+  const TransportGeometry& geometry() const { return geo_; }
+  // Sets rank's region (shared transports; before any execution uses the rank).
+  void AttachRegion(int rank, char* region);
+
+  int nChannels() const { return geo_.nChannels; }
   // Bytes one slot holds: the largest step of any protocol (buffSizes[p] / kSteps).
-  int64_t slotBytes() const { return slotBytes_; }
+  int64_t slotBytes() const { return geo_.slotBytes; }
   // Bytes one FIFO step holds under protocol `proto` (buffSizes[proto] / kSteps; the host uses
   // the Simple layout for every protocol, only the step size differs).
-  int64_t stepBytes(int proto) const { return stepBytes_[proto]; }
-  // The connection carrying channel `channel` from rank `from` to rank `to` (allocated on first
-  // use; thread-safe). Null when the channel is out of range or allocation failed.
+  int64_t stepBytes(int proto) const { return geo_.stepBytes[proto]; }
+  // The connection carrying channel `channel` from rank `from` to rank `to` (in-process:
+  // allocated on first use; thread-safe). Null when the channel is out of range, allocation
+  // failed or the receiver's region is not attached.
   HostConn* Conn(int channel, int from, int to);
 
   // Per rank and task slot, the reduction argument (PreMulSum scalar bits) the rank resolved for
   // this execution, so Direct can scale a peer's input by the peer's own scalar. A rank writes
-  // its row before the barrier that opens a Direct kernel; peers read it after that barrier.
+  // its row before the barrier that opens a Direct kernel; peers read it after that barrier
+  // (Direct runs only in-process).
   void PublishOpArgs(int rank, const std::vector<uint64_t>& args) { opArgs_[rank] = args; }
   uint64_t OpArg(int rank, size_t slot) const {
     return slot < opArgs_[rank].size() ? opArgs_[rank][slot] : 0;
@@ -69,21 +131,23 @@ class HostFifoTransport final : public HostTransport {
   // Bumps rank's doorbell and wakes its sleeping waiter, if any.
   void Ring(int rank);
   // The doorbell's sequence number, to sample before checking conditions.
-  uint32_t Seq(int rank) const { return bells_[rank].seq.load(std::memory_order_seq_cst); }
+  uint32_t Seq(int rank) const { return Bell(rank).seq.load(std::memory_order_seq_cst); }
   // Sleeps until rank's doorbell moves past `seen` or `timeoutNs` passes.
   void Wait(int rank, uint32_t seen, int64_t timeoutNs);
 
  private:
-  int nRanks_;
-  int nChannels_;
-  int64_t slotBytes_;
-  int64_t stepBytes_[kNumProtos];
-  std::unique_ptr<Doorbell[]> bells_;
+  Doorbell& Bell(int rank) const;
+
+  TransportGeometry geo_;
+  bool shared_ = false;
   std::vector<std::vector<uint64_t>> opArgs_;
+  // In-process storage.
+  std::unique_ptr<Doorbell[]> bells_;
   std::unique_ptr<std::atomic<HostConn*>[]> conns_;  // [channel][from][to]
   std::mutex allocMu_;
-  std::vector<std::unique_ptr<HostConn>> owned_;
-  std::vector<std::unique_ptr<char[]>> buffers_;
+  std::vector<std::unique_ptr<char[]>> blocks_;
+  // Shared storage: by rank, its region (not owned).
+  std::vector<char*> regions_;
 };
 
 }  // namespace cpu

@@ -1,0 +1,103 @@
+#include "ffi/cpu/world.h"
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <set>
+#include <utility>
+
+namespace jax_rccl {
+namespace cpu {
+
+namespace {
+
+std::mutex g_mu;
+std::shared_ptr<const WorldTable> g_table;
+
+}  // namespace
+
+const WorldDevice* WorldTable::Find(int64_t id) const {
+  for (const WorldDevice& d : devices) {
+    if (d.id == id) return &d;
+  }
+  return nullptr;
+}
+
+Status SetWorldTable(WorldTable table) {
+  JR_REQUIRE(table.nprocesses >= 1, Code::kInvalidArgument,
+             "set_world: nprocesses must be >= 1, got ", table.nprocesses);
+  JR_REQUIRE(table.process >= 0 && table.process < table.nprocesses, Code::kInvalidArgument,
+             "set_world: process ", table.process, " is not in 0..", table.nprocesses - 1);
+  JR_REQUIRE(!table.session.empty() && table.session.size() <= 64, Code::kInvalidArgument,
+             "set_world: session must be 1..64 characters, got ", table.session.size());
+  for (char c : table.session) {
+    const bool ok = (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
+    JR_REQUIRE(ok, Code::kInvalidArgument, "set_world: session '", table.session,
+               "' may hold only letters and digits (it names shared-memory segments)");
+  }
+  std::set<int64_t> seen;
+  for (const WorldDevice& d : table.devices) {
+    JR_REQUIRE(d.id >= 0, Code::kInvalidArgument, "set_world: device id ", d.id, " is negative");
+    JR_REQUIRE(seen.insert(d.id).second, Code::kInvalidArgument, "set_world: device id ", d.id,
+               " appears more than once in devices");
+    JR_REQUIRE(d.process >= 0 && d.process < table.nprocesses, Code::kInvalidArgument,
+               "set_world: device ", d.id, " names process ", d.process, ", not in 0..",
+               table.nprocesses - 1);
+  }
+  auto p = std::make_shared<const WorldTable>(std::move(table));
+  std::lock_guard<std::mutex> lock(g_mu);
+  g_table = std::move(p);
+  return Status::Ok();
+}
+
+std::shared_ptr<const WorldTable> GetWorldTable() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  return g_table;
+}
+
+StatusOr<GroupPlacement> PlaceGroup(const std::vector<int64_t>& devices) {
+  GroupPlacement g;
+  const int n = static_cast<int>(devices.size());
+  std::shared_ptr<const WorldTable> w = GetWorldTable();
+  if (!w || w->nprocesses <= 1) {
+    g.process.assign(size_t(n), 0);
+    g.local.assign(size_t(n), 1);
+    g.processes = {0};
+    return g;
+  }
+  g.thisProcess = w->process;
+  g.session = w->session;
+  std::map<std::string, std::vector<int64_t>> byHost;
+  std::set<int> procs;
+  for (int r = 0; r < n; ++r) {
+    const WorldDevice* d = w->Find(devices[r]);
+    JR_REQUIRE(d != nullptr, Code::kInvalidArgument, "jax_rccl: device ", devices[r],
+               " of a replica group is not in the world table set by set_world (",
+               w->devices.size(), " devices)");
+    g.process.push_back(d->process);
+    g.local.push_back(d->process == w->process ? 1 : 0);
+    byHost[d->host].push_back(devices[r]);
+    procs.insert(d->process);
+  }
+  g.processes.assign(procs.begin(), procs.end());
+  if (byHost.size() > 1) {
+    std::string hosts;
+    for (const auto& [host, ids] : byHost) {
+      hosts += detail::StrCat(hosts.empty() ? "" : ", ", "'", host, "' (devices");
+      for (int64_t id : ids) hosts += detail::StrCat(" ", id);
+      hosts += ")";
+    }
+    JR_FAIL(Code::kUnsupported, "jax_rccl: a replica group spans several hosts: ", hosts,
+            "; collectives between hosts (sockets) are not implemented yet; only groups within "
+            "one host are supported");
+  }
+  JR_REQUIRE(std::find(g.local.begin(), g.local.end(), 1) != g.local.end(), Code::kInvalidArgument,
+             "jax_rccl: no device of the replica group belongs to this "
+             "process (",
+             w->process, ")");
+  g.crossProcess = procs.size() > 1;
+  return g;
+}
+
+}  // namespace cpu
+}  // namespace jax_rccl

@@ -1,0 +1,53 @@
+// The world table: which process (and host) owns every device of a multi-process run, set once
+// from Python (jax_rccl/_bootstrap.py calls _jax_rccl.set_world) before any collective is
+// lowered. Without it every device is local (one process).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ffi/planner/status.h"
+
+namespace jax_rccl {
+namespace cpu {
+
+struct WorldDevice {
+  int64_t id = 0;  // global device id
+  int process = 0;
+  std::string host;
+};
+
+struct WorldTable {
+  int process = 0;  // this process's index
+  int nprocesses = 1;
+  std::string session;  // hex, the same in every process of a run, unique per run
+  std::vector<WorldDevice> devices;
+  // The entry of device `id`, or null.
+  const WorldDevice* Find(int64_t id) const;
+};
+
+// Validates and installs `table` (replacing an earlier one).
+Status SetWorldTable(WorldTable table);
+// The table set, or null when none was.
+std::shared_ptr<const WorldTable> GetWorldTable();
+
+// Where the devices of one replica group live.
+struct GroupPlacement {
+  bool crossProcess = false;  // some device belongs to another process (one host)
+  int thisProcess = 0;
+  std::vector<int> process;    // by rank
+  std::vector<uint8_t> local;  // by rank: owned by this process
+  std::vector<int> processes;  // the distinct processes of the group, ascending
+  std::string session;
+};
+
+// Classifies `devices` (rank order) against the world table: all local (no table, or every
+// device in this process), or spanning processes of one host. Errors: a device missing from the
+// table (kInvalidArgument), devices on several hosts (kUnsupported, naming the hosts), a group
+// with none of this process's devices (kInvalidArgument).
+StatusOr<GroupPlacement> PlaceGroup(const std::vector<int64_t>& devices);
+
+}  // namespace cpu
+}  // namespace jax_rccl
