@@ -432,10 +432,13 @@ Status BuildPlan(const CpuState& st, DeviceSlot& slot, const ffi::RemainingArgs&
   const int n = st.groupSize;
   const size_t nLeaves = rets.size();
   const size_t nOperands = st.premul == 2 ? 2 * nLeaves : nLeaves;
-  JR_REQUIRE(args.size() == nOperands, Code::kInvalidArgument, "jax_rccl '", who, "' (",
-             KindName(st.kind), "): ", args.size(), " operands for ", nLeaves,
-             " results; expected ", nOperands,
-             st.premul == 2 ? " (the leaves, then one scalar per leaf)" : "");
+  // One more operand may follow: the lowering's ordering operand (a slice of the previous
+  // collective's result, only there to keep collectives in program order); it is not read.
+  JR_REQUIRE(args.size() == nOperands || args.size() == nOperands + 1, Code::kInvalidArgument,
+             "jax_rccl '", who, "' (", KindName(st.kind), "): ", args.size(), " operands for ",
+             nLeaves, " results; expected ", nOperands,
+             st.premul == 2 ? " (the leaves, then one scalar per leaf)" : "",
+             " and at most one ordering operand");
   JR_ASSIGN_OR_RETURN(slot.comm, World::Get().GetOrCreate(st.groups[slot.group], st.params));
 
   for (size_t i = 0; i < nLeaves; ++i) {

@@ -97,7 +97,12 @@ def lower_collective(
     outs = [None] * len(out_avals)
     for i, a in enumerate(out_avals):
         if i not in live:
-            outs[i] = mlir.ir_constant(np.zeros(a.shape, a.dtype))
+            if i < len(in_avals) and np.prod(in_avals[i].shape) == 0:
+                # An empty result made from the empty input (not a constant), so the input stays
+                # used: Shardy's canonicalizer in jax 0.11 crashes on an unused shard_map input.
+                outs[i] = hlo.reshape(mlir.aval_to_ir_type(ctx.module_context, a), leaves[i])
+            else:
+                outs[i] = mlir.ir_constant(np.zeros(a.shape, a.dtype))
     if not live:
         return outs
 
@@ -127,6 +132,7 @@ def lower_collective(
                     scalars[i],
                 )
             )
+    operands = _after_previous_call(operands)
     result_types = [_flat_type(out_avals[i]) for i in live]
     call = mlir.custom_call(
         f"jax_rccl_{kind}",
@@ -138,9 +144,36 @@ def lower_collective(
         operand_layouts=[(0,)] * len(operands),
         result_layouts=[(0,)] * len(result_types),
     )
+    _remember_call(call.results[0])
     for i, r in zip(live, call.results, strict=True):
         outs[i] = hlo.reshape(mlir.aval_to_ir_type(ctx.module_context, out_avals[i]), r)
     return outs
+
+
+# --- program order ----------------------------------------------------------------------------
+# XLA may run custom calls without a data dependency between them at the same time and in any
+# order, differently on each device (and in each process). A collective blocks its thread until
+# its peers arrive, so devices that started different collectives could wait on each other until
+# the deadline. Each call therefore takes one more operand, a one-element slice of the previous
+# jax_rccl call's first result in the same block (the runtime does not read it): collectives then
+# run in program order on every device, as XLA runs its own. No token and no side effect: JAX's
+# fast dispatch path stays. (An optimization barrier is not enough: XLA's CPU pipeline removes it.)
+
+_last_call: list = []  # [(block, value)]: the latest jax_rccl call lowered
+
+
+def _after_previous_call(operands):
+    block = ir.InsertionPoint.current.block
+    if _last_call and _last_call[0][0] == block:
+        prev = _last_call[0][1]
+        idx = ir.DenseI64ArrayAttr.get
+        one = hlo.SliceOp(prev, idx([0]), idx([1]), idx([1])).result
+        return [*operands, one]
+    return operands
+
+
+def _remember_call(value):
+    _last_call[:] = [(ir.InsertionPoint.current.block, value)]
 
 
 # --- per-primitive rules: parameters -> the helper ------------------------------------------
