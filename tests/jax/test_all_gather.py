@@ -1,5 +1,6 @@
 """jax_rccl.all_gather next to jax.lax.all_gather under jit(shard_map) on 8 CPU devices."""
 
+import jax
 import jax.numpy as jnp
 import pytest
 from collectives_util import (
@@ -54,8 +55,20 @@ def test_dtypes_pytree_and_sizes():
         "empty": jnp.zeros((8, 0), jnp.float32),
         "odd": sample((8 * 1001,), "float16"),
     }
+    if tuple(int(v) for v in jax.__version__.split(".")[:2]) >= (0, 11):
+        # jax 0.11.2's compiler crashes (Shardy) on an empty leaf among others in one shard_map,
+        # for jax.lax.all_gather as for ours; the empty leaf alone is tested below.
+        del tree["empty"]
     fn = lambda lib: lambda t: lib.all_gather(t, "i")  # noqa: E731
     assert_same(per_device(fn(jax_rccl), mesh)(tree), per_device(fn(lax), mesh)(tree))
+
+
+@needs_runtime
+def test_empty_leaf():
+    mesh = mesh_1d()
+    x = jnp.zeros((8, 0), jnp.float32)
+    fn = lambda lib: lambda t: lib.all_gather(t, "i")  # noqa: E731
+    assert_same(per_device(fn(jax_rccl), mesh)(x), per_device(fn(lax), mesh)(x))
 
 
 @needs_runtime
