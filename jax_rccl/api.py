@@ -64,9 +64,20 @@ def config(*, algorithm: str | None = None, protocol: str | None = None):
     keeps the enclosing setting, ``""`` defers to JAX_RCCL_ALGO / JAX_RCCL_PROTO. The setting
     is part of jax.jit's cache key, so a jitted function is retraced under a new setting.
     """
+    from jax_rccl import _jax_rccl
+
+    parsers = {
+        "algorithm": _jax_rccl.internal.parse_algo_mask,
+        "protocol": _jax_rccl.internal.parse_proto_mask,
+    }
     for arg, val in (("algorithm", algorithm), ("protocol", protocol)):
         if val is not None and not isinstance(val, str):
             raise TypeError(f"jax_rccl.config: {arg} must be a str or None, got {val!r}")
+        if val:
+            try:
+                parsers[arg](val)  # unknown names fail here, not at the first call
+            except ValueError as e:
+                raise ValueError(f"jax_rccl.config: {e}") from None
     with contextlib.ExitStack() as stack:
         if algorithm is not None:
             stack.enter_context(_ALGORITHM(algorithm))

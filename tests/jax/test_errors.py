@@ -110,3 +110,12 @@ def test_other_platforms_are_refused_at_lowering():
     traced = fn.trace(np.zeros(8, np.float32))
     with pytest.raises(NotImplementedError, match=r"platform\(s\) \('cuda',\)"):
         traced.lower(lowering_platforms=("cuda",))
+
+
+def test_config_rejects_unknown_names_at_once():
+    with pytest.raises(ValueError, match="unknown name 'Rnig'"):
+        with jax_rccl.config(algorithm="Rnig"):
+            pass
+    with pytest.raises(ValueError, match="leaves nothing"):
+        with jax_rccl.config(protocol="^LL,LL128,Simple"):
+            pass
