@@ -80,6 +80,38 @@ TopologyView TopologyFromDict(const nb::dict& d) {
   return t;
 }
 
+// Wraps a Python tuner (declared in ffi/bindings.h): fn(coll, nbytes, num_pipe_ops) -> None |
+// (algorithm, protocol, nchannels).
+TunerFn WrapTuner(nb::object fn) {
+  return [fn](const TunerQuery& q, TunerChoice* out) -> Status {
+    nb::object r;
+    try {
+      r = fn(CollName(q.coll), q.nBytes, q.numPipeOps);
+    } catch (nb::python_error& e) {
+      return Status(Code::kInvalidUsage, std::string("tuner raised: ") + e.what());
+    }
+    if (r.is_none()) return Status::Ok();
+    nb::tuple t;
+    if (!nb::try_cast(r, t) || t.size() != 3) {
+      return Status(Code::kInvalidUsage,
+                    "tuner must return None or (algorithm|None, protocol|None, nchannels)");
+    }
+    if (!t[0].is_none()) {
+      auto a = ParseAlgo(nb::cast<std::string>(t[0]));
+      if (!a.ok()) return Status(Code::kInvalidUsage, "tuner: " + a.status().message());
+      out->algo = a.value();
+    }
+    if (!t[1].is_none()) {
+      auto p = ParseProto(nb::cast<std::string>(t[1]));
+      if (!p.ok()) return Status(Code::kInvalidUsage, "tuner: " + p.status().message());
+      out->proto = p.value();
+    }
+    // The planner checks the choice (GetTunerInfo): one place for the ranges.
+    out->nChannels = t[2].is_none() ? 0 : nb::cast<int>(t[2]);
+    return Status::Ok();
+  };
+}
+
 namespace {
 
 TaskDesc TaskFromDict(const nb::dict& d, size_t index) {
@@ -105,40 +137,6 @@ TaskDesc TaskFromDict(const nb::dict& d, size_t index) {
   if (nb::handle r = field("root"); r.is_valid() && !r.is_none()) t.root = nb::cast<int>(r);
   if (nb::handle p = field("peer"); p.is_valid() && !p.is_none()) t.peer = nb::cast<int>(p);
   return t;
-}
-
-// Wraps a Python tuner: fn(coll, nbytes, num_pipe_ops) -> None | (algorithm, protocol, nchannels).
-TunerFn WrapTuner(nb::object fn) {
-  return [fn](const TunerQuery& q, TunerChoice* out) -> Status {
-    nb::object r;
-    try {
-      r = fn(CollName(q.coll), q.nBytes, q.numPipeOps);
-    } catch (nb::python_error& e) {
-      return Status(Code::kInvalidUsage, std::string("tuner raised: ") + e.what());
-    }
-    if (r.is_none()) return Status::Ok();
-    nb::tuple t;
-    if (!nb::try_cast(r, t) || t.size() != 3) {
-      return Status(Code::kInvalidUsage,
-                    "tuner must return None or (algorithm|None, protocol|None, nchannels)");
-    }
-    if (!t[0].is_none()) {
-      auto a = ParseAlgo(nb::cast<std::string>(t[0]));
-      if (!a.ok()) return Status(Code::kInvalidUsage, "tuner: " + a.status().message());
-      out->algo = a.value();
-    }
-    if (!t[1].is_none()) {
-      auto p = ParseProto(nb::cast<std::string>(t[1]));
-      if (!p.ok()) return Status(Code::kInvalidUsage, "tuner: " + p.status().message());
-      out->proto = p.value();
-    }
-    out->nChannels = t[2].is_none() ? 0 : nb::cast<int>(t[2]);
-    if (out->nChannels < 0 || out->nChannels > kMaxChannels) {
-      return Status(Code::kInvalidUsage, detail::StrCat("tuner: nchannels must be in 0..",
-                                                        kMaxChannels, ", got ", out->nChannels));
-    }
-    return Status::Ok();
-  };
 }
 
 PlanRequest MakeRequest(const nb::dict& topology, const nb::list& tasks, int rank,

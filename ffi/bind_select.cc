@@ -28,37 +28,6 @@ StatusOr<DevRedOp> ParseDevRedOp(const std::string& s) {
                                             "'; allowed: sum, prod, minmax, premulsum, sumpostdiv");
 }
 
-// fn(coll, nbytes, num_pipe_ops) -> None | (algorithm|None, protocol|None, nchannels). A Python
-// exception or a malformed answer becomes an error status of the planner.
-TunerFn PyTuner(nb::object fn) {
-  return [fn](const TunerQuery& q, TunerChoice* out) -> Status {
-    nb::object r;
-    try {
-      r = fn(CollName(q.coll), q.nBytes, q.numPipeOps);
-    } catch (nb::python_error& e) {
-      return Status(Code::kInvalidUsage, std::string("tuner raised: ") + e.what());
-    }
-    if (r.is_none()) return Status::Ok();
-    nb::tuple t;
-    if (!nb::try_cast(r, t) || t.size() != 3) {
-      return Status(Code::kInvalidUsage,
-                    "tuner: must return None or (algorithm|None, protocol|None, nchannels)");
-    }
-    if (!t[0].is_none()) {
-      auto a = ParseAlgo(nb::cast<std::string>(t[0]));
-      if (!a.ok()) return Status(Code::kInvalidUsage, "tuner: " + a.status().message());
-      out->algo = a.value();
-    }
-    if (!t[1].is_none()) {
-      auto p = ParseProto(nb::cast<std::string>(t[1]));
-      if (!p.ok()) return Status(Code::kInvalidUsage, "tuner: " + p.status().message());
-      out->proto = p.value();
-    }
-    out->nChannels = t[2].is_none() ? 0 : nb::cast<int>(t[2]);
-    return Status::Ok();
-  };
-}
-
 nb::dict CostModelDict(const CostModel& m, const TopologyView& topo) {
   nb::dict lat, bw, backup, threads, thresholds;
   for (int c = 0; c < CostModel::kNumCostColls; ++c) {
@@ -141,7 +110,7 @@ void BindSelectInternals(nb::module_& internal) {
         Tuning tuning;
         tuning.algoMask = ValueOrThrow(ParseAlgoMask(algorithm, "algorithm"));
         tuning.protoMask = ValueOrThrow(ParseProtoMask(protocol, "protocol"));
-        if (!tuner.is_none()) tuning.tuner = PyTuner(tuner);
+        if (!tuner.is_none()) tuning.tuner = WrapTuner(tuner);
         PlannerParams params;
         PlanContext ctx{topo, model, tuning, params, 0, 0};
         if (count < 0) throw nb::value_error("count: must be >= 0");

@@ -4,6 +4,7 @@
 #include <nanobind/nanobind.h>
 
 #include "ffi/planner/status.h"
+#include "ffi/planner/types.h"
 
 namespace jax_rccl {
 
@@ -39,4 +40,8 @@ struct TopologyView;
 // p2pChunkSize, ll128Enabled, treeDefined, pivotA2ANumBiRings, workFifoDepth); missing keys keep
 // their defaults, unknown keys are an error.
 TopologyView TopologyFromDict(const nanobind::dict& d);
+// A Python tuner fn(coll, nbytes, num_pipe_ops) -> None | (algorithm|None, protocol|None,
+// nchannels) as the planner's tuner hook; a Python exception or a malformed answer becomes an
+// error status of the planner.
+TunerFn WrapTuner(nanobind::object fn);
 }  // namespace jax_rccl
