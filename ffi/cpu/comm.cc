@@ -212,6 +212,7 @@ void Communicator::Fail(const std::string& reason) {
   Stats().rendezvousPending.fetch_sub(static_cast<int64_t>(pending_.size()));
   pending_.clear();
   cv_.notify_all();
+  if (shm_) shm_->MarkFailed();  // before the wake-up: peers that wake see the flag
   if (transport_) transport_->WakeAll();
   if (shm_) shm_->UnlinkAll();
 }
@@ -525,6 +526,7 @@ Status Communicator::Run(const ExecKey& key, Arrival arrival, double timeout,
   ctx.peers = &e->peers;
   ctx.deadline = DeadlineIn(timeout);
   ctx.aborted = &failed_;
+  if (shm_) ctx.peerFailed = [g = shm_.get()]() { return g->AnyFailed(); };
   ctx.name = name;
   BarrierCall call{this, e.get(), rank, ctx.deadline, &name};
   if (crossProcess()) {

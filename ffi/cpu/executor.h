@@ -55,6 +55,8 @@ struct ExecContext {
   Clock::time_point deadline;
   // Set when the communicator failed (another rank timed out): waits stop with an error.
   const std::atomic<bool>* aborted = nullptr;
+  // Across processes: whether another process of the group reported its communicator failed.
+  std::function<bool()> peerFailed;
   std::string name;  // the collective, for messages
 };
 

@@ -266,5 +266,20 @@ int ShmGroup::FindFingerprint(int rank, int64_t callSite, ShmFingerprint* out) c
   return h->tableFull.load(std::memory_order_acquire) != 0 ? -1 : 0;
 }
 
+void ShmGroup::MarkFailed() {
+  for (size_t r = 0; r < bases_.size(); ++r) {
+    if (bases_[r] != nullptr) Header(int(r))->failed.store(1, std::memory_order_release);
+  }
+}
+
+bool ShmGroup::AnyFailed() const {
+  for (size_t r = 0; r < bases_.size(); ++r) {
+    if (bases_[r] != nullptr && Header(int(r))->failed.load(std::memory_order_acquire) != 0) {
+      return true;
+    }
+  }
+  return false;
+}
+
 }  // namespace cpu
 }  // namespace jax_rccl

@@ -48,6 +48,7 @@ struct ShmHeader {
   std::atomic<uint64_t> mapped[kShmMaxProcessWords];
   std::atomic<uint32_t> tableFull;  // set when the owner could not post an entry
   ShmFpEntry table[kShmFpEntries];
+  std::atomic<uint32_t> failed;  // set by a process whose communicator of this group failed
 };
 
 // What one rank posted for a call site.
@@ -78,6 +79,11 @@ class ShmGroup {
   // Unlinks every name of the group now (failure, exit).
   void UnlinkAll();
   bool unlinked() const { return unlinked_.load(std::memory_order_acquire); }
+
+  // Tells the other processes of the group that this process's communicator failed (a flag in
+  // every mapped segment's header), and whether any process of the group said so.
+  void MarkFailed();
+  bool AnyFailed() const;
 
   // Posts rank's entry for `callSite` in its own segment (rank must be local). False when the
   // table is full (the check is then skipped).

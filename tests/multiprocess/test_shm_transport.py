@@ -153,6 +153,20 @@ def worker(args: dict) -> dict:
             if p == nprocs - 1:
                 os.kill(os.getpid(), signal.SIGKILL)
             run_cases(native, None, group, local, args["cases"], args["timeout"])
+        elif mode == "stall":
+            # Everyone runs one collective; the last process then stalls. Process 0 gives up after
+            # a short deadline; the others have a long one and must stop soon after process 0
+            # fails (it tells them through the segments), not at their own deadline.
+            run_cases(native, world, group, local, args["cases"], args["timeout"])
+            if p == nprocs - 1:
+                time.sleep(args["stall"])
+            else:
+                deadline = args["short"] if p == 0 else args["long"]
+                t0 = time.monotonic()
+                try:
+                    run_cases(native, None, group, local, args["cases"], deadline)
+                finally:
+                    out["elapsed"] = time.monotonic() - t0
         elif mode == "kill_early":
             # The last process creates its segments, waits for the others, and dies before they
             # come; the others then find its segment and must unlink it after timing out.
@@ -286,11 +300,16 @@ def test_killed_peer_gives_timeout_and_no_leftovers(nprocs):
     res = launch(nprocs, 1, "killed", cases=cases, timeout=2.0, timeout_s=60)
     assert time.monotonic() - t0 < 30
     assert res[-1].get("killed")
-    for r in res[:-1]:
-        err = r.get("error", "")
-        assert "TimeoutError" in err, r
-        assert "timed out on channel" in err and "JAX_RCCL_TIMEOUT" in err, err
-        assert f"device {nprocs - 1} in process {nprocs - 1}" in err, err
+    errs = [r.get("error", "") for r in res[:-1]]
+    assert all("TimeoutError" in e for e in errs), errs
+    # The first survivor to time out names the dead peer; the others may instead stop at once
+    # because that survivor's communicator failed (it tells them through the segments).
+    timed_out = [e for e in errs if "timed out on channel" in e]
+    assert timed_out, errs
+    for e in timed_out:
+        assert "JAX_RCCL_TIMEOUT" in e and f"device {nprocs - 1} in process {nprocs - 1}" in e, e
+    for e in errs:
+        assert "timed out on channel" in e or "another process of the group" in e, e
 
 
 def test_killed_before_first_collective_leaves_nothing():
@@ -298,6 +317,16 @@ def test_killed_before_first_collective_leaves_nothing():
     res = launch(2, 1, "kill_early", cases=cases, timeout=2.0, timeout_s=60)
     assert res[-1].get("killed")
     assert "TimeoutError" in res[0].get("error", ""), res[0]
+
+
+def test_a_failure_in_one_process_stops_the_others():
+    cases = [{"coll": "all_reduce", "count": 1000, "algo": "Ring", "proto": "Simple"}]
+    res = launch(3, 1, "stall", cases=cases, timeout=30.0, short=1.0, long=25.0, stall=8.0)
+    assert "TimeoutError" in res[0].get("error", ""), res[0]
+    assert res[0]["elapsed"] < 5.0
+    # Process 1 would wait 25 s on its own; process 0's failure stops it within a few seconds.
+    assert "another process of the group" in res[1].get("error", ""), res[1]
+    assert res[1]["elapsed"] < 6.0, res[1]
 
 
 def test_all_reduce_timing_4_processes():
