@@ -235,43 +235,16 @@ def _broadcast_rule(ctx, *args, axes, groups, root, tuning):
     )
 
 
-def _all_gather_rule(ctx, *args, axes, groups, axis_size, tuning):
-    del axis_size
-    return lower_collective(
-        ctx,
-        *args,
-        kind="all_gather",
-        axes=axes,
-        groups=groups,
-        tuning=tuning,
-        name=_label("all_gather", axes),
-    )
+def _moving_rule(kind, api):
+    """The rule of a data-movement primitive (all_gather, reduce_scatter, all_to_all)."""
 
+    def rule(ctx, *args, axes, groups, axis_size, tuning):
+        del axis_size
+        return lower_collective(
+            ctx, *args, kind=kind, axes=axes, groups=groups, tuning=tuning, name=_label(api, axes)
+        )
 
-def _reduce_scatter_rule(ctx, *args, axes, groups, axis_size, tuning):
-    del axis_size
-    return lower_collective(
-        ctx,
-        *args,
-        kind="reduce_scatter",
-        axes=axes,
-        groups=groups,
-        tuning=tuning,
-        name=_label("psum_scatter", axes),
-    )
-
-
-def _all_to_all_rule(ctx, *args, axes, groups, axis_size, tuning):
-    del axis_size
-    return lower_collective(
-        ctx,
-        *args,
-        kind="all_to_all",
-        axes=axes,
-        groups=groups,
-        tuning=tuning,
-        name=_label("all_to_all", axes),
-    )
+    return rule
 
 
 def _ppermute_rule(ctx, *args, axes, perm, tuning):
@@ -299,9 +272,9 @@ _RULES = {
     P.all_reduce_p: _all_reduce_rule,
     P.reduce_p: _reduce_rule,
     P.broadcast_p: _broadcast_rule,
-    P.all_gather_p: _all_gather_rule,
-    P.reduce_scatter_p: _reduce_scatter_rule,
-    P.all_to_all_p: _all_to_all_rule,
+    P.all_gather_p: _moving_rule("all_gather", "all_gather"),
+    P.reduce_scatter_p: _moving_rule("reduce_scatter", "psum_scatter"),
+    P.all_to_all_p: _moving_rule("all_to_all", "all_to_all"),
     P.ppermute_p: _ppermute_rule,
 }
 

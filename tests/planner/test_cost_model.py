@@ -9,35 +9,12 @@ import math
 import pytest
 from jax_rccl._jax_rccl import internal
 
+from planner.topologies import H100, MI300X
+
 REL = 1e-5
 
-# MI300X-like: one node of 8 gfx942 GPUs over XGMI, 16 channels of 20 GB/s. RCCL's rome models
-# give these nodes "tuning=5" (tuning_model_5); LL128 is off.
-MI300X = dict(
-    nRanks=8,
-    nNodes=1,
-    arch="gfx942",
-    intraLink="xgmi",
-    interLink="net",
-    bwIntra=20.0,
-    bwInter=0.0,
-    nChannels=16,
-    ll128Enabled=False,
-)
-# Two such nodes.
+# Two nodes of MI300X.
 MI300X_2X8 = dict(MI300X, nRanks=16, nNodes=2, bwInter=12.5)
-# H100-like: one node of 8 sm90 GPUs over NVLink, 16 channels of 20 GB/s, LL128 on.
-H100 = dict(
-    nRanks=8,
-    nNodes=1,
-    arch="sm90",
-    intraLink="nvlink",
-    interLink="net",
-    bwIntra=20.0,
-    bwInter=0.0,
-    nChannels=16,
-    ll128Enabled=True,
-)
 # The CPU executor: 4 processes over shared memory.
 CPU = dict(nRanks=4, nNodes=1, arch="cpu", intraLink="shm", bwIntra=5.0, nChannels=2)
 

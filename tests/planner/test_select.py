@@ -9,28 +9,8 @@ is in the comments.
 import pytest
 from jax_rccl._jax_rccl import internal
 
-MI300X = dict(
-    nRanks=8,
-    nNodes=1,
-    arch="gfx942",
-    intraLink="xgmi",
-    interLink="net",
-    bwIntra=20.0,
-    bwInter=0.0,
-    nChannels=16,
-    ll128Enabled=False,
-)
-H100 = dict(
-    nRanks=8,
-    nNodes=1,
-    arch="sm90",
-    intraLink="nvlink",
-    interLink="net",
-    bwIntra=20.0,
-    bwInter=0.0,
-    nChannels=16,
-    ll128Enabled=True,
-)
+from planner.topologies import H100, MI300X
+
 # MI250X-like pivot topology (RCCL rome_model_56: pivotA2ANumBiRings=3, tuning 1).
 MI250X = dict(
     nRanks=16,
