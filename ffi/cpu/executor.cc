@@ -21,30 +21,12 @@
 
 #include "ffi/cpu/executor_kernels.h"
 #include "ffi/cpu/transport_host.h"
+#include "hip/coll_program.h"
 
 namespace jax_rccl {
 namespace cpu {
 
 namespace {
-
-// Primitive flags (what one primitive reads and writes).
-enum PrimFlag : uint8_t {
-  kRecv = 1,     // takes a FIFO step from recvPeer
-  kSend = 2,     // fills a FIFO step for sendPeer
-  kSrcIn = 4,    // reads this rank's input (send buffer), through PreOp
-  kSrcOut = 8,   // reads this rank's output buffer (tree down from the root)
-  kDst = 16,     // writes this rank's output (recv buffer)
-  kPostOp = 32,  // the final value: applies PostOp
-};
-
-struct Prim {
-  uint8_t flags = 0;
-  int recvPeer = -1;
-  int sendPeer = -1;
-  int64_t srcOff = 0;  // units into the source buffer
-  int64_t dstOff = 0;  // units into the destination buffer
-  int64_t n = 0;       // units (elements of the planning type; bytes for gathers/broadcasts/p2p)
-};
 
 // Per task, per execution.
 struct TaskRt {
@@ -182,174 +164,12 @@ Status Executor::RunOneRank() {
 }
 
 int64_t Executor::CollOpCount(const Unit& u) const {
-  const WorkElemColl& e = *u.e;
-  const TaskPlan& tp = *u.t->tp;
-  const int64_t workCount = int64_t(e.workCount);
-  const int64_t chunk = int64_t(e.chunkCount);
-  if (workCount == 0) return 0;
-  const int64_t nChunks = DivUpI(workCount, chunk);
-  switch (tp.pattern) {
-    case Pattern::kRingTwice:
-      return DivUpI(workCount, int64_t(n_) * chunk) * (2 * n_ - 1);
-    case Pattern::kRing:
-      return nChunks * n_;  // all_gather / reduce_scatter: n primitives per chunk
-    case Pattern::kPipelineFrom:
-    case Pattern::kPipelineTo:
-      return nChunks;
-    case Pattern::kTreeUpDown:
-      return 2 * nChunks;
-    default:
-      return 0;
-  }
+  return jax_rccl::CollOpCount(u.t->tp->pattern, *u.e, n_);
 }
 
-// The i-th primitive of a collective element (ring position = rank; ring next = rank + 1).
+// The i-th primitive of a collective element (hip/coll_program.h).
 Prim Executor::CollPrim(const Unit& u, int64_t i) const {
-  const WorkElemColl& e = *u.e;
-  const TaskPlan& tp = *u.t->tp;
-  const int n = n_;
-  const int r = rank_;
-  const int next = (r + 1) % n, prev = (r + n - 1) % n;
-  const int64_t gridOffset = int64_t(e.workOffset);
-  const int64_t workCount = int64_t(e.workCount);
-  const int64_t count = int64_t(e.count);
-  Prim p;
-  switch (tp.pattern) {
-    case Pattern::kRingTwice: {  // all_reduce
-      const int64_t perLoop = 2 * n - 1;
-      const int64_t loop = i / perLoop;
-      const int64_t j = i % perLoop;
-      const int64_t loopCount = int64_t(n) * int64_t(e.chunkCount);
-      const int64_t elemOffset = loop * loopCount;
-      const int64_t remCount = workCount - elemOffset;
-      const int64_t chunkCount =
-          remCount < loopCount ? int64_t(e.lastChunkCount) : int64_t(e.chunkCount);
-      int chunk;
-      if (j == 0) {
-        chunk = (r + n - 1) % n;
-        p.flags = kSrcIn | kSend;
-      } else if (j < n - 1) {
-        chunk = int((r + n - (j + 1)) % n);
-        p.flags = kRecv | kSrcIn | kSend;
-      } else if (j == n - 1) {
-        chunk = r;
-        p.flags = kRecv | kSrcIn | kDst | kSend | kPostOp;
-      } else if (j < 2 * n - 2) {
-        chunk = int((r + n - (j - n + 1)) % n);
-        p.flags = kRecv | kDst | kSend;
-      } else {
-        chunk = (r + 1) % n;
-        p.flags = kRecv | kDst;
-      }
-      const int64_t chunkOffset = int64_t(chunk) * chunkCount;
-      p.srcOff = p.dstOff = gridOffset + elemOffset + chunkOffset;
-      p.n = std::max<int64_t>(0, std::min(chunkCount, remCount - chunkOffset));
-      break;
-    }
-    case Pattern::kRing: {  // all_gather, reduce_scatter
-      const int64_t chunkCount = int64_t(e.chunkCount);
-      const int64_t c = i / n;
-      const int j = int(i % n);
-      const int64_t elemOffset = c * chunkCount;
-      const int64_t dataOffset = gridOffset + elemOffset;
-      p.n = std::min(chunkCount, workCount - elemOffset);
-      if (tp.coll == Coll::kAllGather) {
-        // Step j carries the block of the rank j positions behind on the ring.
-        const int rankDest = (r + n - j) % n;
-        const int64_t offset = dataOffset + int64_t(rankDest) * count;
-        p.dstOff = offset;
-        if (j == 0) {
-          p.srcOff = dataOffset;
-          p.flags = kSrcIn | kDst | kSend;
-        } else if (j < n - 1) {
-          p.flags = kRecv | kDst | kSend;
-        } else {
-          p.flags = kRecv | kDst;
-        }
-      } else {
-        // Step j reduces the block of the rank (j + 1) positions behind; the last is mine.
-        const int rankDest = (r + n - (j + 1)) % n;
-        p.srcOff = dataOffset + int64_t(rankDest) * count;
-        if (j == 0) {
-          p.flags = kSrcIn | kSend;
-        } else if (j < n - 1) {
-          p.flags = kRecv | kSrcIn | kSend;
-        } else {
-          p.dstOff = dataOffset;
-          p.flags = kRecv | kSrcIn | kDst | kPostOp;
-        }
-      }
-      break;
-    }
-    case Pattern::kPipelineFrom: {  // broadcast from the root along the ring
-      const int64_t chunkCount = int64_t(e.chunkCount);
-      const int64_t elemOffset = i * chunkCount;
-      p.srcOff = p.dstOff = gridOffset + elemOffset;
-      p.n = std::min(chunkCount, workCount - elemOffset);
-      const int root = int(e.root);
-      if (r == root) {
-        p.flags = kSrcIn | kDst | kSend;
-      } else if (next == root) {
-        p.flags = kRecv | kDst;
-      } else {
-        p.flags = kRecv | kDst | kSend;
-      }
-      break;
-    }
-    case Pattern::kPipelineTo: {  // reduce to the root along the ring
-      const int64_t chunkCount = int64_t(e.chunkCount);
-      const int64_t elemOffset = i * chunkCount;
-      p.srcOff = p.dstOff = gridOffset + elemOffset;
-      p.n = std::min(chunkCount, workCount - elemOffset);
-      const int root = int(e.root);
-      if (prev == root) {
-        p.flags = kSrcIn | kSend;
-      } else if (r == root) {
-        p.flags = kRecv | kSrcIn | kDst | kPostOp;
-      } else {
-        p.flags = kRecv | kSrcIn | kSend;
-      }
-      break;
-    }
-    case Pattern::kTreeUpDown: {  // chain tree: rank 0 is the root, up = r - 1, down = r + 1
-      const int64_t chunkCount = int64_t(e.chunkCount);
-      const int64_t nChunks = DivUpI(workCount, chunkCount);
-      const bool upPhase = i < nChunks;
-      const int64_t c = upPhase ? i : i - nChunks;
-      const int64_t elemOffset = c * chunkCount;
-      p.srcOff = p.dstOff = gridOffset + elemOffset;
-      p.n = std::min(chunkCount, workCount - elemOffset);
-      const int up = r - 1;
-      const int down = r + 1 < n ? r + 1 : -1;
-      if (upPhase) {
-        if (up < 0) {
-          p.flags = kRecv | kSrcIn | kDst | kPostOp;
-        } else if (down < 0) {
-          p.flags = kSrcIn | kSend;
-        } else {
-          p.flags = kRecv | kSrcIn | kSend;
-        }
-        p.recvPeer = down;
-        p.sendPeer = up;
-      } else {
-        if (up < 0) {
-          p.flags = kSrcOut | kSend;
-        } else if (down < 0) {
-          p.flags = kRecv | kDst;
-        } else {
-          p.flags = kRecv | kDst | kSend;
-        }
-        p.recvPeer = up;
-        p.sendPeer = down;
-      }
-      return p;
-    }
-    default:
-      break;
-  }
-  p.recvPeer = prev;
-  p.sendPeer = next;
-  return p;
+  return jax_rccl::CollPrim(u.t->tp->coll, u.t->tp->pattern, *u.e, rank_, n_, i);
 }
 
 // A large Direct all_reduce runs in two phases with a barrier between (each rank reduces its
@@ -505,8 +325,7 @@ Status Executor::StartWork(Lane* lane) {
     u.stepCap = tr_->stepBytes(proto);
     JR_REQUIRE(u.stepCap > 0, Code::kInvalidArgument, ctx_.name, ": topology.buffSizes[",
                ProtoName(Proto(proto)), "] is too small for a FIFO step");
-    const int64_t bytes = int64_t((uint64_t(p.countHi) << 32) | p.countLo);
-    u.nOps = std::max<int64_t>(1, DivUpI(bytes, p.chunkSize));
+    u.nOps = P2pOpCount(p);
     lane->units.push_back(u);
   }
   // A send to self and the recv from self in one work: a direct copy (as RCCL's runSend does).
@@ -547,20 +366,7 @@ Status Executor::AdvanceUnit(Unit* u, bool* progressed) {
       if (u->kind == Unit::kColl) {
         p = CollPrim(*u, u->op);
       } else {
-        const WorkElemP2p& e = *u->p;
-        const int64_t bytes = int64_t((uint64_t(e.countHi) << 32) | e.countLo);
-        const int64_t base = int64_t((uint64_t(e.offsetHi) << 32) | e.offsetLo);
-        const int64_t off = u->op * int64_t(e.chunkSize);
-        p.n = std::max<int64_t>(0, std::min<int64_t>(e.chunkSize, bytes - off));
-        if (u->kind == Unit::kP2pSend) {
-          p.flags = kSrcIn | kSend;
-          p.sendPeer = e.peer;
-          p.srcOff = base + off;
-        } else {
-          p.flags = kRecv | kDst;
-          p.recvPeer = e.peer;
-          p.dstOff = base + off;
-        }
+        p = P2pPrim(*u->p, u->op);
       }
       if ((p.flags & kSrcIn) && t->send == nullptr) {
         JR_FAIL(Code::kInvalidArgument, ctx_.name, ": rank ", rank_, " task ", t->tp->index, " (",
@@ -571,8 +377,8 @@ Status Executor::AdvanceUnit(Unit* u, bool* progressed) {
                 CollName(t->tp->coll), ") needs a recv buffer");
       }
       u->cur = p;
-      u->nPieces = std::max<int64_t>(1, DivUpI(p.n, u->stepCap));
-      u->pieceUnits = p.n > 0 ? DivUpI(p.n, u->nPieces) : 0;
+      u->nPieces = PieceCount(p.n, u->stepCap);
+      u->pieceUnits = PieceUnits(p.n, u->nPieces);
       u->piece = 0;
       u->haveOp = true;
     }
