@@ -6,10 +6,16 @@ collective is lowered, the processes meet once through JAX's own distributed key
 
 - process 0 publishes a random session id (``jax_rccl/session``), which names the run's shared
   memory segments, so stale segments of a crashed run never meet a new one;
-- every process publishes ``{"process", "host", "devices", "pid"}`` under
+- every process starts its TCP listener for the socket transport (an ephemeral port) and
+  publishes ``{"process", "host", "devices", "pid", "endpoint"}`` under
   ``jax_rccl/world/<process>`` and reads everyone's (each wait bounded by ``JAX_RCCL_TIMEOUT``;
   a process that never publishes is named in the error);
 - the table goes to the runtime once: ``_jax_rccl.set_world(world)``.
+
+"host" is ``socket.gethostname()``, or ``JAX_RCCL_HOSTNAME`` when set (for tests: processes of
+one machine that claim different hosts talk over sockets). "endpoint" is ``address:port``: the
+address is ``JAX_RCCL_SOCKET_IFADDR`` when set, else the local address of the interface that
+reaches JAX's coordinator, else the address ``gethostbyname(gethostname())`` gives.
 
 A single-process program does nothing here: every device is local.
 """
@@ -41,16 +47,66 @@ def world_key(process: int) -> str:
     return f"{KEY_PREFIX}/world/{process}"
 
 
-def timeout_s() -> float:
-    """JAX_RCCL_TIMEOUT as the runtime parses it (seconds)."""
+def _param(name: str) -> str | None:
     table, _ = _jax_rccl.params()
     for row in table:
-        if row.get("name") == "timeout":
-            try:
-                return float(row.get("value"))
-            except (TypeError, ValueError):
-                break
-    return float(os.environ.get("JAX_RCCL_TIMEOUT", "300"))
+        if row.get("name") == name:
+            return row.get("value")
+    return None
+
+
+def timeout_s() -> float:
+    """JAX_RCCL_TIMEOUT as the runtime parses it (seconds)."""
+    try:
+        return float(_param("timeout"))
+    except (TypeError, ValueError):
+        return float(os.environ.get("JAX_RCCL_TIMEOUT", "300"))
+
+
+def hostname() -> str:
+    """The host this process says it runs on: JAX_RCCL_HOSTNAME (tests) or the host name."""
+    return os.environ.get("JAX_RCCL_HOSTNAME") or socket.gethostname()
+
+
+def socket_address() -> str:
+    """The address other processes reach this process's socket listener at."""
+    ifaddr = _param("socket_ifaddr") or os.environ.get("JAX_RCCL_SOCKET_IFADDR", "")
+    if ifaddr:
+        return ifaddr
+    coordinator = _coordinator_address()
+    if coordinator:
+        host, _, port = coordinator.rpartition(":")
+        host = host.strip("[]")
+        try:
+            family = socket.AF_INET6 if ":" in host else socket.AF_INET
+            with socket.socket(family, socket.SOCK_DGRAM) as s:
+                s.connect((host, int(port or 1)))  # no packet: picks the outgoing interface
+                return s.getsockname()[0]
+        except (OSError, ValueError):
+            pass
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
+
+
+def _coordinator_address() -> str | None:
+    try:
+        from jax._src import distributed
+    except ImportError:
+        return None
+    state = getattr(distributed, "global_state", None)
+    return getattr(state, "coordinator_address", None)
+
+
+def _endpoint() -> str | None:
+    listen = getattr(_jax_rccl, "socket_listen", None)
+    if listen is None:
+        return None
+    addr = socket_address()
+    if ":" in addr and not addr.startswith("["):
+        addr = f"[{addr}]"
+    return f"{addr}:{listen()}"
 
 
 def ensure_world() -> dict | None:
@@ -83,7 +139,7 @@ def world() -> dict | None:
 
 
 def peers() -> list[dict] | None:
-    """What every process published (process, host, devices, pid), by process index."""
+    """What every process published (process, host, devices, pid, endpoint), by process index."""
     return None if _peers is None else [dict(p) for p in _peers]
 
 
@@ -107,10 +163,13 @@ def _bootstrap() -> None:
         _compat.kv_set(client, SESSION_KEY, secrets.token_hex(8))
     mine = {
         "process": me,
-        "host": socket.gethostname(),
+        "host": hostname(),
         "devices": [int(d.id) for d in jax.local_devices()],
         "pid": os.getpid(),
     }
+    endpoint = _endpoint()
+    if endpoint is not None:
+        mine["endpoint"] = endpoint
     _compat.kv_set(client, world_key(me), json.dumps(mine))
 
     session = _get(client, SESSION_KEY, deadline, timeout, nprocesses, me, waiting_for=[0])
@@ -134,6 +193,8 @@ def _bootstrap() -> None:
     devices.sort(key=lambda d: d["id"])
     _check_devices(devices)
     table = {"process": me, "nprocesses": nprocesses, "session": session, "devices": devices}
+    if all(p.get("endpoint") for p in peers):
+        table["endpoints"] = [p["endpoint"] for p in peers]
     set_world = getattr(_jax_rccl, "set_world", None)
     if set_world is None:
         raise RuntimeError(

@@ -9,6 +9,7 @@
 #include "ffi/bindings.h"
 #include "ffi/cpu/comm.h"
 #include "ffi/cpu/handlers.h"
+#include "ffi/cpu/socket.h"
 #include "ffi/cpu/world.h"
 #include "ffi/params.h"
 
@@ -42,10 +43,15 @@ void SetWorld(const nb::dict& world) {
       wd.host = nb::cast<std::string>(Field(d, "host", where.c_str()));
       t.devices.push_back(std::move(wd));
     }
+    if (world.contains("endpoints")) {
+      for (nb::handle h : nb::borrow(world["endpoints"])) {
+        t.endpoints.push_back(nb::cast<std::string>(h));
+      }
+    }
   } catch (const nb::cast_error&) {
     throw nb::type_error(
         "set_world: expected {'process': int, 'nprocesses': int, 'session': str, 'devices': "
-        "[{'id': int, 'process': int, 'host': str}, ...]}");
+        "[{'id': int, 'process': int, 'host': str}, ...], 'endpoints': [str, ...] (optional)}");
   }
   ThrowIfError(cpu::SetWorldTable(std::move(t)));
 }
@@ -66,6 +72,11 @@ nb::object GetWorld() {
     devs.append(e);
   }
   d["devices"] = devs;
+  if (!t->endpoints.empty()) {
+    nb::list eps;
+    for (const std::string& e : t->endpoints) eps.append(e);
+    d["endpoints"] = eps;
+  }
   return d;
 }
 
@@ -75,9 +86,14 @@ void BindRuntime(nb::module_& m) {
   m.def("set_world", &SetWorld, nb::arg("world"),
         "Installs the world table of a multi-process run: {'process': this process's index, "
         "'nprocesses', 'session': hex str (same in every process, unique per run), 'devices': "
-        "[{'id': global device id, 'process', 'host'}, ...]}. Replica groups spanning processes "
-        "of one host then run over shared memory; groups spanning hosts raise "
-        "NotImplementedError.");
+        "[{'id': global device id, 'process', 'host'}, ...], 'endpoints': ['host:port' of each "
+        "process's socket listener, by process] (optional)}. Replica groups spanning processes "
+        "then run over shared memory within a host and TCP sockets between hosts "
+        "(JAX_RCCL_TRANSPORT).");
+  m.def(
+      "socket_listen", []() { return ValueOrThrow(cpu::SocketListenPort()); },
+      "Starts this process's TCP listener for the socket transport (once; all interfaces, an "
+      "ephemeral port) and returns its port.");
   m.def("world", &GetWorld, "The world table set by set_world, or None.");
   m.def(
       "cpu_ffi_targets",

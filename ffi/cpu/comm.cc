@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "ffi/cpu/shm.h"
+#include "ffi/cpu/socket.h"
 #include "ffi/cpu/transport_host.h"
 
 namespace jax_rccl {
@@ -161,10 +162,11 @@ Communicator::Communicator(std::vector<int64_t> devices, TopologyView topo,
 
 Communicator::Communicator(std::vector<int64_t> devices, TopologyView topo,
                            std::unique_ptr<HostTransport> transport, GroupPlacement placement,
-                           std::unique_ptr<ShmGroup> shm)
+                           std::unique_ptr<ShmGroup> shm, std::unique_ptr<SocketLinks> links)
     : Communicator(std::move(devices), topo, std::move(transport)) {
   placement_ = std::move(placement);
   shm_ = std::move(shm);
+  links_ = std::move(links);
   shmTransport_ = dynamic_cast<HostFifoTransport*>(transport_.get());
   nLocal_ = 0;
   for (uint8_t l : placement_.local) nLocal_ += l ? 1 : 0;
@@ -212,7 +214,8 @@ void Communicator::Fail(const std::string& reason) {
   Stats().rendezvousPending.fetch_sub(static_cast<int64_t>(pending_.size()));
   pending_.clear();
   cv_.notify_all();
-  if (shm_) shm_->MarkFailed();  // before the wake-up: peers that wake see the flag
+  if (shm_) shm_->MarkFailed();    // before the wake-up: peers that wake see the flag
+  if (links_) links_->Shutdown();  // the socket peers see their streams end
   if (transport_) transport_->WakeAll();
   if (shm_) shm_->UnlinkAll();
 }
@@ -385,18 +388,33 @@ Status Communicator::Barrier(Execution& e, int rank, Clock::time_point deadline,
 Status Communicator::Connect(Clock::time_point deadline, double timeout, const std::string& name) {
   std::lock_guard<std::mutex> lock(connectMu_);
   if (connected_) return Status::Ok();
-  int missing = -1;
-  Status s = shm_->OpenRemote(deadline, &failed_, &missing);
-  if (!s.ok()) {
-    if (s.code() != Code::kTimeout || missing < 0) return s;
-    Stats().rendezvousTimeouts.fetch_add(1);
-    JR_FAIL(Code::kTimeout, "jax_rccl: '", name, "' timed out after ", timeout,
-            " s (JAX_RCCL_TIMEOUT) waiting for ", RankString(missing), " of the group of devices ",
-            DevicesString(), " to create its shared-memory segment ", shm_->Name(missing),
-            ": process ", placement_.process[missing],
-            " never joined this group (did it make the same call?)");
+  if (shm_) {
+    int missing = -1;
+    Status s = shm_->OpenRemote(deadline, &failed_, &missing);
+    if (!s.ok()) {
+      if (s.code() != Code::kTimeout || missing < 0) return s;
+      Stats().rendezvousTimeouts.fetch_add(1);
+      JR_FAIL(Code::kTimeout, "jax_rccl: '", name, "' timed out after ", timeout,
+              " s (JAX_RCCL_TIMEOUT) waiting for ", RankString(missing),
+              " of the group of devices ", DevicesString(), " to create its shared-memory segment ",
+              shm_->Name(missing), ": process ", placement_.process[missing],
+              " never joined this group (did it make the same call?)");
+    }
   }
-  for (int r = 0; r < nRanks(); ++r) shmTransport_->AttachRegion(r, shm_->Region(r));
+  for (int r = 0; r < nRanks(); ++r) {
+    char* region = nullptr;
+    if (links_) region = links_->Region(r);
+    if (region == nullptr && shm_) region = shm_->Region(r);
+    shmTransport_->AttachRegion(r, region);
+  }
+  if (links_) {
+    Status s = links_->Connect(deadline, &failed_, name, timeout);
+    if (!s.ok()) {
+      if (s.code() == Code::kTimeout) Stats().rendezvousTimeouts.fetch_add(1);
+      JR_STATUS_FRAME_(s);
+      return s;
+    }
+  }
   connected_ = true;
   return Status::Ok();
 }
@@ -414,7 +432,9 @@ Status Communicator::CheckCallSite(int64_t callSite, int rank, const CallFingerp
   fp.send = mine.send;
   fp.recv = mine.recv;
   fp.text = mine.text;
-  const bool posted = shm_->PostFingerprint(rank, callSite, fp);
+  bool posted = true;
+  if (shm_) posted = shm_->PostFingerprint(rank, callSite, fp);
+  if (links_) links_->PostFingerprint(rank, callSite, fp);
   std::vector<ShmFingerprint> all(static_cast<size_t>(nRanks()));
   std::vector<int> state(static_cast<size_t>(nRanks()), 0);  // 1 found, -1 skipped
   all[size_t(rank)] = fp;
@@ -424,13 +444,20 @@ Status Communicator::CheckCallSite(int64_t callSite, int rank, const CallFingerp
     int waitingFor = -1;
     for (int q = 0; q < nRanks(); ++q) {
       if (state[size_t(q)] != 0) continue;
-      state[size_t(q)] = shm_->FindFingerprint(q, callSite, &all[size_t(q)]);
+      state[size_t(q)] = links_ && (links_->socketRank(q) || !shm_)
+                             ? links_->FindFingerprint(q, callSite, &all[size_t(q)])
+                             : shm_->FindFingerprint(q, callSite, &all[size_t(q)]);
       if (state[size_t(q)] == 0 && waitingFor < 0) waitingFor = q;
     }
     if (waitingFor < 0) break;
     if (failed_.load()) {
       std::lock_guard<std::mutex> lock(mu_);
       return FailedError(name);
+    }
+    std::string why;
+    if (links_ && links_->Failed(&why)) {
+      JR_FAIL(Code::kTimeout, "jax_rccl: '", name, "': ", RankString(rank),
+              " cannot reach its peers of the group of devices ", DevicesString(), ": ", why);
     }
     if (Clock::now() >= deadline) {
       Stats().rendezvousTimeouts.fetch_add(1);
@@ -526,7 +553,17 @@ Status Communicator::Run(const ExecKey& key, Arrival arrival, double timeout,
   ctx.peers = &e->peers;
   ctx.deadline = DeadlineIn(timeout);
   ctx.aborted = &failed_;
-  if (shm_) ctx.peerFailed = [g = shm_.get()]() { return g->AnyFailed(); };
+  if (shm_ || links_) {
+    ctx.peerFailed = [g = shm_.get(), l = links_.get()](std::string* why) {
+      if (g != nullptr && g->AnyFailed()) {
+        *why =
+            "the communicator failed in another process of the group (a rank there timed out or "
+            "failed)";
+        return true;
+      }
+      return l != nullptr && l->Failed(why);
+    };
+  }
   ctx.name = name;
   BarrierCall call{this, e.get(), rank, ctx.deadline, &name};
   if (crossProcess()) {
@@ -547,7 +584,7 @@ Status Communicator::Run(const ExecKey& key, Arrival arrival, double timeout,
   if (crossProcess()) {
     result = Connect(ctx.deadline, timeout, name);
     if (result.ok()) {
-      shm_->MaybeUnlink();
+      if (shm_) shm_->MaybeUnlink();
       result = CheckCallSite(key.callSite, rank, mine, ctx.deadline, timeout, name);
       // A disagreement touched no FIFO: the communicator stays usable.
       if (!result.ok() && result.code() == Code::kInvalidUsage) failComm = false;
@@ -555,6 +592,14 @@ Status Communicator::Run(const ExecKey& key, Arrival arrival, double timeout,
   }
   if (result.ok()) {
     result = body(ctx);
+    // The process may exit after this call: its last steps must be on the wire first.
+    if (result.ok() && links_ && !links_->WaitDrained(rank, ctx.deadline)) {
+      std::string why = "the deadline (JAX_RCCL_TIMEOUT) passed";
+      links_->Failed(&why);
+      result = Status(Code::kTimeout,
+                      detail::StrCat("jax_rccl: '", name, "': ", RankString(rank),
+                                     " could not hand its last steps to the sockets: ", why));
+    }
     if (!result.ok() && crossProcess() && result.code() == Code::kTimeout) {
       result = Status(result.code(), detail::StrCat(result.message(), " [the group of devices ",
                                                     DevicesString(), ": ", PlacementString(), "]"));
@@ -565,12 +610,143 @@ Status Communicator::Run(const ExecKey& key, Arrival arrival, double timeout,
     ++served_[rank];
     cv_.notify_all();
   }
+  if (!result.ok() && failed()) {
+    // Stopped by an earlier failure of the communicator: say what it was.
+    std::string first;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      first = failReason_;
+    }
+    if (!first.empty() && result.message().find(first) == std::string::npos) {
+      result = Status(result.code(),
+                      detail::StrCat(result.message(), " [the first failure: ", first, "]"));
+    }
+  }
   if (!result.ok()) {
     JR_STATUS_FRAME_(result);
     // The other ranks may wait on this one inside the executor: stop them.
     if (failComm) Fail(result.message());
   }
   return result;
+}
+
+namespace {
+
+// Rank r's node for the topology: its host, or its process when sockets are forced.
+std::vector<std::string> NodeKeys(const GroupPlacement& g, bool forceSocket) {
+  std::vector<std::string> keys;
+  for (size_t r = 0; r < g.process.size(); ++r) {
+    keys.push_back(forceSocket ? detail::StrCat("process ", g.process[r]) : g.host[r]);
+  }
+  return keys;
+}
+
+// Nodes of equal size holding consecutive ranks (what the planner's rings and trees assume):
+// their count, or 1 when the group is not laid out that way.
+int CountNodes(const std::vector<std::string>& keys) {
+  std::vector<std::string> order;
+  std::vector<int> sizes;
+  for (const std::string& k : keys) {
+    if (order.empty() || order.back() != k) {
+      if (std::find(order.begin(), order.end(), k) != order.end()) return 1;  // not consecutive
+      order.push_back(k);
+      sizes.push_back(0);
+    }
+    ++sizes.back();
+  }
+  for (int s : sizes) {
+    if (s != sizes.front()) return 1;
+  }
+  return static_cast<int>(order.size());
+}
+
+}  // namespace
+
+// Per channel and node pair the bandwidth a TCP socket of the host runtime gets (GB/s), for the
+// topology's bwInter (the cost model's CPU net row uses it; benchmarks/multiprocess.py).
+constexpr float kCpuSocketBwGBs = 1.0f;
+
+static StatusOr<std::unique_ptr<Communicator>> CrossProcessCommunicator(
+    const std::vector<int64_t>& devices, const GroupPlacement& placement, const Params& params,
+    TopologyView topo) {
+  const std::string& mode = params.transport;
+  JR_REQUIRE(mode == "auto" || mode == "shm" || mode == "socket", Code::kInvalidArgument,
+             "jax_rccl: JAX_RCCL_TRANSPORT='", mode,
+             "' is not a transport; allowed: auto, shm, socket");
+  const int n = static_cast<int>(devices.size());
+  const bool forceSocket = mode == "socket";
+  // Per rank of another process: a socket when sockets are forced or its host differs.
+  std::vector<uint8_t> socketRank(size_t(n), 0), onHost(size_t(n), 0);
+  bool anySocket = false, anyShmPeer = false;
+  std::vector<std::string> otherHosts;
+  for (int r = 0; r < n; ++r) {
+    if (placement.local[size_t(r)]) {
+      onHost[size_t(r)] = 1;
+      continue;
+    }
+    const bool sameHost = placement.host[size_t(r)] == placement.thisHost;
+    socketRank[size_t(r)] = forceSocket || !sameHost ? 1 : 0;
+    onHost[size_t(r)] = socketRank[size_t(r)] ? 0 : 1;
+    anySocket = anySocket || socketRank[size_t(r)];
+    anyShmPeer = anyShmPeer || onHost[size_t(r)];
+    if (!sameHost) otherHosts.push_back(placement.host[size_t(r)]);
+  }
+  if (mode == "shm" && !otherHosts.empty()) {
+    JR_FAIL(Code::kInvalidArgument, "jax_rccl: JAX_RCCL_TRANSPORT=shm, but the group of devices ",
+            ListString(devices), " spans hosts ('", placement.thisHost, "' and '",
+            otherHosts.front(), "'); shared memory joins processes of one host only (use auto)");
+  }
+  if (anySocket) {
+    for (int r = 0; r < n; ++r) {
+      JR_REQUIRE(!socketRank[size_t(r)] || !placement.endpoint[size_t(r)].empty(),
+                 Code::kUnsupported, "jax_rccl: rank ", r, " (device ", devices[size_t(r)],
+                 ", process ", placement.process[size_t(r)],
+                 ") must be reached over a socket but its process published no endpoint (the "
+                 "world table has no 'endpoints')");
+    }
+  }
+  // The topology every process derives alike: shm links within a node, the network between
+  // nodes (hosts; processes when sockets are forced).
+  topo.intraLink = LinkKind::kShm;
+  topo.directPeers = false;
+  const int nNodes = CountNodes(NodeKeys(placement, forceSocket));
+  if (nNodes > 1) {
+    topo.nNodes = nNodes;
+    topo.interLink = LinkKind::kNet;
+    topo.bwInter = kCpuSocketBwGBs;
+  }
+  auto transport = std::make_unique<HostFifoTransport>(topo, /*shared=*/true);
+  uint64_t h = 0x243f6a8885a308d3ull;
+  for (int64_t d : devices) h = HashMix(h, static_cast<uint64_t>(d));
+  std::unique_ptr<ShmGroup> shm;
+  if (anyShmPeer) {
+    char hex[17];
+    std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(h));
+    shm = std::make_unique<ShmGroup>(detail::StrCat("/jrccl.", placement.session, ".", hex),
+                                     placement, transport->geometry(), onHost);
+    JR_CHECK(shm->CreateLocal());
+  }
+  std::unique_ptr<SocketLinks> links;
+  if (anySocket) {
+    // Regions this process keeps privately: the socket ranks' proxies, and its own ranks' when
+    // no other process shares the host.
+    std::vector<uint8_t> own(size_t(n), 0);
+    for (int r = 0; r < n; ++r) own[size_t(r)] = socketRank[size_t(r)] || !shm ? 1 : 0;
+    for (int r = 0; r < n; ++r) {
+      if (!placement.local[size_t(r)] && !socketRank[size_t(r)]) own[size_t(r)] = 0;
+    }
+    std::vector<int64_t> devs = devices;
+    GroupPlacement pl = placement;
+    auto rankString = [devs, pl](int r) {
+      return detail::StrCat("rank ", r, " (device ", devs[size_t(r)], ", process ",
+                            pl.process[size_t(r)], ", host '", pl.host[size_t(r)], "')");
+    };
+    links = std::make_unique<SocketLinks>(placement.session, h, placement, socketRank, own,
+                                          placement.endpoint, transport.get(), rankString);
+    JR_CHECK(links->AllocateRegions());
+  }
+  return std::make_unique<Communicator>(devices, topo, std::move(transport), placement,
+                                        std::move(shm), std::move(links));
 }
 
 World& World::Get() {
@@ -592,19 +768,7 @@ StatusOr<Communicator*> World::GetOrCreate(const std::vector<int64_t>& devices,
     JR_ASSIGN_OR_RETURN(std::unique_ptr<HostTransport> transport, MakeHostTransport(topo));
     comm = std::make_unique<Communicator>(devices, topo, std::move(transport));
   } else {
-    // One host, several processes: shared-memory FIFOs; no rank reads another's buffers.
-    topo.intraLink = LinkKind::kShm;
-    topo.directPeers = false;
-    auto transport = std::make_unique<HostFifoTransport>(topo, /*shared=*/true);
-    uint64_t h = 0x243f6a8885a308d3ull;
-    for (int64_t d : devices) h = HashMix(h, static_cast<uint64_t>(d));
-    char hex[17];
-    std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(h));
-    auto shm = std::make_unique<ShmGroup>(detail::StrCat("/jrccl.", placement.session, ".", hex),
-                                          placement, transport->geometry());
-    JR_CHECK(shm->CreateLocal());
-    comm = std::make_unique<Communicator>(devices, topo, std::move(transport), placement,
-                                          std::move(shm));
+    JR_ASSIGN_OR_RETURN(comm, CrossProcessCommunicator(devices, placement, params, topo));
   }
   Communicator* out = comm.get();
   comms_.emplace(devices, std::move(comm));

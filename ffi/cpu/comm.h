@@ -3,13 +3,16 @@
 // through which the ranks of one execution meet.
 //
 // A group whose devices all belong to this process runs in-process (loopback links, Direct reads of
-// peers' buffers, heap FIFOs). A group spanning processes of one host (the world table,
-// world.h) holds this process's ranks only: its topology has shm links and no direct peers (the
-// planner picks Ring, Tree or p2p), and its FIFO transport lives in shared-memory segments
-// (shm.h), one per rank, mapped on the first execution. Local ranks meet at the rendezvous as
-// below; ranks in other processes are synchronized by the FIFOs themselves. On the first use of a
-// call site every rank posts its call fingerprint and a short text of its tasks in its segment
-// and compares them with every peer's before running.
+// peers' buffers, heap FIFOs). A group spanning processes (the world table, world.h) holds this
+// process's ranks only: its topology has shm links and no direct peers (the planner picks Ring,
+// Tree or p2p), and each pair of ranks talks through FIFOs chosen per pair of processes: in
+// shared-memory segments (shm.h, one per rank, mapped on the first execution) when both
+// processes share a host, through TCP sockets and a progress thread (socket.h) otherwise, or
+// between all processes when JAX_RCCL_TRANSPORT=socket. A group across hosts plans with one node
+// per host (one per process when sockets are forced) and network links between them. Local ranks
+// meet at the rendezvous as below; ranks in other processes are synchronized by the FIFOs
+// themselves. On the first use of a call site every rank posts its call fingerprint and a short
+// text of its tasks in its segment and compares them with every peer's before running.
 //
 // An execution is one call of one call site: its n invocations (one per device of the group) run
 // on n threads of the CPU client's pool and meet under the key (instance, call site, run id).
@@ -106,6 +109,7 @@ uint64_t HashMix(uint64_t h, uint64_t v);
 
 struct Execution;
 class ShmGroup;
+class SocketLinks;
 class HostFifoTransport;
 
 class Communicator {
@@ -113,11 +117,13 @@ class Communicator {
   // In-process: every rank of `devices` belongs to this process.
   Communicator(std::vector<int64_t> devices, TopologyView topo,
                std::unique_ptr<HostTransport> transport);
-  // Across processes: `placement` says which ranks are local; `shm` holds the segments (this
-  // process's already created) and `transport` is the shared FIFO transport over them.
+  // Across processes: `placement` says which ranks are local; `shm` holds the segments of the
+  // ranks on this host (this process's already created; null when no other process of the group
+  // shares the host), `links` the sockets to the other ranks (null when none), and `transport`
+  // is the shared FIFO transport over both.
   Communicator(std::vector<int64_t> devices, TopologyView topo,
                std::unique_ptr<HostTransport> transport, GroupPlacement placement,
-               std::unique_ptr<ShmGroup> shm);
+               std::unique_ptr<ShmGroup> shm, std::unique_ptr<SocketLinks> links);
   ~Communicator();
 
   int nRanks() const { return static_cast<int>(devices_.size()); }
@@ -128,6 +134,9 @@ class Communicator {
   const std::vector<int64_t>& devices() const { return devices_; }
   const TopologyView& topo() const { return topo_; }
   bool failed() const { return failed_.load(std::memory_order_acquire); }
+  // Ranks reached over sockets (none in-process or on one host with shared memory).
+  bool usesSockets() const { return links_ != nullptr; }
+  const SocketLinks* links() const { return links_.get(); }
 
   // Runs one rank's part of the execution `key`: posts `arrival`, waits for every rank of the
   // group (until `timeout` seconds from now), checks that the ranks agree on the call, waits for
@@ -176,6 +185,7 @@ class Communicator {
   GroupPlacement placement_;
   int nLocal_ = 0;
   std::unique_ptr<ShmGroup> shm_;
+  std::unique_ptr<SocketLinks> links_;
   HostFifoTransport* shmTransport_ = nullptr;
   std::mutex connectMu_;
   bool connected_ = false;
@@ -188,7 +198,8 @@ class World {
   static World& Get();
   // The communicator of `devices` (rank order), formed with `params` on first use: in-process
   // when every device is local, over shared memory when the group spans processes of one host
-  // (the world table), an error (kUnsupported) when it spans hosts.
+  // (the world table) and over sockets to the processes of other hosts (or to every other
+  // process under JAX_RCCL_TRANSPORT=socket).
   StatusOr<Communicator*> GetOrCreate(const std::vector<int64_t>& devices, const Params& params);
 
  private:

@@ -546,10 +546,9 @@ Status Executor::RunKernel(const KernelPlan& kp) {
               " stopped: the communicator failed (another rank timed out or failed)");
     }
     if (progressed) continue;
-    if (ctx_.peerFailed && ctx_.peerFailed()) {
-      JR_FAIL(Code::kTimeout, ctx_.name, ": rank ", rank_,
-              " stopped: the communicator failed in another process of the group (a rank there "
-              "timed out or failed)");
+    std::string why;
+    if (ctx_.peerFailed && ctx_.peerFailed(&why)) {
+      JR_FAIL(Code::kTimeout, ctx_.name, ": rank ", rank_, " stopped: ", why);
     }
     const auto now = Clock::now();
     if (now >= ctx_.deadline) return TimeoutError(lanes);

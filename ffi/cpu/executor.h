@@ -55,8 +55,9 @@ struct ExecContext {
   Clock::time_point deadline;
   // Set when the communicator failed (another rank timed out): waits stop with an error.
   const std::atomic<bool>* aborted = nullptr;
-  // Across processes: whether another process of the group reported its communicator failed.
-  std::function<bool()> peerFailed;
+  // Across processes: whether another process of the group reported its communicator failed or
+  // a socket to a peer broke; *why then says which (asked only when the rank cannot progress).
+  std::function<bool(std::string* why)> peerFailed;
   std::string name;  // the collective, for messages
 };
 

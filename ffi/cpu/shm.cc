@@ -60,13 +60,20 @@ std::vector<std::string> PendingShmNames() {
 }
 
 ShmGroup::ShmGroup(std::string prefix, const GroupPlacement& placement,
-                   const TransportGeometry& geo)
-    : placement_(placement), geo_(geo) {
+                   const TransportGeometry& geo, std::vector<uint8_t> onHost)
+    : placement_(placement), geo_(geo), onHost_(std::move(onHost)) {
   regionOffset_ = int64_t((sizeof(ShmHeader) + 4095) / 4096 * 4096);
   totalBytes_ = regionOffset_ + RankRegion::Bytes(geo_);
-  for (int r = 0; r < geo_.nRanks; ++r) names_.push_back(detail::StrCat(prefix, ".", r));
+  std::set<int> procs;
+  for (int r = 0; r < geo_.nRanks; ++r) {
+    names_.push_back(detail::StrCat(prefix, ".", r));
+    if (onHost_[size_t(r)]) {
+      Register(names_.back());
+      procs.insert(placement_.process[size_t(r)]);
+    }
+  }
+  placement_.processes.assign(procs.begin(), procs.end());
   bases_.assign(size_t(geo_.nRanks), nullptr);
-  for (const std::string& n : names_) Register(n);
 }
 
 ShmGroup::~ShmGroup() {
@@ -138,7 +145,7 @@ Status ShmGroup::OpenRemote(Clock::time_point deadline, const std::atomic<bool>*
   while (true) {
     bool all = true;
     for (int r = 0; r < geo_.nRanks; ++r) {
-      if (bases_[size_t(r)] != nullptr) continue;
+      if (bases_[size_t(r)] != nullptr || !onHost_[size_t(r)]) continue;
       const std::string& name = names_[size_t(r)];
       const int fd = shm_open(name.c_str(), O_RDWR, 0600);
       if (fd < 0) {
@@ -188,7 +195,7 @@ Status ShmGroup::OpenRemote(Clock::time_point deadline, const std::atomic<bool>*
     if (all) return Status::Ok();
     if ((aborted != nullptr && aborted->load()) || Clock::now() >= deadline) {
       for (int r = 0; r < geo_.nRanks; ++r) {
-        if (bases_[size_t(r)] == nullptr) {
+        if (bases_[size_t(r)] == nullptr && onHost_[size_t(r)]) {
           *missingRank = r;
           break;
         }
@@ -203,6 +210,7 @@ Status ShmGroup::OpenRemote(Clock::time_point deadline, const std::atomic<bool>*
 void ShmGroup::MaybeUnlink() {
   if (unlinked()) return;
   for (int r = 0; r < geo_.nRanks; ++r) {
+    if (!onHost_[size_t(r)]) continue;
     ShmHeader* h = Header(r);
     if (h == nullptr) return;
     for (int p : placement_.processes) {
@@ -216,7 +224,9 @@ void ShmGroup::MaybeUnlink() {
 
 void ShmGroup::UnlinkAll() {
   if (unlinked_.exchange(true)) return;
-  for (const std::string& n : names_) Unlink(n);
+  for (size_t r = 0; r < names_.size(); ++r) {
+    if (onHost_[r]) Unlink(names_[r]);
+  }
 }
 
 namespace {

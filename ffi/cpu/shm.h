@@ -60,7 +60,10 @@ struct ShmFingerprint {
 // The segments of one group, as seen from this process.
 class ShmGroup {
  public:
-  ShmGroup(std::string prefix, const GroupPlacement& placement, const TransportGeometry& geo);
+  // `onHost[r]`: rank r has a segment (its process shares this host and talks to this process
+  // through shared memory); the other ranks are reached over sockets.
+  ShmGroup(std::string prefix, const GroupPlacement& placement, const TransportGeometry& geo,
+           std::vector<uint8_t> onHost);
   ~ShmGroup();
   ShmGroup(const ShmGroup&) = delete;
   ShmGroup& operator=(const ShmGroup&) = delete;
@@ -96,8 +99,9 @@ class ShmGroup {
   ShmHeader* Header(int rank) const { return reinterpret_cast<ShmHeader*>(bases_[size_t(rank)]); }
   void MarkMapped(int rank);
 
-  GroupPlacement placement_;
+  GroupPlacement placement_;  // processes: those of the ranks with a segment
   TransportGeometry geo_;
+  std::vector<uint8_t> onHost_;
   int64_t regionOffset_ = 0;
   int64_t totalBytes_ = 0;
   std::vector<std::string> names_;

@@ -1,6 +1,7 @@
 // The host transport: FIFO connections and futex doorbells, in process memory or in shared
 // memory (see transport_host.h).
 #include <linux/futex.h>
+#include <sys/eventfd.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -63,6 +64,7 @@ HostFifoTransport::HostFifoTransport(const TopologyView& topo) : HostFifoTranspo
 HostFifoTransport::HostFifoTransport(const TopologyView& topo, bool shared)
     : geo_(GeometryOf(topo)), shared_(shared) {
   opArgs_.resize(size_t(geo_.nRanks));
+  wakeFds_.assign(size_t(geo_.nRanks), -1);
   if (shared_) {
     regions_.assign(size_t(geo_.nRanks), nullptr);
     return;
@@ -118,7 +120,19 @@ HostConn* HostFifoTransport::Conn(int channel, int from, int to) {
 void HostFifoTransport::Ring(int rank) {
   Doorbell& b = Bell(rank);
   b.seq.fetch_add(1, std::memory_order_seq_cst);
-  if (b.waiters.load(std::memory_order_seq_cst) != 0) FutexWakeAll(&b.seq, shared_);
+  if (b.waiters.load(std::memory_order_seq_cst) != 0) {
+    const int fd = wakeFds_[size_t(rank)];
+    if (fd >= 0) {
+      const uint64_t one = 1;
+      [[maybe_unused]] ssize_t k = write(fd, &one, sizeof(one));
+    } else {
+      FutexWakeAll(&b.seq, shared_);
+    }
+  }
+}
+
+void HostFifoTransport::AddProxyWaiter(int rank, int delta) {
+  Bell(rank).waiters.fetch_add(uint32_t(delta), std::memory_order_seq_cst);
 }
 
 void HostFifoTransport::Wait(int rank, uint32_t seen, int64_t timeoutNs) {

@@ -135,6 +135,12 @@ class HostFifoTransport final : public HostTransport {
   // Sleeps until rank's doorbell moves past `seen` or `timeoutNs` passes.
   void Wait(int rank, uint32_t seen, int64_t timeoutNs);
 
+  // A rank reached over a socket (socket.h): its doorbell lives in this process's proxy region
+  // and wakes the progress thread through the eventfd `fd` instead of a futex.
+  void SetWakeFd(int rank, int fd) { wakeFds_[size_t(rank)] = fd; }
+  // The progress thread announces (+1) and ends (-1) its sleep on rank's proxy doorbell.
+  void AddProxyWaiter(int rank, int delta);
+
  private:
   Doorbell& Bell(int rank) const;
 
@@ -148,6 +154,8 @@ class HostFifoTransport final : public HostTransport {
   std::vector<std::unique_ptr<char[]>> blocks_;
   // Shared storage: by rank, its region (not owned).
   std::vector<char*> regions_;
+  // By rank: the eventfd its doorbell writes (ranks behind a socket), or -1.
+  std::vector<int> wakeFds_;
 };
 
 }  // namespace cpu

@@ -44,6 +44,9 @@ Status SetWorldTable(WorldTable table) {
                "set_world: device ", d.id, " names process ", d.process, ", not in 0..",
                table.nprocesses - 1);
   }
+  JR_REQUIRE(table.endpoints.empty() || int(table.endpoints.size()) == table.nprocesses,
+             Code::kInvalidArgument, "set_world: endpoints must name one 'host:port' per process (",
+             table.nprocesses, "), got ", table.endpoints.size());
   auto p = std::make_shared<const WorldTable>(std::move(table));
   std::lock_guard<std::mutex> lock(g_mu);
   g_table = std::move(p);
@@ -67,6 +70,12 @@ StatusOr<GroupPlacement> PlaceGroup(const std::vector<int64_t>& devices) {
   }
   g.thisProcess = w->process;
   g.session = w->session;
+  for (const WorldDevice& d : w->devices) {
+    if (d.process == w->process) {
+      g.thisHost = d.host;
+      break;
+    }
+  }
   std::map<std::string, std::vector<int64_t>> byHost;
   std::set<int> procs;
   for (int r = 0; r < n; ++r) {
@@ -75,12 +84,15 @@ StatusOr<GroupPlacement> PlaceGroup(const std::vector<int64_t>& devices) {
                " of a replica group is not in the world table set by set_world (",
                w->devices.size(), " devices)");
     g.process.push_back(d->process);
+    g.host.push_back(d->host);
+    g.endpoint.push_back(size_t(d->process) < w->endpoints.size() ? w->endpoints[d->process]
+                                                                  : std::string());
     g.local.push_back(d->process == w->process ? 1 : 0);
     byHost[d->host].push_back(devices[r]);
     procs.insert(d->process);
   }
   g.processes.assign(procs.begin(), procs.end());
-  if (byHost.size() > 1) {
+  if (byHost.size() > 1 && w->endpoints.empty()) {
     std::string hosts;
     for (const auto& [host, ids] : byHost) {
       hosts += detail::StrCat(hosts.empty() ? "" : ", ", "'", host, "' (devices");
@@ -88,8 +100,8 @@ StatusOr<GroupPlacement> PlaceGroup(const std::vector<int64_t>& devices) {
       hosts += ")";
     }
     JR_FAIL(Code::kUnsupported, "jax_rccl: a replica group spans several hosts: ", hosts,
-            "; collectives between hosts (sockets) are not implemented yet; only groups within "
-            "one host are supported");
+            "; collectives between hosts need every process's socket endpoint in the world table "
+            "(set_world's 'endpoints', published by jax_rccl's bootstrap)");
   }
   JR_REQUIRE(std::find(g.local.begin(), g.local.end(), 1) != g.local.end(), Code::kInvalidArgument,
              "jax_rccl: no device of the replica group belongs to this "

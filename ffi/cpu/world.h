@@ -24,6 +24,9 @@ struct WorldTable {
   int nprocesses = 1;
   std::string session;  // hex, the same in every process of a run, unique per run
   std::vector<WorldDevice> devices;
+  // By process: "host:port" of its socket listener (jax_rccl/_bootstrap.py), or empty when
+  // the processes publish none (then every group must stay within one host).
+  std::vector<std::string> endpoints;
   // The entry of device `id`, or null.
   const WorldDevice* Find(int64_t id) const;
 };
@@ -35,18 +38,22 @@ std::shared_ptr<const WorldTable> GetWorldTable();
 
 // Where the devices of one replica group live.
 struct GroupPlacement {
-  bool crossProcess = false;  // some device belongs to another process (one host)
+  bool crossProcess = false;  // some device belongs to another process
   int thisProcess = 0;
-  std::vector<int> process;    // by rank
-  std::vector<uint8_t> local;  // by rank: owned by this process
-  std::vector<int> processes;  // the distinct processes of the group, ascending
+  std::string thisHost;
+  std::vector<int> process;           // by rank
+  std::vector<std::string> host;      // by rank
+  std::vector<std::string> endpoint;  // by rank: its process's "host:port" ("" if none)
+  std::vector<uint8_t> local;         // by rank: owned by this process
+  std::vector<int> processes;         // the distinct processes of the group, ascending
   std::string session;
 };
 
 // Classifies `devices` (rank order) against the world table: all local (no table, or every
-// device in this process), or spanning processes of one host. Errors: a device missing from the
-// table (kInvalidArgument), devices on several hosts (kUnsupported, naming the hosts), a group
-// with none of this process's devices (kInvalidArgument).
+// device in this process), or spanning processes (of one host or several). Errors: a device
+// missing from the table (kInvalidArgument), devices on several hosts when the processes published
+// no socket endpoints (kUnsupported, naming the hosts), a group with none of this process's
+// devices (kInvalidArgument).
 StatusOr<GroupPlacement> PlaceGroup(const std::vector<int64_t>& devices);
 
 }  // namespace cpu

@@ -1,0 +1,691 @@
+// TCP links between processes and their progress thread (see socket.h).
+#include "ffi/cpu/socket.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <deque>
+#include <thread>
+
+namespace jax_rccl {
+namespace cpu {
+
+namespace {
+
+constexpr uint64_t kHelloMagic = 0x6a7263636e657431ull;  // "jrccnet1"
+constexpr uint32_t kFrameData = 0x6a720001u;
+constexpr uint32_t kFrameFingerprint = 0x6a720002u;
+
+struct Hello {
+  uint64_t magic;
+  uint64_t group;
+  int32_t channel, lo, hi, process;
+  char session[64];
+};
+
+struct FrameHeader {
+  uint32_t type;
+  int32_t channel, from, to;
+  uint64_t step;
+  int64_t bytes;
+};
+static_assert(sizeof(FrameHeader) == 32, "frame header");
+
+struct FingerprintWire {
+  int64_t callSite;
+  uint64_t coll, send, recv;
+  char text[kShmFpTextBytes];
+};
+
+std::string ErrnoText(int e) {
+  return detail::StrCat(std::strerror(e), " (errno ", e, ")");
+}
+
+// The process-wide listener and the connections accepted on it, parked until their communicator
+// claims them (a peer may connect before this process formed the group).
+struct Listener {
+  std::mutex mu;
+  int fd = -1;
+  int port = 0;
+  std::map<std::tuple<uint64_t, int, int, int>, int> parked;  // (group, channel, lo, hi) -> fd
+  std::mutex acceptMu;                                        // one thread accepts at a time
+};
+
+Listener& TheListener() {
+  static Listener* l = new Listener();  // never destroyed: progress threads may outlive statics
+  return *l;
+}
+
+void SetSocketOptions(int fd) {
+  const int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
+bool SetNonBlocking(int fd) {
+  const int flags = fcntl(fd, F_GETFL, 0);
+  return flags >= 0 && fcntl(fd, F_SETFL, flags | O_NONBLOCK) == 0;
+}
+
+// Reads exactly `n` bytes from a blocking socket, waiting at most `ms` in total.
+bool ReadFull(int fd, void* buf, size_t n, int ms) {
+  char* p = static_cast<char*>(buf);
+  const auto end = Clock::now() + std::chrono::milliseconds(ms);
+  while (n > 0) {
+    const int left =
+        int(std::chrono::duration_cast<std::chrono::milliseconds>(end - Clock::now()).count());
+    if (left <= 0) return false;
+    struct pollfd pfd = {fd, POLLIN, 0};
+    if (poll(&pfd, 1, left) <= 0) continue;
+    const ssize_t k = recv(fd, p, n, 0);
+    if (k <= 0) {
+      if (k < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+      return false;
+    }
+    p += k;
+    n -= size_t(k);
+  }
+  return true;
+}
+
+bool WriteFull(int fd, const void* buf, size_t n) {
+  const char* p = static_cast<const char*>(buf);
+  while (n > 0) {
+    const ssize_t k = send(fd, p, n, MSG_NOSIGNAL);
+    if (k < 0) {
+      if (errno == EINTR) continue;
+      return false;
+    }
+    p += k;
+    n -= size_t(k);
+  }
+  return true;
+}
+
+// Accepts connections until the one for `key` arrived, or the deadline. The hello must carry
+// `session`; others are closed. Returns the fd, -1 on the deadline or abort.
+int AcceptFor(const std::tuple<uint64_t, int, int, int>& key, const std::string& session,
+              Clock::time_point deadline, const std::atomic<bool>* aborted) {
+  Listener& L = TheListener();
+  while (true) {
+    {
+      std::lock_guard<std::mutex> lock(L.mu);
+      auto it = L.parked.find(key);
+      if (it != L.parked.end()) {
+        const int fd = it->second;
+        L.parked.erase(it);
+        return fd;
+      }
+    }
+    if (Clock::now() >= deadline || (aborted != nullptr && aborted->load())) return -1;
+    std::unique_lock<std::mutex> acceptLock(L.acceptMu, std::try_to_lock);
+    if (!acceptLock.owns_lock()) {  // another thread accepts; it parks ours too
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      continue;
+    }
+    struct pollfd pfd = {L.fd, POLLIN, 0};
+    if (poll(&pfd, 1, 20) <= 0) continue;
+    const int fd = accept4(L.fd, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) continue;
+    Hello h;
+    std::memset(&h, 0, sizeof(h));
+    if (!ReadFull(fd, &h, sizeof(h), 5000) || h.magic != kHelloMagic ||
+        strncmp(h.session, session.c_str(), sizeof(h.session)) != 0) {
+      close(fd);  // a stray connection, or one of another run
+      continue;
+    }
+    std::lock_guard<std::mutex> lock(L.mu);
+    auto k = std::make_tuple(h.group, int(h.channel), int(h.lo), int(h.hi));
+    auto old = L.parked.find(k);
+    if (old != L.parked.end()) close(old->second);
+    L.parked[k] = fd;
+  }
+}
+
+bool SplitEndpoint(const std::string& ep, std::string* host, std::string* port) {
+  const size_t colon = ep.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 >= ep.size()) return false;
+  *host = ep.substr(0, colon);
+  if (host->size() > 2 && host->front() == '[' && host->back() == ']') {
+    *host = host->substr(1, host->size() - 2);
+  }
+  *port = ep.substr(colon + 1);
+  return true;
+}
+
+}  // namespace
+
+StatusOr<int> SocketListenPort() {
+  Listener& L = TheListener();
+  std::lock_guard<std::mutex> lock(L.mu);
+  if (L.fd >= 0) return L.port;
+  const int fd = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  int use = fd;
+  bool v6 = true;
+  if (fd < 0) {  // no IPv6: IPv4 only
+    use = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    v6 = false;
+  }
+  JR_REQUIRE(use >= 0, Code::kSystem, "jax_rccl: cannot create a TCP socket: ", ErrnoText(errno));
+  const int one = 1, zero = 0;
+  setsockopt(use, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  int rc;
+  if (v6) {
+    setsockopt(use, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero));  // IPv4 peers too
+    struct sockaddr_in6 a;
+    std::memset(&a, 0, sizeof(a));
+    a.sin6_family = AF_INET6;
+    a.sin6_addr = in6addr_any;
+    rc = bind(use, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+  } else {
+    struct sockaddr_in a;
+    std::memset(&a, 0, sizeof(a));
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_ANY);
+    rc = bind(use, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+  }
+  if (rc != 0 || listen(use, 4096) != 0) {
+    const int e = errno;
+    close(use);
+    JR_FAIL(Code::kSystem, "jax_rccl: cannot listen on a TCP port: ", ErrnoText(e));
+  }
+  struct sockaddr_storage ss;
+  socklen_t len = sizeof(ss);
+  getsockname(use, reinterpret_cast<sockaddr*>(&ss), &len);
+  L.port = v6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port)
+              : ntohs(reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
+  L.fd = use;
+  return L.port;
+}
+
+// One TCP connection: channel `channel` between local rank `local` and remote rank `remote`.
+struct SocketLink {
+  int channel = 0, local = 0, remote = 0;
+  int fd = -1;
+  HostConn* out = nullptr;  // Conn(channel, local, remote): the send proxy FIFO
+  HostConn* in = nullptr;   // Conn(channel, remote, local): filled from the socket
+  // send state
+  uint64_t sent = 0;  // steps of `out` fully on the wire
+  FrameHeader sendHdr{};
+  int64_t sendDone = -1;  // bytes of the current frame written (-1: none started)
+  bool sendingControl = false;
+  std::string control;  // the control frame being written (header + payload)
+  std::deque<std::string> controlQueue;
+  // recv state
+  uint64_t received = 0;  // steps of `in` filled
+  FrameHeader recvHdr{};
+  int64_t hdrGot = 0;
+  int64_t payloadGot = 0;
+  FingerprintWire fpIn{};
+};
+
+SocketLinks::SocketLinks(std::string session, uint64_t group, const GroupPlacement& placement,
+                         std::vector<uint8_t> socketRank, std::vector<uint8_t> ownRegion,
+                         std::vector<std::string> endpoints, HostFifoTransport* transport,
+                         std::function<std::string(int)> rankString)
+    : session_(std::move(session)),
+      group_(group),
+      placement_(placement),
+      socketRank_(std::move(socketRank)),
+      ownRegion_(std::move(ownRegion)),
+      endpoints_(std::move(endpoints)),
+      tr_(transport),
+      rankString_(std::move(rankString)),
+      geo_(transport->geometry()) {
+  regionBytes_ = RankRegion::Bytes(geo_);
+  regions_.assign(size_t(geo_.nRanks), nullptr);
+}
+
+SocketLinks::~SocketLinks() {
+  stop_.store(true);
+  Wake();
+  if (thread_.joinable()) thread_.join();
+  for (auto& l : links_) {
+    if (l->fd >= 0) close(l->fd);
+  }
+  if (wakeFd_ >= 0) close(wakeFd_);
+  for (char* r : regions_) {
+    if (r != nullptr) munmap(r, size_t(regionBytes_));
+  }
+}
+
+Status SocketLinks::AllocateRegions() {
+  for (int r = 0; r < geo_.nRanks; ++r) {
+    if (!ownRegion_[size_t(r)] || regions_[size_t(r)] != nullptr) continue;
+    // Anonymous memory: zeroed, and only the pages the FIFOs touch materialize.
+    void* p = mmap(nullptr, size_t(regionBytes_), PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    JR_REQUIRE(p != MAP_FAILED, Code::kSystem, "jax_rccl: cannot map ", regionBytes_,
+               " bytes for the FIFOs of ", rankString_(r), ": ", ErrnoText(errno));
+    RankRegion::Init(static_cast<char*>(p), geo_);
+    regions_[size_t(r)] = static_cast<char*>(p);
+  }
+  return Status::Ok();
+}
+
+void SocketLinks::Wake() {
+  if (wakeFd_ >= 0) {
+    const uint64_t one = 1;
+    [[maybe_unused]] ssize_t k = write(wakeFd_, &one, sizeof(one));
+  }
+}
+
+void SocketLinks::SetFailed(const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (failed_.load()) return;
+    reason_ = reason;
+    failed_.store(true, std::memory_order_release);
+  }
+  // Wake the local ranks: they stop as soon as they cannot progress.
+  for (int r = 0; r < geo_.nRanks; ++r) {
+    if (placement_.local[size_t(r)]) tr_->Ring(r);
+  }
+}
+
+bool SocketLinks::Failed(std::string* reason) const {
+  if (!failed_.load(std::memory_order_acquire)) return false;
+  if (reason != nullptr) {
+    std::lock_guard<std::mutex> lock(mu_);
+    *reason = reason_;
+  }
+  return true;
+}
+
+void SocketLinks::Shutdown() {
+  for (auto& l : links_) {
+    if (l->fd >= 0) shutdown(l->fd, SHUT_RDWR);
+  }
+  stop_.store(true);
+  Wake();
+}
+
+Status SocketLinks::Connect(Clock::time_point deadline, const std::atomic<bool>* aborted,
+                            const std::string& name, double timeout) {
+  JR_REQUIRE(links_.empty(), Code::kInternal, "jax_rccl: socket links connected twice");
+  JR_ASSIGN_OR_RETURN(int port, SocketListenPort());
+  (void)port;
+  wakeFd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  JR_REQUIRE(wakeFd_ >= 0, Code::kSystem, "jax_rccl: cannot create an eventfd: ", ErrnoText(errno));
+  const int n = geo_.nRanks;
+  for (int c = 0; c < geo_.nChannels; ++c) {
+    for (int l = 0; l < n; ++l) {
+      if (!placement_.local[size_t(l)]) continue;
+      for (int r = 0; r < n; ++r) {
+        if (!socketRank_[size_t(r)]) continue;
+        auto link = std::make_unique<SocketLink>();
+        link->channel = c;
+        link->local = l;
+        link->remote = r;
+        link->out = tr_->Conn(c, l, r);
+        link->in = tr_->Conn(c, r, l);
+        JR_REQUIRE(link->out != nullptr && link->in != nullptr, Code::kInternal,
+                   "jax_rccl: no FIFO for the socket link of channel ", c, " between ranks ", l,
+                   " and ", r);
+        links_.push_back(std::move(link));
+      }
+    }
+  }
+  // The lower rank of a pair connects (the peer's listener queues the connection even before its
+  // process reaches this group); then the higher rank's connections are claimed.
+  for (auto& lk : links_) {
+    if (lk->local > lk->remote) continue;
+    const std::string& ep = endpoints_[size_t(lk->remote)];
+    std::string host, portText;
+    JR_REQUIRE(SplitEndpoint(ep, &host, &portText), Code::kInvalidArgument, "jax_rccl: '", name,
+               "': ", rankString_(lk->remote), " has no socket endpoint (got '", ep,
+               "'; the world table gives every process a 'host:port')");
+    struct addrinfo hints;
+    std::memset(&hints, 0, sizeof(hints));
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    struct addrinfo* res = nullptr;
+    const int gai = getaddrinfo(host.c_str(), portText.c_str(), &hints, &res);
+    JR_REQUIRE(gai == 0 && res != nullptr, Code::kSystem, "jax_rccl: '", name,
+               "': cannot resolve the endpoint ", ep, " of ", rankString_(lk->remote), ": ",
+               gai_strerror(gai));
+    int fd = -1;
+    int lastErr = 0;
+    int sleepMs = 1;
+    while (fd < 0) {
+      for (struct addrinfo* a = res; a != nullptr && fd < 0; a = a->ai_next) {
+        const int s = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+        if (s < 0) {
+          lastErr = errno;
+          continue;
+        }
+        if (connect(s, a->ai_addr, a->ai_addrlen) == 0) {
+          fd = s;
+        } else {
+          lastErr = errno;
+          close(s);
+        }
+      }
+      if (fd >= 0) break;
+      if (Clock::now() >= deadline || (aborted != nullptr && aborted->load())) {
+        freeaddrinfo(res);
+        JR_FAIL(Code::kTimeout, "jax_rccl: '", name, "' timed out after ", timeout,
+                " s (JAX_RCCL_TIMEOUT) connecting to ", rankString_(lk->remote), " at ", ep,
+                " (channel ", lk->channel, ", from rank ", lk->local, "): ", ErrnoText(lastErr));
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(sleepMs));
+      sleepMs = std::min(sleepMs * 2, 100);
+    }
+    freeaddrinfo(res);
+    Hello h;
+    std::memset(&h, 0, sizeof(h));
+    h.magic = kHelloMagic;
+    h.group = group_;
+    h.channel = lk->channel;
+    h.lo = lk->local;
+    h.hi = lk->remote;
+    h.process = placement_.thisProcess;
+    std::strncpy(h.session, session_.c_str(), sizeof(h.session) - 1);
+    if (!WriteFull(fd, &h, sizeof(h))) {
+      const int e = errno;
+      close(fd);
+      JR_FAIL(Code::kSystem, "jax_rccl: '", name, "': cannot greet ", rankString_(lk->remote),
+              " at ", ep, ": ", ErrnoText(e));
+    }
+    lk->fd = fd;
+  }
+  for (auto& lk : links_) {
+    if (lk->local < lk->remote) continue;
+    const int fd = AcceptFor(std::make_tuple(group_, lk->channel, lk->remote, lk->local), session_,
+                             deadline, aborted);
+    if (fd < 0) {
+      JR_FAIL(Code::kTimeout, "jax_rccl: '", name, "' timed out after ", timeout,
+              " s (JAX_RCCL_TIMEOUT) waiting for ", rankString_(lk->remote), " at ",
+              endpoints_[size_t(lk->remote)], " to connect (channel ", lk->channel, ", to rank ",
+              lk->local, "): process ", placement_.process[size_t(lk->remote)],
+              " never joined this group (did it make the same call?)");
+    }
+    lk->fd = fd;
+  }
+  for (auto& lk : links_) {
+    SetSocketOptions(lk->fd);
+    JR_REQUIRE(SetNonBlocking(lk->fd), Code::kSystem,
+               "jax_rccl: cannot make a socket "
+               "non-blocking: ",
+               ErrnoText(errno));
+  }
+  for (int r = 0; r < n; ++r) {
+    if (socketRank_[size_t(r)]) tr_->SetWakeFd(r, wakeFd_);
+  }
+  thread_ = std::thread([this]() { ProgressLoop(); });
+  return Status::Ok();
+}
+
+bool SocketLinks::PumpSend(SocketLink& lk, bool* wantWrite) {
+  bool progressed = false;
+  while (true) {
+    if (lk.sendDone < 0) {  // start a frame: a control frame first, then the next data step
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (!lk.controlQueue.empty()) {
+          lk.control = std::move(lk.controlQueue.front());
+          lk.controlQueue.pop_front();
+          lk.sendingControl = true;
+          lk.sendDone = 0;
+        }
+      }
+      if (lk.sendDone < 0) {
+        if (lk.out->tail.load(std::memory_order_acquire) <= lk.sent) return progressed;
+        lk.sendHdr.type = kFrameData;
+        lk.sendHdr.channel = lk.channel;
+        lk.sendHdr.from = lk.local;
+        lk.sendHdr.to = lk.remote;
+        lk.sendHdr.step = lk.sent;
+        lk.sendHdr.bytes = lk.out->slotSizes[lk.sent % kSteps];
+        lk.sendingControl = false;
+        lk.sendDone = 0;
+      }
+    }
+    ssize_t k;
+    int64_t total;
+    if (lk.sendingControl) {
+      total = int64_t(lk.control.size());
+      k = send(lk.fd, lk.control.data() + lk.sendDone, size_t(total - lk.sendDone),
+               MSG_NOSIGNAL | MSG_DONTWAIT);
+    } else {
+      const int64_t hdr = sizeof(FrameHeader);
+      total = hdr + lk.sendHdr.bytes;
+      struct iovec iov[2];
+      int niov = 0;
+      if (lk.sendDone < hdr) {
+        iov[niov].iov_base = reinterpret_cast<char*>(&lk.sendHdr) + lk.sendDone;
+        iov[niov].iov_len = size_t(hdr - lk.sendDone);
+        ++niov;
+      }
+      const int64_t pdone = std::max<int64_t>(0, lk.sendDone - hdr);
+      if (lk.sendHdr.bytes > pdone) {
+        iov[niov].iov_base = lk.out->Slot(lk.sent) + pdone;
+        iov[niov].iov_len = size_t(lk.sendHdr.bytes - pdone);
+        ++niov;
+      }
+      struct msghdr msg;
+      std::memset(&msg, 0, sizeof(msg));
+      msg.msg_iov = iov;
+      msg.msg_iovlen = size_t(niov);
+      k = niov ? sendmsg(lk.fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT) : 0;
+    }
+    if (k < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        *wantWrite = true;
+        return progressed;
+      }
+      if (errno == EINTR) continue;
+      SetFailed(detail::StrCat("the socket to ", rankString_(lk.remote), " at ",
+                               endpoints_[size_t(lk.remote)], " (channel ", lk.channel,
+                               ") failed while sending: ", ErrnoText(errno),
+                               "; the process exited or its communicator failed"));
+      return progressed;
+    }
+    lk.sendDone += k;
+    progressed = progressed || k > 0;
+    if (lk.sendDone < total) continue;
+    lk.sendDone = -1;
+    if (!lk.sendingControl) {
+      lk.sent += 1;
+      lk.out->head.store(lk.sent, std::memory_order_release);
+      tr_->Ring(lk.local);
+      framesSent_.fetch_add(1, std::memory_order_relaxed);
+    }
+    progressed = true;
+  }
+}
+
+bool SocketLinks::PumpRecv(SocketLink& lk, bool* wantRead) {
+  bool progressed = false;
+  const int64_t hdr = sizeof(FrameHeader);
+  auto closed = [&](ssize_t k) {
+    const int e = errno;
+    SetFailed(k == 0 ? detail::StrCat("the socket to ", rankString_(lk.remote), " at ",
+                                      endpoints_[size_t(lk.remote)], " (channel ", lk.channel,
+                                      ") was closed by the peer: process ",
+                                      placement_.process[size_t(lk.remote)],
+                                      " exited or its communicator failed")
+                     : detail::StrCat("the socket to ", rankString_(lk.remote), " at ",
+                                      endpoints_[size_t(lk.remote)], " (channel ", lk.channel,
+                                      ") failed: ", ErrnoText(e), "; process ",
+                                      placement_.process[size_t(lk.remote)],
+                                      " exited or its communicator failed"));
+  };
+  while (true) {
+    if (lk.hdrGot < hdr) {
+      const ssize_t k = recv(lk.fd, reinterpret_cast<char*>(&lk.recvHdr) + lk.hdrGot,
+                             size_t(hdr - lk.hdrGot), MSG_DONTWAIT);
+      if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        *wantRead = true;
+        return progressed;
+      }
+      if (k < 0 && errno == EINTR) continue;
+      if (k <= 0) {
+        closed(k);
+        return progressed;
+      }
+      lk.hdrGot += k;
+      progressed = true;
+      if (lk.hdrGot < hdr) continue;
+      const FrameHeader& h = lk.recvHdr;
+      const bool okFp = h.type == kFrameFingerprint && h.bytes == int64_t(sizeof(FingerprintWire));
+      const bool okData = h.type == kFrameData && h.channel == lk.channel && h.from == lk.remote &&
+                          h.to == lk.local && h.step == lk.received && h.bytes >= 0 &&
+                          h.bytes <= lk.in->slotBytes;
+      if (!okFp && !okData) {
+        SetFailed(detail::StrCat("a malformed frame arrived from ", rankString_(lk.remote),
+                                 " (channel ", lk.channel, ": type ", h.type, ", step ", h.step,
+                                 " where ", lk.received, " was due, ", h.bytes, " bytes)"));
+        return progressed;
+      }
+      lk.payloadGot = 0;
+    }
+    const FrameHeader& h = lk.recvHdr;
+    char* dst;
+    if (h.type == kFrameData) {
+      // Only into a free slot: a full FIFO leaves the bytes in the socket (TCP holds the sender).
+      if (lk.received - lk.in->head.load(std::memory_order_acquire) >= uint64_t(kSteps)) {
+        return progressed;
+      }
+      dst = lk.in->Slot(lk.received);
+    } else {
+      dst = reinterpret_cast<char*>(&lk.fpIn);
+    }
+    while (lk.payloadGot < h.bytes) {
+      const ssize_t k =
+          recv(lk.fd, dst + lk.payloadGot, size_t(h.bytes - lk.payloadGot), MSG_DONTWAIT);
+      if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        *wantRead = true;
+        return progressed;
+      }
+      if (k < 0 && errno == EINTR) continue;
+      if (k <= 0) {
+        closed(k);
+        return progressed;
+      }
+      lk.payloadGot += k;
+      progressed = true;
+    }
+    if (h.type == kFrameData) {
+      lk.in->slotSizes[lk.received % kSteps] = h.bytes;
+      lk.received += 1;
+      lk.in->tail.store(lk.received, std::memory_order_release);
+      tr_->Ring(lk.local);
+      framesReceived_.fetch_add(1, std::memory_order_relaxed);
+    } else {
+      ShmFingerprint fp;
+      fp.coll = lk.fpIn.coll;
+      fp.send = lk.fpIn.send;
+      fp.recv = lk.fpIn.recv;
+      fp.text.assign(lk.fpIn.text, strnlen(lk.fpIn.text, kShmFpTextBytes));
+      std::lock_guard<std::mutex> lock(mu_);
+      fingerprints_[std::make_pair(int(h.from), lk.fpIn.callSite)] = std::move(fp);
+    }
+    lk.hdrGot = 0;
+    progressed = true;
+  }
+}
+
+void SocketLinks::ProgressLoop() {
+  std::vector<int> proxies;
+  for (int r = 0; r < geo_.nRanks; ++r) {
+    if (socketRank_[size_t(r)]) proxies.push_back(r);
+  }
+  std::vector<uint32_t> seen(proxies.size());
+  std::vector<struct pollfd> pfds;
+  while (!stop_.load(std::memory_order_acquire) && !failed_.load(std::memory_order_acquire)) {
+    for (size_t i = 0; i < proxies.size(); ++i) seen[i] = tr_->Seq(proxies[i]);
+    bool progressed = false;
+    pfds.clear();
+    pfds.push_back({wakeFd_, POLLIN, 0});
+    for (auto& lk : links_) {
+      bool wantWrite = false, wantRead = false;
+      progressed = PumpSend(*lk, &wantWrite) || progressed;
+      progressed = PumpRecv(*lk, &wantRead) || progressed;
+      short ev = 0;
+      if (wantRead) ev |= POLLIN;
+      if (wantWrite) ev |= POLLOUT;
+      if (ev) pfds.push_back({lk->fd, ev, 0});
+      if (failed_.load(std::memory_order_acquire)) break;
+    }
+    if (progressed || failed_.load(std::memory_order_acquire)) continue;
+    // Sleep until a socket is ready or a local rank rings a proxy doorbell (the transport writes
+    // the eventfd while `waiters` is set). A ring between the sample above and here changed the
+    // sequence: no sleep then.
+    for (int r : proxies) tr_->AddProxyWaiter(r, 1);
+    bool changed = false;
+    for (size_t i = 0; i < proxies.size(); ++i)
+      changed = changed || tr_->Seq(proxies[i]) != seen[i];
+    if (!changed) poll(pfds.data(), nfds_t(pfds.size()), 200);
+    for (int r : proxies) tr_->AddProxyWaiter(r, -1);
+    uint64_t drain;
+    while (read(wakeFd_, &drain, sizeof(drain)) > 0) {
+    }
+  }
+}
+
+bool SocketLinks::WaitDrained(int rank, Clock::time_point deadline) {
+  while (true) {
+    const uint32_t seen = tr_->Seq(rank);
+    bool drained = true;
+    for (auto& lk : links_) {
+      if (lk->local != rank) continue;
+      if (lk->out->head.load(std::memory_order_acquire) <
+          lk->out->tail.load(std::memory_order_acquire)) {
+        drained = false;
+        break;
+      }
+    }
+    if (drained) return true;
+    if (failed_.load() || Clock::now() >= deadline) return false;
+    tr_->Wait(rank, seen, 5000000);
+  }
+}
+
+void SocketLinks::PostFingerprint(int rank, int64_t callSite, const ShmFingerprint& fp) {
+  FrameHeader h{};
+  h.type = kFrameFingerprint;
+  h.from = rank;
+  h.bytes = sizeof(FingerprintWire);
+  FingerprintWire w{};
+  w.callSite = callSite;
+  w.coll = fp.coll;
+  w.send = fp.send;
+  w.recv = fp.recv;
+  const size_t len = std::min(fp.text.size(), size_t(kShmFpTextBytes - 1));
+  std::memcpy(w.text, fp.text.data(), len);
+  std::string frame(reinterpret_cast<const char*>(&h), sizeof(h));
+  frame.append(reinterpret_cast<const char*>(&w), sizeof(w));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    fingerprints_[std::make_pair(rank, callSite)] = fp;  // for this process's other ranks
+    for (auto& lk : links_) {
+      if (lk->channel != 0 || lk->local != rank) continue;
+      lk->controlQueue.push_back(frame);
+    }
+  }
+  Wake();
+}
+
+int SocketLinks::FindFingerprint(int rank, int64_t callSite, ShmFingerprint* out) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = fingerprints_.find(std::make_pair(rank, callSite));
+  if (it == fingerprints_.end()) return 0;
+  *out = it->second;
+  return 1;
+}
+
+}  // namespace cpu
+}  // namespace jax_rccl
