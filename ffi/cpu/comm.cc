@@ -662,9 +662,10 @@ int CountNodes(const std::vector<std::string>& keys) {
 
 }  // namespace
 
-// Per channel and node pair the bandwidth a TCP socket of the host runtime gets (GB/s), for the
-// topology's bwInter (the cost model's CPU net row uses it; benchmarks/multiprocess.py).
-constexpr float kCpuSocketBwGBs = 1.0f;
+// Per channel the bandwidth a TCP socket of the host runtime gets between two nodes (GB/s), the
+// topology's bwInter (the cost model's CPU network row takes it): 0.6 measured over loopback
+// with 4 processes on 2 cores (a Ring all_reduce of 16 MB, benchmarks/multiprocess.py).
+constexpr float kCpuSocketBwGBs = 0.6f;
 
 static StatusOr<std::unique_ptr<Communicator>> CrossProcessCommunicator(
     const std::vector<int64_t>& devices, const GroupPlacement& placement, const Params& params,

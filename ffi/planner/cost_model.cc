@@ -169,6 +169,14 @@ constexpr float kNetOverheadIntelHost = 1.0f;
 constexpr float kCpuHandoffUs = 10.0f;           // one thread hand-off, us per ring/tree step
 constexpr float kCpuFifoBandwidthFactor = 0.5f;  // two copies per hop instead of one
 
+// The host runtime's network row: between nodes (hosts) a step crosses a TCP socket through the
+// progress threads of both processes (ffi/cpu/socket.h). Per inter-node step: the two progress
+// threads' hand-offs plus the kernel's socket path (about 60 us measured over loopback with 4
+// processes on 2 cores; benchmarks/multiprocess.py). Bandwidth: the topology's bwInter (the CPU
+// runtime sets it from the same measurement); the socket, not the memory, bounds a ring or tree
+// that crosses nodes, so the model takes the lower of bwIntra and bwInter there.
+constexpr float kCpuSocketStepUs = 60.0f;
+
 // Direct (ours; only with topology.directPeers on one node): every rank reads its peers' buffers
 // in place, between two barriers of the host runtime (buffers published; peers done). No FIFO,
 // no per-step hand-off: the latency is the two barriers, and the bandwidth is the per-rank memory
@@ -359,7 +367,8 @@ StatusOr<CostModel> BuildCostModel(const TopologyView& topo) {
       for (int p = 0; p < kNumProtos; ++p) {
         // RCCL: no Tree/Simple on a single gfx94x node.
         if (amd && a == tree && p == simple && gfx94OneNode) continue;
-        const float bw = nNodes <= 2 ? topo.bwIntra : topo.bwInter;
+        float bw = nNodes <= 2 ? topo.bwIntra : topo.bwInter;
+        if (hostFifo && nNodes > 1 && topo.bwInter > 0) bw = std::min(topo.bwIntra, topo.bwInter);
         float busBw = nch * bw;
         if (amd) {
           busBw *= amdT->bwRatio[nNodes <= 2 ? 0 : 1][a][p];
@@ -387,7 +396,7 @@ StatusOr<CostModel> BuildCostModel(const TopologyView& topo) {
         const auto& hwLat = amd ? amdT->hwLat : kNvHwLat;
         float lat = amd ? kAmdBaseLat[a][p] : kNvBaseLat[a][p];
         float intraLat = hostFifo ? kCpuHandoffUs : hwLat[intraHw][a][p];
-        const float interLat = hwLat[kHwNet][a][p];
+        const float interLat = hostFifo ? kCpuSocketStepUs : hwLat[kHwNet][a][p];
         if (a == ring) {
           if (bcastOrReduce && hostFifo && nNodes == 1) {
             // Every hop of the host's pipeline is a thread hand-off, so the first chunk pays one
