@@ -35,6 +35,7 @@ from jax_rccl import _compat, _jax_rccl
 
 KEY_PREFIX = "jax_rccl"
 SESSION_KEY = f"{KEY_PREFIX}/session"
+TRANSPORTS = ("auto", "shm", "socket")
 
 _lock = threading.Lock()
 _done = False
@@ -156,6 +157,12 @@ def _bootstrap() -> None:
             "other processes through JAX's distributed key-value store"
         )
     me = jax.process_index()
+    transport = _param("transport") or "auto"
+    if transport not in TRANSPORTS:
+        raise ValueError(
+            f"jax_rccl: JAX_RCCL_TRANSPORT={transport!r} is not a transport; allowed: "
+            f"{', '.join(TRANSPORTS)}"
+        )
     timeout = timeout_s()
     deadline = time.monotonic() + timeout
 

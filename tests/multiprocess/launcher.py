@@ -54,10 +54,13 @@ def launch(
     *,
     args: tuple[str, ...] = (),
     env: dict[str, str] | None = None,
+    env_of=None,
     timeout: float = 60.0,
     jax_rccl_timeout: float = 10.0,
 ) -> list[Proc]:
-    """Runs `program` of worker.py in `nprocs` processes with `local_devices` CPU devices each."""
+    """Runs `program` of worker.py in `nprocs` processes with `local_devices` CPU devices each.
+
+    `env` applies to every process; `env_of(i)` (a dict) to process i on top of it."""
     port = free_port()
     procs = []
     for i in range(nprocs):
@@ -71,6 +74,7 @@ def launch(
         e.pop("JAX_RCCL_ALGO", None)
         e.pop("JAX_RCCL_PROTO", None)
         e.update(env or {})
+        e.update(env_of(i) if env_of else {})
         cmd = [
             sys.executable,
             "-P",

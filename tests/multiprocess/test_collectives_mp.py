@@ -165,3 +165,99 @@ def test_no_segments_left(_segments_before):
             break
         time.sleep(0.2)
     assert left == [], left
+
+
+# --- between hosts: sockets ----------------------------------------------------------------------
+
+SOCKET = {"JAX_RCCL_TRANSPORT": "socket"}
+
+
+@pytest.mark.needs_world
+@pytest.mark.parametrize("nprocs,local", [(2, 1), (2, 2), (4, 1), (4, 2)])
+def test_every_collective_over_sockets(nprocs, local):
+    """JAX_RCCL_TRANSPORT=socket: every process pair talks over loopback TCP."""
+    res = _ok(
+        launch(
+            "collectives",
+            nprocs,
+            local,
+            args=("--chain", "--sizes=64,40000"),
+            env=SOCKET,
+            timeout=90,
+            jax_rccl_timeout=TIMEOUT,
+        )
+    )
+    _no_segments(res)
+
+
+@pytest.mark.needs_world
+@pytest.mark.parametrize("algo", ["Ring", "Tree"])
+def test_forced_algorithm_over_sockets(algo):
+    res = _ok(
+        launch(
+            "collectives",
+            2,
+            2,
+            args=(f"--algo={algo}", "--sizes=64,40000", "--chain"),
+            env=SOCKET,
+            timeout=90,
+            jax_rccl_timeout=TIMEOUT,
+        )
+    )
+    _no_segments(res)
+
+
+@pytest.mark.needs_world
+def test_two_fake_hosts_mix_shm_and_sockets():
+    """JAX_RCCL_HOSTNAME puts processes 0, 1 on 'hostA' and 2, 3 on 'hostB': shared memory
+    within a host, sockets between (the default transport)."""
+    res = _ok(
+        launch(
+            "collectives",
+            4,
+            1,
+            args=("--chain", "--sizes=64,40000"),
+            env_of=lambda i: {"JAX_RCCL_HOSTNAME": "hostA" if i < 2 else "hostB"},
+            timeout=90,
+            jax_rccl_timeout=TIMEOUT,
+        )
+    )
+    assert res[0]["hosts"] == ["hostA", "hostB"]
+    _no_segments(res)
+
+
+@pytest.mark.needs_world
+def test_killed_process_over_sockets_is_an_error_not_a_hang():
+    procs = launch(
+        "killed",
+        3,
+        1,
+        args=("--victim=2", "--when=after", "--shutdown-timeout=1"),
+        env=SOCKET,
+        timeout=60,
+        jax_rccl_timeout=TIMEOUT,
+    )
+    assert procs[2].returncode == -9, procs[2].describe()
+    res = _ok(procs[:2], expect_rc=None)
+    for r in res:
+        assert r["raised"], r
+        assert r["seconds"] < TIMEOUT, r  # the closed sockets stop the survivors early
+    assert any("process 2" in r["error"] for r in res), [r["error"] for r in res]
+
+
+@pytest.mark.needs_world
+def test_bad_transport_value_names_the_allowed_ones():
+    procs = launch(
+        "collectives",
+        2,
+        1,
+        args=("--sizes=64",),
+        env={"JAX_RCCL_TRANSPORT": "tcp"},
+        timeout=60,
+        jax_rccl_timeout=TIMEOUT,
+    )
+    for p in procs:
+        assert not p.timed_out, p.describe()
+        assert p.result is not None and not p.result.get("ok"), p.describe()
+        assert "JAX_RCCL_TRANSPORT='tcp'" in p.result["error"], p.result["error"]
+        assert "auto, shm, socket" in p.result["error"], p.result["error"]

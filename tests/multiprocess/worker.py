@@ -44,6 +44,13 @@ def session() -> str | None:
     return None if w is None else w["session"]
 
 
+def hosts() -> list[str]:
+    from jax_rccl import _bootstrap
+
+    w = _bootstrap.world()
+    return [] if w is None else sorted({d["host"] for d in w["devices"]})
+
+
 def prog_probe(args):
     """Devices and the world table; optionally a jax.lax psum (does CPU need gloo for it?)."""
     jax = init(args)
@@ -298,7 +305,7 @@ def prog_collectives(args):
                 _check(name, arr, want[name], failures)
     if failures:
         raise AssertionError("\n".join(failures[:20]))
-    report(ok=True, session=session(), checked=sorted(want) if k > 1 else None)
+    report(ok=True, session=session(), hosts=hosts(), checked=sorted(want) if k > 1 else None)
 
 
 def _psum_fn(jax, jr, mesh):
