@@ -1,12 +1,14 @@
-"""All-reduce across JAX processes on one host: jax_rccl (shared memory) next to jax.lax.psum
-(JAX's CPU collectives, gloo) in the same run, and MPI (mpi4py Allreduce) where it is installed.
+"""All-reduce across JAX processes on one host: jax_rccl (shared memory, and TCP sockets over
+loopback with JAX_RCCL_TRANSPORT=socket) next to jax.lax.psum (JAX's CPU collectives, gloo) in
+the same run, and MPI (mpi4py Allreduce, mpi4jax) where it is installed.
 
     .venv/bin/python -P benchmarks/multiprocess.py [--nprocs 4] [--max-mb 64] [--no-mpi]
 
 The parent starts `--nprocs` JAX processes of one CPU device each (jax.distributed on a local
 port); each times float32 all-reduces of 1 KB .. `--max-mb` MB with both libraries, size by
 size, and prints its figures; a call's time is the slowest process's mean over a timed loop
-(best of `--reps` loops). MPI runs as a second job under ``mpirun -n <nprocs>``.
+(best of `--reps` loops). The socket column is a second JAX job of the same processes with
+JAX_RCCL_TRANSPORT=socket; MPI runs as a job under ``mpirun -n <nprocs>``.
 """
 
 from __future__ import annotations
@@ -98,7 +100,8 @@ def jax_worker(args) -> None:
                 jax.block_until_ready(out)
 
             t = timed(loop, args.reps, iters)
-            print(TAG + json.dumps({"lib": lib, "bytes": nbytes, "s": t}), flush=True)
+            label = args.label if args.label and lib == "jax_rccl" else lib
+            print(TAG + json.dumps({"lib": label, "bytes": nbytes, "s": t}), flush=True)
 
 
 # --- one MPI rank --------------------------------------------------------------------------------
@@ -176,7 +179,7 @@ def collect(text: str, into: dict) -> None:
             into[key] = max(into.get(key, 0.0), r["s"])  # the slowest process
 
 
-def run_jax(args, results) -> None:
+def run_jax(args, results, libs: str, label: str = "", extra_env=None) -> None:
     port = free_port()
     procs = []
     for i in range(args.nprocs):
@@ -185,6 +188,7 @@ def run_jax(args, results) -> None:
             XLA_FLAGS="--xla_force_host_platform_device_count=1",
             JAX_PLATFORMS="cpu",
             JAX_RCCL_TIMEOUT="120",
+            **(extra_env or {}),
         )
         cmd = [
             sys.executable,
@@ -196,7 +200,8 @@ def run_jax(args, results) -> None:
             f"--port={port}",
             f"--max-mb={args.max_mb}",
             f"--reps={args.reps}",
-            f"--libs={args.libs}",
+            f"--libs={libs}",
+            f"--label={label}",
         ]
         out = tempfile.TemporaryFile("w+")
         procs.append((subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT), out))
@@ -275,7 +280,12 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument("--no-mpi", action="store_true")
-    ap.add_argument("--libs", default="jax_rccl,lax_gloo", help="JAX libraries to time")
+    ap.add_argument(
+        "--libs",
+        default="jax_rccl,jax_rccl_socket,lax_gloo",
+        help="JAX libraries to time (jax_rccl_socket: jax_rccl with JAX_RCCL_TRANSPORT=socket)",
+    )
+    ap.add_argument("--label", default="", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.role == "jax":
         jax_worker(args)
@@ -286,7 +296,17 @@ def main(argv=None) -> int:
 
     results: dict = {}
     t0 = time.monotonic()
-    run_jax(args, results)
+    jax_libs = [lib for lib in args.libs.split(",") if lib != "jax_rccl_socket"]
+    if jax_libs:
+        run_jax(args, results, ",".join(jax_libs))
+    if "jax_rccl_socket" in args.libs.split(","):
+        run_jax(
+            args,
+            results,
+            "jax_rccl",
+            label="jax_rccl_socket",
+            extra_env={"JAX_RCCL_TRANSPORT": "socket"},
+        )
     mpi_note = "skipped (--no-mpi)" if args.no_mpi else run_mpi(args, results)
     libs = args.libs.split(",") + (["mpi4py"] if not mpi_note else [])
     if results.get("_mpi4jax"):
