@@ -4,7 +4,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
-sources=$(git ls-files 'hip/*.hip')
+sources=$(git ls-files 'hip/*.hip' 'hip/kernels/*.hip')
 for src in $sources; do
   base=$(basename "$src" .hip)
   HIP_PLATFORM=amd hipcc --offload-arch=gfx90a -std=c++17 -I. -c "$src" -o "$out/$base.amd.o"

@@ -139,27 +139,6 @@ TaskDesc TaskFromDict(const nb::dict& d, size_t index) {
   return t;
 }
 
-PlanRequest MakeRequest(const nb::dict& topology, const nb::list& tasks, int rank,
-                        const std::string& algo, const std::string& proto, nb::object tuner,
-                        const RedOpTable* userOps, bool persistent, uint64_t opCount,
-                        int64_t p2pLLThreshold) {
-  PlanRequest req;
-  req.topo = TopologyFromDict(topology);
-  req.rank = rank;
-  req.tasks.reserve(tasks.size());
-  for (size_t i = 0; i < tasks.size(); ++i) {
-    req.tasks.push_back(TaskFromDict(nb::cast<nb::dict>(tasks[i]), i));
-  }
-  req.tuning.algoMask = ValueOrThrow(ParseAlgoMask(algo, "algorithm (JAX_RCCL_ALGO)"));
-  req.tuning.protoMask = ValueOrThrow(ParseProtoMask(proto, "protocol (JAX_RCCL_PROTO)"));
-  if (!tuner.is_none()) req.tuning.tuner = WrapTuner(tuner);
-  req.userOps = userOps;
-  req.persistent = persistent;
-  req.opCount = opCount;
-  req.params.p2pLLThreshold = p2pLLThreshold;
-  return req;
-}
-
 // Converts an element's count in planning units to the task's elements (all_gather and
 // broadcast are planned in bytes, as RCCL does).
 uint64_t ToTaskElems(const TaskPlan& tp, uint64_t planned) {
@@ -350,6 +329,27 @@ nb::list WorksToList(const Plan& plan, const std::vector<Work>& works) {
 }
 
 }  // namespace
+
+PlanRequest MakeRequest(const nb::dict& topology, const nb::list& tasks, int rank,
+                        const std::string& algo, const std::string& proto, nb::object tuner,
+                        const RedOpTable* userOps, bool persistent, uint64_t opCount,
+                        int64_t p2pLLThreshold) {
+  PlanRequest req;
+  req.topo = TopologyFromDict(topology);
+  req.rank = rank;
+  req.tasks.reserve(tasks.size());
+  for (size_t i = 0; i < tasks.size(); ++i) {
+    req.tasks.push_back(TaskFromDict(nb::cast<nb::dict>(tasks[i]), i));
+  }
+  req.tuning.algoMask = ValueOrThrow(ParseAlgoMask(algo, "algorithm (JAX_RCCL_ALGO)"));
+  req.tuning.protoMask = ValueOrThrow(ParseProtoMask(proto, "protocol (JAX_RCCL_PROTO)"));
+  if (!tuner.is_none()) req.tuning.tuner = WrapTuner(tuner);
+  req.userOps = userOps;
+  req.persistent = persistent;
+  req.opCount = opCount;
+  req.params.p2pLLThreshold = p2pLLThreshold;
+  return req;
+}
 
 void BindPlanner(nb::module_& m) {
   nb::class_<Plan>(m, "NativePlan")

@@ -44,4 +44,14 @@ TopologyView TopologyFromDict(const nanobind::dict& d);
 // nchannels) as the planner's tuner hook; a Python exception or a malformed answer becomes an
 // error status of the planner.
 TunerFn WrapTuner(nanobind::object fn);
+// A planning request from Python values: a topology dict, a list of task dicts ({"coll",
+// "count", "dtype", "op", "root", "peer"}), NCCL-syntax algorithm/protocol masks, a tuner.
+struct PlanRequest;
+class RedOpTable;
+PlanRequest MakeRequest(const nanobind::dict& topology, const nanobind::list& tasks, int rank,
+                        const std::string& algo, const std::string& proto, nanobind::object tuner,
+                        const RedOpTable* userOps, bool persistent, uint64_t opCount,
+                        int64_t p2pLLThreshold);
+// The GPU runtime's bindings (submodule `gpu`), in GPU builds only (ffi/gpu/bind_gpu.cc).
+void BindGpu(nanobind::module_& m);
 }  // namespace jax_rccl

@@ -43,4 +43,7 @@ NB_MODULE(_jax_rccl, m) {
   jax_rccl::BindP2pInternals(internal);
   jax_rccl::BindExecutorTest(internal);
   jax_rccl::BindRuntime(m);
+#if defined(JAX_RCCL_WITH_GPU)
+  jax_rccl::BindGpu(m);
+#endif
 }

@@ -1,31 +1,145 @@
 // HIP names on both platforms: the device code under hip/ is written in HIP; on NVIDIA it is
 // compiled by nvcc with these names mapped onto CUDA (HIP's own NVIDIA headers do not build with
-// CUDA 13). On AMD, hipcc provides the names itself.
+// CUDA 13). On AMD, hipcc provides the names itself. Also the few device helpers whose spelling
+// differs by vendor: a nanosecond clock, loads that bypass the non-coherent L1, and fences.
 #pragma once
+
+#include <stdint.h>
 
 #if defined(__HIP_PLATFORM_AMD__) || defined(__HIPCC__)
 #include <hip/hip_runtime.h>
 #define JAX_RCCL_WARP_SIZE 64
+#define JAX_RCCL_AMD 1
 #else
 #include <cuda_runtime.h>
 
 using hipError_t = cudaError_t;
 using hipStream_t = cudaStream_t;
 using hipEvent_t = cudaEvent_t;
+using hipGraph_t = cudaGraph_t;
+using hipGraphExec_t = cudaGraphExec_t;
 constexpr hipError_t hipSuccess = cudaSuccess;
 
 #define hipGetErrorString cudaGetErrorString
 #define hipGetLastError cudaGetLastError
+#define hipGetDevice cudaGetDevice
+#define hipSetDevice cudaSetDevice
+#define hipGetDeviceCount cudaGetDeviceCount
 #define hipMalloc cudaMalloc
 #define hipFree cudaFree
+#define hipHostMalloc(p, n, f) cudaHostAlloc((p), (n), (f))
+#define hipHostFree cudaFreeHost
+#define hipHostMallocMapped cudaHostAllocMapped
+#define hipHostGetDevicePointer cudaHostGetDevicePointer
 #define hipMemcpy cudaMemcpy
 #define hipMemcpyAsync cudaMemcpyAsync
+#define hipMemset cudaMemset
 #define hipMemcpyHostToDevice cudaMemcpyHostToDevice
 #define hipMemcpyDeviceToHost cudaMemcpyDeviceToHost
 #define hipMemcpyDeviceToDevice cudaMemcpyDeviceToDevice
 #define hipMemsetAsync cudaMemsetAsync
+#define hipStreamCreateWithFlags cudaStreamCreateWithFlags
+#define hipStreamNonBlocking cudaStreamNonBlocking
+#define hipStreamDestroy cudaStreamDestroy
 #define hipStreamSynchronize cudaStreamSynchronize
+#define hipDeviceSynchronize cudaDeviceSynchronize
+#define hipEventCreate cudaEventCreate
+#define hipEventDestroy cudaEventDestroy
+#define hipEventRecord cudaEventRecord
+#define hipEventSynchronize cudaEventSynchronize
+#define hipEventElapsedTime cudaEventElapsedTime
+#define hipStreamWaitEvent cudaStreamWaitEvent
+#define hipStreamBeginCapture cudaStreamBeginCapture
+#define hipStreamEndCapture cudaStreamEndCapture
+#define hipStreamCaptureModeRelaxed cudaStreamCaptureModeRelaxed
+#define hipStreamCaptureModeGlobal cudaStreamCaptureModeGlobal
+#define hipGraphInstantiate(e, g, a, b, c) cudaGraphInstantiate((e), (g), 0)
+#define hipGraphLaunch cudaGraphLaunch
+#define hipGraphExecDestroy cudaGraphExecDestroy
+#define hipGraphDestroy cudaGraphDestroy
+#define hipIpcMemHandle_t cudaIpcMemHandle_t
+#define hipIpcGetMemHandle cudaIpcGetMemHandle
+#define hipIpcOpenMemHandle cudaIpcOpenMemHandle
+#define hipIpcCloseMemHandle cudaIpcCloseMemHandle
+#define hipIpcMemLazyEnablePeerAccess cudaIpcMemLazyEnablePeerAccess
+#define hipDeviceCanAccessPeer cudaDeviceCanAccessPeer
+#define hipDeviceEnablePeerAccess cudaDeviceEnablePeerAccess
+#define hipFuncSetAttribute cudaFuncSetAttribute
 #define hipLaunchKernelGGL(kernel, grid, block, shmem, stream, ...) \
   kernel<<<(grid), (block), (shmem), (stream)>>>(__VA_ARGS__)
 #define JAX_RCCL_WARP_SIZE 32
+#endif
+
+#if defined(__CUDACC__) || defined(__HIPCC__)
+namespace jax_rccl {
+namespace gpu {
+
+// Nanoseconds from a clock that runs at a constant rate (for deadlines, not for timing).
+__device__ inline uint64_t NowNs() {
+#if defined(JAX_RCCL_AMD)
+  return wall_clock64() * 10;  // the 100 MHz constant clock of gfx90a / gfx942
+#else
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+#endif
+}
+
+// Loads of memory another agent writes (FIFO slots, buffers written earlier in the launch):
+// cached in L2 only, never in the non-coherent L1.
+__device__ inline uint4 LoadCG(const uint4* p) {
+#if defined(JAX_RCCL_AMD)
+  uint4 v;
+  v.x = __builtin_nontemporal_load(&p->x);
+  v.y = __builtin_nontemporal_load(&p->y);
+  v.z = __builtin_nontemporal_load(&p->z);
+  v.w = __builtin_nontemporal_load(&p->w);
+  return v;
+#else
+  return __ldcg(p);
+#endif
+}
+__device__ inline uint64_t LoadCG(const uint64_t* p) {
+#if defined(JAX_RCCL_AMD)
+  return __builtin_nontemporal_load(p);
+#else
+  return __ldcg(reinterpret_cast<const unsigned long long*>(p));
+#endif
+}
+
+// A 16-byte load and store that the compiler neither splits across time nor caches (LL lines).
+__device__ inline uint4 LoadVolatile(const uint4* p) {
+#if defined(JAX_RCCL_AMD)
+  // Two 8-byte loads: each half (data word + flag word) is read in one access.
+  const volatile uint64_t* v = reinterpret_cast<const volatile uint64_t*>(p);
+  const uint64_t lo = v[0], hi = v[1];
+  uint4 r;
+  r.x = uint32_t(lo);
+  r.y = uint32_t(lo >> 32);
+  r.z = uint32_t(hi);
+  r.w = uint32_t(hi >> 32);
+  return r;
+#else
+  uint4 r;
+  asm volatile("ld.volatile.global.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+               : "l"(p));
+  return r;
+#endif
+}
+__device__ inline void StoreVolatile(uint4* p, uint4 v) {
+#if defined(JAX_RCCL_AMD)
+  // Two 8-byte stores: each half (data word + flag word) lands in one access.
+  uint64_t* q = reinterpret_cast<uint64_t*>(p);
+  __builtin_nontemporal_store(uint64_t(v.x) | (uint64_t(v.y) << 32), q);
+  __builtin_nontemporal_store(uint64_t(v.z) | (uint64_t(v.w) << 32), q + 1);
+#else
+  asm volatile("st.volatile.global.v4.u32 [%0], {%1,%2,%3,%4};" ::"l"(p), "r"(v.x), "r"(v.y),
+               "r"(v.z), "r"(v.w)
+               : "memory");
+#endif
+}
+
+}  // namespace gpu
+}  // namespace jax_rccl
 #endif

@@ -1,0 +1,121 @@
+"""GPU collectives on one GPU with several ranks (the harness), nccl-tests style.
+
+For each of all_reduce, all_gather and reduce_scatter, ranks 2/4/8, sizes 8 B .. 1 GiB: time per
+launch of every rank (a host loop, synchronized at the end), algbw and busbw (nccl-tests'
+definitions), errors (the result checked once against the known answer), and the HBM floor
+measured in the same run: N ranks on one GPU must at least read N·S and write N·S bytes (S the
+per-rank buffer), so floor time = 2·N·S / copy bandwidth; "%floor" = floor time / our time.
+Small sizes are also timed as a captured graph replayed (``graph us``), next to an empty kernel
+launch and an empty graph replay.
+
+    python benchmarks/gpu_collectives.py [--ranks 2,4,8] [--max-bytes 1G] [--colls ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import numpy as np
+
+from jax_rccl import _jax_rccl, harness
+
+BUSBW = {
+    "all_reduce": lambda n: 2 * (n - 1) / n,
+    "all_gather": lambda n: (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+}
+
+
+def parse_size(s: str) -> int:
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    if s[-1].upper() in mult:
+        return int(float(s[:-1]) * mult[s[-1].upper()])
+    return int(s)
+
+
+def sizes(lo: int, hi: int) -> list[int]:
+    out, s = [], lo
+    while s <= hi:
+        out.append(s)
+        s *= 4
+    return out
+
+
+def check(h: harness.Harness, coll: str, n: int, count: int, slots) -> int:
+    """Fills inputs with rank + 1, runs once, counts wrong elements of rank 0's output."""
+    for r in range(n):
+        cnt = harness.input_count({"coll": coll, "count": count}, n)
+        _jax_rccl.gpu.upload(slots[r][0][0], np.full(cnt, r + 1, np.float32).tobytes())
+    h.launch(slots)
+    h.sync()
+    out_n = harness.output_count({"coll": coll, "count": count}, n)
+    got = np.frombuffer(_jax_rccl.gpu.download(slots[0][0][1], out_n * 4), np.float32)
+    if coll == "all_reduce":
+        want = np.full(out_n, n * (n + 1) / 2, np.float32)
+    elif coll == "reduce_scatter":
+        want = np.full(out_n, n * (n + 1) / 2, np.float32)
+    else:
+        want = np.repeat(np.arange(1, n + 1, dtype=np.float32), count)
+    return int(np.count_nonzero(got != want))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ranks", default="2,4,8")
+    ap.add_argument("--colls", default="all_reduce,all_gather,reduce_scatter")
+    ap.add_argument("--min-bytes", default="8")
+    ap.add_argument("--max-bytes", default="1G")
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--graph-max-bytes", default="1M", help="also time graph replays up to this")
+    ap.add_argument("--nchannels", type=int, default=16)
+    args = ap.parse_args(argv)
+    if not harness.available():
+        print("no GPU build or no GPU: nothing to measure")
+        return 0
+    fl = harness.floors()
+    copy_gbs = fl["copy_gbs"]
+    print(f"# device: {_jax_rccl.gpu.build_info()}")
+    print(
+        f"# floors: d2d copy {copy_gbs:.0f} GB/s (read+write); empty launch "
+        f"{fl['launch_us']:.2f} us; empty graph replay {fl['graph_us']:.2f} us"
+    )
+    gmax = parse_size(args.graph_max_bytes)
+    for n in [int(x) for x in args.ranks.split(",")]:
+        h = harness.Harness(n, harness.gpu_topology(n, nchannels=args.nchannels), timeout=60.0)
+        for coll in args.colls.split(","):
+            print(f"\n## {coll}, {n} ranks on one GPU, float32 sum")
+            print(
+                f"{'size(B)':>12} {'count':>11} {'algo':>5} {'proto':>6} {'time us':>10} "
+                f"{'algbw':>8} {'busbw':>8} {'%floor':>7} {'graph us':>9} {'errors':>6}"
+            )
+            for size in sizes(parse_size(args.min_bytes), parse_size(args.max_bytes)):
+                # nccl-tests: size is the whole buffer (all_gather: output, reduce_scatter: input).
+                total = max(4, size)
+                count = total // 4 if coll == "all_reduce" else max(1, total // 4 // n)
+                task = {"coll": coll, "count": count, "dtype": "float32", "op": "sum"}
+                summary = h.build([task])[0]
+                slots = h.buffers()
+                errors = check(h, coll, n, count, slots)
+                iters = args.iters if total < (256 << 20) else max(3, args.iters // 4)
+                t = h.time_launches(slots, warmup=3, iters=iters)
+                g = h.time_graph(slots, iters=100) if total <= gmax else float("nan")
+                h.free()
+                nbytes = count * 4 * (n if coll != "all_reduce" else 1)
+                algbw = nbytes / t / 1e3
+                busbw = algbw * BUSBW[coll](n)
+                # Bytes every rank must touch: all_reduce reads S, writes S; gathers write S.
+                per_rank = nbytes * (2 if coll == "all_reduce" else 1)
+                floor_us = n * per_rank / (copy_gbs * 1e3)
+                print(
+                    f"{nbytes:>12} {count:>11} {summary['algorithm']:>5} "
+                    f"{summary['protocol']:>6} {t:>10.2f} {algbw:>8.2f} {busbw:>8.2f} "
+                    f"{100 * floor_us / t:>6.1f}% {g:>9.2f} {errors:>6}"
+                )
+                sys.stdout.flush()
+        del h
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

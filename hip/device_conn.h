@@ -1,0 +1,131 @@
+// The GPU connection layout and the kernel's argument block: shared by the host runtime
+// (hip/runtime.hip) and the kernel (hip/kernel.hip). Plain C++ with fixed-width integers.
+//
+// Every rank owns one region of device memory holding the connections INTO it: for each channel
+// and each sending rank a header (tail: steps the sender filled; head: steps the receiver
+// consumed; both monotonic and kept across launches, so a replayed launch continues where the
+// last one stopped) and, per protocol, kSteps slots of that protocol's step size. Senders write
+// ("push") into the receiver's region; regions of other ranks are reached through peer pointers
+// (one process) or IPC handles (several processes). Protocols have separate slots: an LL slot
+// only ever holds LL lines, whose flags are the step number, so stale data never looks fresh.
+#pragma once
+
+#include <stdint.h>
+
+#include "ffi/planner/work.h"
+#include "hip/dtypes.h"
+
+#define JR_REGION_FN JR_HOST_DEVICE inline
+
+namespace jax_rccl {
+namespace gpu {
+
+constexpr int kNumProtocols = 3;  // LL, LL128, Simple (Proto's values)
+constexpr int kProtoLL = 0;
+constexpr int kProtoLL128 = 1;
+constexpr int kProtoSimple = 2;
+
+// The sizes every rank of a communicator derives from its topology alone.
+struct Geometry {
+  int32_t nRanks = 0;
+  int32_t nChannels = 0;
+  int64_t stepBytes[kNumProtocols] = {0, 0, 0};  // buffSizes[p] / kSteps (16-byte multiples)
+};
+
+struct alignas(128) ConnHeader {
+  uint64_t tail;  // written by the sender
+  uint64_t pad0[15];
+  uint64_t head;  // written by the receiver
+  uint64_t pad1[15];
+};
+static_assert(sizeof(ConnHeader) == 256, "ConnHeader is 256 bytes");
+
+struct RegionLayout {
+  static constexpr int64_t kHeaderBytes = sizeof(ConnHeader);
+  JR_REGION_FN static int64_t ConnIndex(const Geometry& g, int channel, int from) {
+    return int64_t(channel) * g.nRanks + from;
+  }
+  JR_REGION_FN static int64_t HeaderOffset(const Geometry& g, int channel, int from) {
+    return ConnIndex(g, channel, from) * kHeaderBytes;
+  }
+  JR_REGION_FN static int64_t ConnDataBytes(const Geometry& g) {
+    int64_t b = 0;
+    for (int p = 0; p < kNumProtocols; ++p) b += int64_t(kSteps) * g.stepBytes[p];
+    return b;
+  }
+  JR_REGION_FN static int64_t DataStart(const Geometry& g) {
+    const int64_t end = int64_t(g.nChannels) * g.nRanks * kHeaderBytes;
+    return (end + 4095) / 4096 * 4096;
+  }
+  // Slot `step % kSteps` of protocol `proto` of connection (channel, from).
+  JR_REGION_FN static int64_t SlotOffset(const Geometry& g, int channel, int from, int proto,
+                                         uint64_t step) {
+    int64_t off = DataStart(g) + ConnIndex(g, channel, from) * ConnDataBytes(g);
+    for (int p = 0; p < proto; ++p) off += int64_t(kSteps) * g.stepBytes[p];
+    return off + int64_t(step % kSteps) * g.stepBytes[proto];
+  }
+  JR_REGION_FN static int64_t Bytes(const Geometry& g) {
+    return DataStart(g) + int64_t(g.nChannels) * g.nRanks * ConnDataBytes(g);
+  }
+};
+
+// The kernel class of data movement (all_gather, broadcast, send/recv); reductions use their
+// DataType's value as their class (one kernel per class, see hip/kernel_impl.h).
+constexpr int kCopyClass = 255;
+
+// One task of a launch, as the kernel needs it (indexed by the task's slot).
+struct DevTask {
+  uint8_t coll;     // Coll
+  uint8_t pattern;  // Pattern
+  uint8_t dtype;    // DataType of the reduction (copies: kUint8)
+  uint8_t op;       // DevRedOp (copies: kSum, unused)
+  uint8_t proto;    // Proto
+  uint8_t unitSize;
+  uint8_t copy;  // a data movement (all_gather, broadcast, send/recv): bytes, no reduction
+  uint8_t pad;
+  uint64_t opArg;
+};
+
+// Where one block starts: its channel and the index of its first work in the work array.
+struct BlockInfo {
+  int32_t channel;
+  int32_t firstWork;
+};
+
+struct SlotPtrs {
+  const void* send;
+  void* recv;
+};
+
+// What a failed wait reports (host-mapped memory, read by the host after or between launches).
+struct DevStatus {
+  int32_t code;  // 0: fine; 1: timeout; 2: aborted
+  int32_t rank;
+  int32_t channel;
+  int32_t peer;
+  int32_t waitingRecv;  // 1: waited for data from peer; 0: for room in peer's FIFO
+  int32_t pad;
+  uint64_t step;
+};
+
+constexpr int kInlineSlots = 24;
+
+struct KernelArgs {
+  const Work* works;
+  const BlockInfo* blocks;
+  const DevTask* tasks;
+  char* const* regions;       // [nRanks]: every rank's region as this rank's device sees it
+  const SlotPtrs* slotTable;  // nSlots > kInlineSlots: the slots in device memory
+  DevStatus* status;          // this rank's
+  volatile int32_t* abort;    // the communicator's: set on any failure, polled by waits
+  uint64_t timeoutNs;
+  Geometry geo;
+  int32_t rank;
+  int32_t nRanks;
+  int32_t nSlots;
+  int32_t systemFence;  // peers on other devices or processes
+  SlotPtrs inlineSlots[kInlineSlots];
+};
+
+}  // namespace gpu
+}  // namespace jax_rccl

@@ -1,0 +1,157 @@
+// The GPU runtime's host interface (plain C++: no HIP or CUDA headers, so host-compiled code such
+// as the FFI handlers and the Python bindings can include it). Implemented in hip/runtime.hip.
+//
+//   - Geometry / regions: every rank owns a zeroed region of device memory holding the
+//     connections into it (hip/device_conn.h); AllocRegion makes one on the current device.
+//   - DevicePlan: a Plan's kernels uploaded once (persistent work arrays, block table, task
+//     table); Launch passes one execution's buffers and launches on a stream. Nothing per
+//     execution is uploaded from the host, so a launch may be captured and replayed.
+//   - Harness: several ranks on one GPU in one process (one stream each), for kernel tests and
+//     benchmarks without JAX.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ffi/planner/planner.h"
+#include "ffi/planner/status.h"
+#include "hip/device_conn.h"
+
+namespace jax_rccl {
+namespace gpu {
+
+// The connection geometry of a topology (step bytes per protocol, 16-byte multiples).
+Geometry GeometryOf(const TopologyView& topo);
+// Whether the device code was compiled with reductions over `dtype`.
+bool DeviceHasDtype(DataType dtype);
+// "CUDA sm_90" / "HIP gfx90a": what the device library was built for.
+std::string DeviceBuildInfo();
+
+// Device memory on the current device.
+StatusOr<void*> DeviceAlloc(int64_t bytes);
+void DeviceFree(void* p);
+Status CopyToDevice(void* dst, const void* src, int64_t bytes);
+Status CopyToHost(void* dst, const void* src, int64_t bytes);
+// A zeroed region of `RegionLayout::Bytes(geo)` bytes.
+StatusOr<void*> AllocRegion(const Geometry& geo);
+
+// Host memory the device can read and write (the status words and the abort word).
+struct Mapped {
+  void* host = nullptr;
+  void* dev = nullptr;
+};
+StatusOr<Mapped> MappedAlloc(int64_t bytes);
+void MappedFree(const Mapped& m);
+
+// What the kernels of one rank's launch see besides the plan.
+struct RankLaunch {
+  int rank = 0;
+  int nRanks = 1;
+  char* const* regionsDev = nullptr;  // device array [nRanks] of region pointers (this device)
+  DevStatus* statusDev = nullptr;     // this rank's status word (mapped)
+  int32_t* abortDev = nullptr;        // the communicator's abort word (mapped)
+  uint64_t timeoutNs = 0;
+  bool systemFence = false;  // a peer on another device or in another process
+  void* stream = nullptr;    // hipStream_t / cudaStream_t
+};
+
+// One rank's plan on the device.
+class DevicePlan {
+ public:
+  // Uploads `plan` (built for one rank) to the current device. Errors: a protocol or element
+  // type the device code lacks (kUnsupported), a PreMulSum scalar given by pointer.
+  static StatusOr<std::unique_ptr<DevicePlan>> Upload(const Plan& plan, const Geometry& geo);
+  ~DevicePlan();
+  DevicePlan(const DevicePlan&) = delete;
+  DevicePlan& operator=(const DevicePlan&) = delete;
+
+  // Launches one execution: `slots[i]` are task i's buffers (device pointers).
+  Status Launch(const RankLaunch& rl, const std::vector<SlotPtrs>& slots) const;
+
+  int nKernels() const { return static_cast<int>(kernels_.size()); }
+  int nTasks() const { return nTasks_; }
+
+ private:
+  DevicePlan() = default;
+  struct Kernel {
+    Work* works = nullptr;
+    BlockInfo* blocks = nullptr;
+    int nBlocks = 0;
+    int nThreads = 0;
+    std::vector<int> classes;  // one launch per class present, ascending (hip/kernel_impl.h)
+  };
+  struct OneRankTask {
+    int64_t bytes = 0;
+    int slot = 0;
+    bool scaled = false;  // PreMulSum / SumPostDiv on one rank: not a plain copy
+    DevTask task{};
+    int64_t count = 0;
+  };
+  std::vector<Kernel> kernels_;
+  DevTask* tasks_ = nullptr;
+  SlotPtrs* slotTable_ = nullptr;
+  int nTasks_ = 0;
+  Geometry geo_;
+  bool oneRank_ = false;
+  std::vector<OneRankTask> oneRankTasks_;
+};
+
+// Formats a failed launch's status ("timed out on channel 3 waiting for data from rank 2 ...").
+std::string DescribeStatus(const DevStatus& s);
+
+// Several ranks of one communicator on the current GPU, in this process, one stream each.
+class Harness {
+ public:
+  static StatusOr<std::unique_ptr<Harness>> Create(const TopologyView& topo, double timeoutS);
+  ~Harness();
+  Harness(const Harness&) = delete;
+  Harness& operator=(const Harness&) = delete;
+
+  int nRanks() const { return topo_.nRanks; }
+  const TopologyView& topo() const { return topo_; }
+  // Plans tasks[rank] for every rank (with `tuning`) and uploads the plans (collectives: the same
+  // list on every rank; point-to-point: each rank its own sends and receives).
+  Status Build(const std::vector<std::vector<TaskDesc>>& tasks, const Tuning& tuning,
+               const PlannerParams& params);
+  const Plan& plan(int rank) const { return plans_[rank]; }
+  // Launches every rank once (or only the ranks in `only`, when given); slots[rank][task].
+  Status Launch(const std::vector<std::vector<SlotPtrs>>& slots,
+                const std::vector<int>* only = nullptr);
+  // Waits for every rank; reports the first failed status.
+  Status Sync();
+  // Captures one launch of every rank in a graph (forked onto the ranks' streams), then replays it
+  // `iters` times; returns microseconds per replay.
+  StatusOr<double> TimeGraph(const std::vector<std::vector<SlotPtrs>>& slots, int iters);
+  // Microseconds per launch of every rank, `iters` launches after `warmup`.
+  StatusOr<double> TimeLaunches(const std::vector<std::vector<SlotPtrs>>& slots, int warmup,
+                                int iters);
+
+ private:
+  Harness() = default;
+  TopologyView topo_;
+  Geometry geo_;
+  uint64_t timeoutNs_ = 0;
+  std::vector<void*> regions_;
+  std::vector<void*> regionTables_;  // per rank: device copy of the region pointers
+  std::vector<void*> streams_;
+  Mapped status_;  // DevStatus per rank
+  Mapped abort_;
+  std::vector<Plan> plans_;
+  std::vector<std::unique_ptr<DevicePlan>> devPlans_;
+  RankLaunch Rank(int r) const;
+};
+
+// Floors measured on the current device: device-to-device copy bandwidth (GB/s counting read and
+// write), an empty kernel launch (us, from a host loop), and one empty kernel replayed from a
+// captured graph (us).
+struct Floors {
+  double copyGBs = 0;
+  double launchUs = 0;
+  double graphUs = 0;
+};
+StatusOr<Floors> MeasureFloors(int64_t copyBytes, int iters);
+
+}  // namespace gpu
+}  // namespace jax_rccl

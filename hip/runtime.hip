@@ -1,0 +1,536 @@
+// The GPU runtime's host side (see hip/runtime.h): uploads, launches, the one-GPU harness and
+// the floors.
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <sstream>
+
+#include "hip/portability.h"
+#include "hip/reduce_functors.h"
+#include "hip/runtime.h"
+#include "hip/runtime_kernel.h"
+
+namespace jax_rccl {
+namespace gpu {
+
+#define JR_HIP_CHECK(expr)                                                                       \
+  do {                                                                                           \
+    const hipError_t jr_err_ = (expr);                                                           \
+    JR_REQUIRE(jr_err_ == hipSuccess, Code::kInternal, #expr, ": ", hipGetErrorString(jr_err_)); \
+  } while (0)
+
+namespace {
+
+// Writes up to kInlineSlots slot pointers (kernel arguments) into a device table: a launch
+// captured in a graph keeps its arguments, so the table is right on every replay.
+struct SlotChunk {
+  SlotPtrs s[kInlineSlots];
+};
+__global__ void FillSlotsKernel(SlotPtrs* table, int offset, int n, const SlotChunk chunk) {
+  const int i = threadIdx.x;
+  if (i < n) table[offset + i] = chunk.s[i];
+}
+
+// One rank, PreMulSum or SumPostDiv: out = PostOp(PreOp(in)) element-wise.
+template <typename F>
+__global__ void ScaleKernel(const typename F::Elem* in, typename F::Elem* out, int64_t n,
+                            uint64_t opArg) {
+  using Tr = ElemTraits<typename F::Elem>;
+  const F fn(opArg);
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    auto v = Tr::Load(in[i]);
+    if (F::kHasPreOp) v = fn.PreOp(v);
+    if (F::kHasPostOp) v = fn.PostOp(v);
+    out[i] = Tr::Store(v);
+  }
+}
+
+template <typename T>
+void LaunchScale(DevRedOp op, const void* in, void* out, int64_t n, uint64_t arg,
+                 hipStream_t stream) {
+  const int blocks = int(std::min<int64_t>(1024, (n + 255) / 256));
+  if (op == DevRedOp::kPreMulSum) {
+    hipLaunchKernelGGL(ScaleKernel<FuncPreMulSum<T>>, blocks, 256, 0, stream,
+                       static_cast<const T*>(in), static_cast<T*>(out), n, arg);
+  } else {
+    hipLaunchKernelGGL(ScaleKernel<FuncSumPostDiv<T>>, blocks, 256, 0, stream,
+                       static_cast<const T*>(in), static_cast<T*>(out), n, arg);
+  }
+}
+
+bool LaunchScaleFor(DataType dt, DevRedOp op, const void* in, void* out, int64_t n, uint64_t arg,
+                    hipStream_t stream) {
+  switch (dt) {
+#define JR_CASE(name, enumName, T)               \
+  case DataType::enumName:                       \
+    LaunchScale<T>(op, in, out, n, arg, stream); \
+    return true;
+    JR_DEVICE_DTYPES(JR_CASE)
+#undef JR_CASE
+    default:
+      return false;
+  }
+}
+
+__global__ void EmptyKernel() {}
+
+using CollKernelFn = void (*)(const KernelArgs);
+
+// The kernel of a class (kCopyClass or a DataType's value); null when not compiled in.
+CollKernelFn KernelOfClass(int cls) {
+  if (cls == kCopyClass) return &CollKernel_copy;
+  switch (DataType(cls)) {
+#define JR_CASE(name, enumName, T) \
+  case DataType::enumName:         \
+    return &CollKernel_##name;
+    JR_DEVICE_DTYPES(JR_CASE)
+#undef JR_CASE
+    default:
+      return nullptr;
+  }
+}
+
+void LaunchCopy(const void* from, void* to, int64_t bytes, hipStream_t stream) {
+  if (bytes <= 0 || from == to) return;
+  const int blocks = int(std::min<int64_t>(132 * 2, std::max<int64_t>(1, bytes / (64 << 10))));
+  hipLaunchKernelGGL(CopyKernel, blocks, 512, 0, stream, static_cast<const char*>(from),
+                     static_cast<char*>(to), bytes);
+}
+
+}  // namespace
+
+Geometry GeometryOf(const TopologyView& topo) {
+  Geometry g;
+  g.nRanks = topo.nRanks;
+  g.nChannels = std::max(topo.nChannels, topo.p2pnChannels);
+  for (int p = 0; p < kNumProtocols; ++p) g.stepBytes[p] = topo.buffSizes[p] / kSteps / 16 * 16;
+  return g;
+}
+
+bool DeviceHasDtype(DataType dtype) {
+  switch (dtype) {
+#define JR_CASE(name, enumName, T) \
+  case DataType::enumName:         \
+    return true;
+    JR_DEVICE_DTYPES(JR_CASE)
+#undef JR_CASE
+    default:
+      return false;
+  }
+}
+
+std::string DeviceBuildInfo() {
+#if defined(JAX_RCCL_AMD)
+  return "HIP (AMD)";
+#else
+  return "CUDA (NVIDIA, through hip/portability.h)";
+#endif
+}
+
+StatusOr<void*> DeviceAlloc(int64_t bytes) {
+  void* p = nullptr;
+  JR_HIP_CHECK(hipMalloc(&p, size_t(std::max<int64_t>(bytes, 16))));
+  return p;
+}
+
+void DeviceFree(void* p) {
+  if (p != nullptr) (void)hipFree(p);
+}
+
+Status CopyToDevice(void* dst, const void* src, int64_t bytes) {
+  if (bytes > 0) JR_HIP_CHECK(hipMemcpy(dst, src, size_t(bytes), hipMemcpyHostToDevice));
+  return Status::Ok();
+}
+
+Status CopyToHost(void* dst, const void* src, int64_t bytes) {
+  if (bytes > 0) JR_HIP_CHECK(hipMemcpy(dst, src, size_t(bytes), hipMemcpyDeviceToHost));
+  return Status::Ok();
+}
+
+StatusOr<void*> AllocRegion(const Geometry& geo) {
+  const int64_t bytes = RegionLayout::Bytes(geo);
+  JR_ASSIGN_OR_RETURN(void* p, DeviceAlloc(bytes));
+  const hipError_t err = hipMemset(p, 0, size_t(bytes));
+  if (err != hipSuccess) {
+    DeviceFree(p);
+    JR_FAIL(Code::kInternal, "zeroing a connection region of ", bytes,
+            " bytes: ", hipGetErrorString(err));
+  }
+  return p;
+}
+
+StatusOr<Mapped> MappedAlloc(int64_t bytes) {
+  Mapped m;
+  JR_HIP_CHECK(hipHostMalloc(&m.host, size_t(bytes), hipHostMallocMapped));
+  std::memset(m.host, 0, size_t(bytes));
+  JR_HIP_CHECK(hipHostGetDevicePointer(&m.dev, m.host, 0));
+  return m;
+}
+
+void MappedFree(const Mapped& m) {
+  if (m.host != nullptr) (void)hipHostFree(m.host);
+}
+
+// ---- DevicePlan ----
+
+StatusOr<std::unique_ptr<DevicePlan>> DevicePlan::Upload(const Plan& plan, const Geometry& geo) {
+  std::unique_ptr<DevicePlan> dp(new DevicePlan());
+  dp->geo_ = geo;
+  dp->nTasks_ = static_cast<int>(plan.tasks.size());
+  dp->oneRank_ = plan.oneRank;
+  std::vector<DevTask> tasks(plan.tasks.size());
+  for (size_t i = 0; i < plan.tasks.size(); ++i) {
+    const TaskPlan& tp = plan.tasks[i];
+    DevTask& t = tasks[i];
+    const bool p2p = tp.coll == Coll::kSend || tp.coll == Coll::kRecv;
+    const bool copy = p2p || tp.coll == Coll::kAllGather || tp.coll == Coll::kBroadcast;
+    t.coll = uint8_t(tp.coll);
+    t.pattern = uint8_t(tp.pattern);
+    t.dtype = uint8_t(copy ? DataType::kUint8 : tp.dtype);
+    t.op = uint8_t(tp.opFull.op);
+    t.proto = uint8_t(std::max<int>(0, int(tp.proto)));
+    t.unitSize = uint8_t(copy ? 1 : DataTypeSize(tp.dtype));
+    t.copy = copy ? 1 : 0;
+    t.opArg = tp.opFull.scalarArg;
+    if (!copy) {
+      JR_REQUIRE(DeviceHasDtype(tp.dtype), Code::kUnsupported, "task ", i, " (", CollName(tp.coll),
+                 "): this build's device code has no reductions over ", DataTypeName(tp.dtype),
+                 " (built with JR_DEVICE_QUICK)");
+      JR_REQUIRE(!tp.opFull.scalarArgIsPtr, Code::kUnsupported, "task ", i,
+                 ": a PreMulSum scalar given per device is not supported on GPUs yet");
+    }
+    if (!plan.oneRank && tp.kernel >= 0 && tp.count > 0) {
+      JR_REQUIRE(tp.proto == Proto::kLL || tp.proto == Proto::kSimple, Code::kUnsupported, "task ",
+                 i, " (", CollName(tp.coll), "): protocol ", ProtoName(tp.proto),
+                 " is not implemented by the device code (LL and Simple are)");
+      JR_REQUIRE(tp.algo == Algo::kRing || tp.algo == Algo::kTree || p2p, Code::kUnsupported,
+                 "task ", i, " (", CollName(tp.coll), "): algorithm ", AlgoName(tp.algo),
+                 " has no device program (Ring and Tree do)");
+    }
+    if (plan.oneRank && !p2p && tp.count > 0) {
+      OneRankTask o;
+      o.slot = int(i);
+      o.count = int64_t(tp.count);
+      o.bytes = int64_t(tp.count) * int64_t(DataTypeSize(tp.dtype));
+      o.scaled =
+          !copy && (tp.opFull.op == DevRedOp::kPreMulSum || tp.opFull.op == DevRedOp::kSumPostDiv);
+      o.task = t;
+      dp->oneRankTasks_.push_back(o);
+    }
+  }
+  if (!tasks.empty()) {
+    JR_ASSIGN_OR_RETURN(void* t, DeviceAlloc(int64_t(tasks.size() * sizeof(DevTask))));
+    dp->tasks_ = static_cast<DevTask*>(t);
+    JR_CHECK(CopyToDevice(t, tasks.data(), int64_t(tasks.size() * sizeof(DevTask))));
+  }
+  if (dp->nTasks_ > kInlineSlots) {
+    JR_ASSIGN_OR_RETURN(void* s, DeviceAlloc(int64_t(dp->nTasks_) * int64_t(sizeof(SlotPtrs))));
+    dp->slotTable_ = static_cast<SlotPtrs*>(s);
+  }
+  for (const KernelPlan& kp : plan.kernels) {
+    const std::vector<Work> works = LayoutPersistent(kp);
+    std::vector<BlockInfo> blocks;
+    for (int c = 0; c < kMaxChannels; ++c) {
+      if ((kp.channelMask.masks[c / 64] >> (c % 64)) & 1) {
+        BlockInfo b;
+        b.channel = c;
+        b.firstWork = static_cast<int32_t>(blocks.size());
+        blocks.push_back(b);
+        JR_REQUIRE(c < geo.nChannels, Code::kInternal, "the plan uses channel ", c,
+                   ", the connections have ", geo.nChannels);
+      }
+    }
+    if (blocks.empty()) continue;
+    Kernel k;
+    for (const TaskPlan& tp : plan.tasks) {
+      if (tp.kernel != int(dp->kernels_.size()) || tp.count == 0) continue;
+      const DevTask& t = tasks[size_t(tp.index)];
+      const int cls = t.copy ? kCopyClass : int(t.dtype);
+      if (std::find(k.classes.begin(), k.classes.end(), cls) == k.classes.end()) {
+        k.classes.push_back(cls);
+      }
+    }
+    std::sort(k.classes.begin(), k.classes.end());
+    if (k.classes.empty()) k.classes.push_back(kCopyClass);  // walks the works; moves nothing
+    k.nBlocks = static_cast<int>(blocks.size());
+    k.nThreads = std::max(64, std::min(kp.threadPerBlock, 1024));
+    JR_ASSIGN_OR_RETURN(void* w, DeviceAlloc(int64_t(works.size() * sizeof(Work))));
+    k.works = static_cast<Work*>(w);
+    dp->kernels_.push_back(k);  // owned from here (freed by the destructor on error too)
+    JR_CHECK(CopyToDevice(w, works.data(), int64_t(works.size() * sizeof(Work))));
+    JR_ASSIGN_OR_RETURN(void* b, DeviceAlloc(int64_t(blocks.size() * sizeof(BlockInfo))));
+    dp->kernels_.back().blocks = static_cast<BlockInfo*>(b);
+    JR_CHECK(CopyToDevice(b, blocks.data(), int64_t(blocks.size() * sizeof(BlockInfo))));
+  }
+  return std::move(dp);
+}
+
+DevicePlan::~DevicePlan() {
+  for (Kernel& k : kernels_) {
+    DeviceFree(k.works);
+    DeviceFree(k.blocks);
+  }
+  DeviceFree(tasks_);
+  DeviceFree(slotTable_);
+}
+
+Status DevicePlan::Launch(const RankLaunch& rl, const std::vector<SlotPtrs>& slots) const {
+  hipStream_t stream = static_cast<hipStream_t>(rl.stream);
+  JR_REQUIRE(int(slots.size()) >= nTasks_, Code::kInvalidArgument, "a launch got ", slots.size(),
+             " buffer slots, the plan has ", nTasks_, " tasks");
+  if (oneRank_) {
+    for (const OneRankTask& o : oneRankTasks_) {
+      const SlotPtrs& s = slots[size_t(o.slot)];
+      if (o.scaled) {
+        JR_REQUIRE(LaunchScaleFor(DataType(o.task.dtype), DevRedOp(o.task.op), s.send, s.recv,
+                                  o.count, o.task.opArg, stream),
+                   Code::kUnsupported, "no device reduction for ",
+                   DataTypeName(DataType(o.task.dtype)));
+      } else {
+        LaunchCopy(s.send, s.recv, o.bytes, stream);
+      }
+    }
+    JR_HIP_CHECK(hipGetLastError());
+    return Status::Ok();
+  }
+  if (kernels_.empty()) return Status::Ok();
+  KernelArgs a;
+  std::memset(&a, 0, sizeof(a));
+  a.tasks = tasks_;
+  a.regions = rl.regionsDev;
+  a.slotTable = slotTable_;
+  a.status = rl.statusDev;
+  a.abort = rl.abortDev;
+  a.timeoutNs = rl.timeoutNs;
+  a.geo = geo_;
+  a.rank = rl.rank;
+  a.nRanks = rl.nRanks;
+  a.nSlots = nTasks_;
+  a.systemFence = rl.systemFence ? 1 : 0;
+  if (nTasks_ <= kInlineSlots) {
+    for (int i = 0; i < nTasks_; ++i) a.inlineSlots[i] = slots[size_t(i)];
+  } else {
+    for (int off = 0; off < nTasks_; off += kInlineSlots) {
+      SlotChunk chunk;
+      std::memset(&chunk, 0, sizeof(chunk));
+      const int n = std::min(kInlineSlots, nTasks_ - off);
+      for (int i = 0; i < n; ++i) chunk.s[i] = slots[size_t(off + i)];
+      hipLaunchKernelGGL(FillSlotsKernel, 1, kInlineSlots, 0, stream, slotTable_, off, n, chunk);
+    }
+  }
+  for (const Kernel& k : kernels_) {
+    a.works = k.works;
+    a.blocks = k.blocks;
+    for (int cls : k.classes) {
+      CollKernelFn fn = KernelOfClass(cls);
+      JR_REQUIRE(fn != nullptr, Code::kUnsupported, "no device kernel for class ", cls);
+      hipLaunchKernelGGL(fn, k.nBlocks, k.nThreads, 0, stream, a);
+    }
+  }
+  JR_HIP_CHECK(hipGetLastError());
+  return Status::Ok();
+}
+
+std::string DescribeStatus(const DevStatus& s) {
+  std::ostringstream os;
+  if (s.code == 1) {
+    os << "rank " << s.rank << " timed out on channel " << s.channel << " waiting for "
+       << (s.waitingRecv ? "data from rank " : "room in the FIFO to rank ") << s.peer << " (step "
+       << s.step << ")";
+  } else if (s.code == 2) {
+    os << "rank " << s.rank << " stopped on channel " << s.channel
+       << ": another rank of the communicator failed";
+  } else {
+    os << "rank " << s.rank << ": status " << s.code;
+  }
+  return os.str();
+}
+
+// ---- Harness ----
+
+StatusOr<std::unique_ptr<Harness>> Harness::Create(const TopologyView& topo, double timeoutS) {
+  JR_CHECK(ValidateTopology(topo));
+  std::unique_ptr<Harness> h(new Harness());
+  h->topo_ = topo;
+  h->geo_ = GeometryOf(topo);
+  h->timeoutNs_ = uint64_t(std::max(0.001, timeoutS) * 1e9);
+  const int n = topo.nRanks;
+  for (int r = 0; r < n; ++r) {
+    JR_ASSIGN_OR_RETURN(void* reg, AllocRegion(h->geo_));
+    h->regions_.push_back(reg);
+  }
+  for (int r = 0; r < n; ++r) {
+    JR_ASSIGN_OR_RETURN(void* t, DeviceAlloc(int64_t(n) * int64_t(sizeof(void*))));
+    h->regionTables_.push_back(t);
+    JR_CHECK(CopyToDevice(t, h->regions_.data(), int64_t(n) * int64_t(sizeof(void*))));
+    hipStream_t s;
+    JR_HIP_CHECK(hipStreamCreateWithFlags(&s, hipStreamNonBlocking));
+    h->streams_.push_back(s);
+  }
+  JR_ASSIGN_OR_RETURN(h->status_, MappedAlloc(int64_t(n) * int64_t(sizeof(DevStatus))));
+  JR_ASSIGN_OR_RETURN(h->abort_, MappedAlloc(64));
+  return std::move(h);
+}
+
+Harness::~Harness() {
+  for (void* s : streams_) {
+    (void)hipStreamSynchronize(static_cast<hipStream_t>(s));
+    (void)hipStreamDestroy(static_cast<hipStream_t>(s));
+  }
+  devPlans_.clear();
+  for (void* p : regions_) DeviceFree(p);
+  for (void* p : regionTables_) DeviceFree(p);
+  MappedFree(status_);
+  MappedFree(abort_);
+}
+
+RankLaunch Harness::Rank(int r) const {
+  RankLaunch rl;
+  rl.rank = r;
+  rl.nRanks = topo_.nRanks;
+  rl.regionsDev = static_cast<char* const*>(regionTables_[size_t(r)]);
+  rl.statusDev = static_cast<DevStatus*>(status_.dev) + r;
+  rl.abortDev = static_cast<int32_t*>(abort_.dev);
+  rl.timeoutNs = timeoutNs_;
+  rl.systemFence = false;
+  rl.stream = streams_[size_t(r)];
+  return rl;
+}
+
+Status Harness::Build(const std::vector<std::vector<TaskDesc>>& tasks, const Tuning& tuning,
+                      const PlannerParams& params) {
+  JR_REQUIRE(int(tasks.size()) == topo_.nRanks, Code::kInvalidArgument, "build got tasks of ",
+             tasks.size(), " ranks, the harness has ", topo_.nRanks);
+  plans_.clear();
+  devPlans_.clear();
+  for (int r = 0; r < topo_.nRanks; ++r) {
+    PlanRequest req;
+    req.topo = topo_;
+    req.rank = r;
+    req.tasks = tasks[size_t(r)];
+    req.tuning = tuning;
+    req.params = params;
+    JR_ASSIGN_OR_RETURN(Plan p, MakePlan(req));
+    JR_ASSIGN_OR_RETURN(std::unique_ptr<DevicePlan> dp, DevicePlan::Upload(p, geo_));
+    plans_.push_back(std::move(p));
+    devPlans_.push_back(std::move(dp));
+  }
+  return Status::Ok();
+}
+
+Status Harness::Launch(const std::vector<std::vector<SlotPtrs>>& slots,
+                       const std::vector<int>* only) {
+  JR_REQUIRE(int(devPlans_.size()) == topo_.nRanks, Code::kInvalidUsage,
+             "the harness has no plans: call build first");
+  JR_REQUIRE(int(slots.size()) == topo_.nRanks, Code::kInvalidArgument, "launch got buffers of ",
+             slots.size(), " ranks, the harness has ", topo_.nRanks);
+  for (int r = 0; r < topo_.nRanks; ++r) {
+    if (only != nullptr && std::find(only->begin(), only->end(), r) == only->end()) continue;
+    JR_CHECK(devPlans_[size_t(r)]->Launch(Rank(r), slots[size_t(r)]));
+  }
+  return Status::Ok();
+}
+
+Status Harness::Sync() {
+  for (void* s : streams_) JR_HIP_CHECK(hipStreamSynchronize(static_cast<hipStream_t>(s)));
+  const DevStatus* st = static_cast<const DevStatus*>(status_.host);
+  for (int r = 0; r < topo_.nRanks; ++r) {
+    if (st[r].code == 1) JR_FAIL(Code::kTimeout, DescribeStatus(st[r]));
+  }
+  for (int r = 0; r < topo_.nRanks; ++r) {
+    if (st[r].code != 0) JR_FAIL(Code::kTimeout, DescribeStatus(st[r]));
+  }
+  return Status::Ok();
+}
+
+StatusOr<double> Harness::TimeLaunches(const std::vector<std::vector<SlotPtrs>>& slots, int warmup,
+                                       int iters) {
+  for (int i = 0; i < warmup; ++i) JR_CHECK(Launch(slots));
+  JR_CHECK(Sync());
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < iters; ++i) JR_CHECK(Launch(slots));
+  JR_CHECK(Sync());
+  const auto t1 = std::chrono::steady_clock::now();
+  return std::chrono::duration<double, std::micro>(t1 - t0).count() / std::max(1, iters);
+}
+
+StatusOr<double> Harness::TimeGraph(const std::vector<std::vector<SlotPtrs>>& slots, int iters) {
+  JR_CHECK(Sync());
+  hipStream_t s0 = static_cast<hipStream_t>(streams_[0]);
+  std::vector<hipEvent_t> events(size_t(topo_.nRanks) * 2);
+  for (hipEvent_t& e : events) JR_HIP_CHECK(hipEventCreate(&e));
+  hipGraph_t graph;
+  JR_HIP_CHECK(hipStreamBeginCapture(s0, hipStreamCaptureModeRelaxed));
+  JR_HIP_CHECK(hipEventRecord(events[0], s0));
+  for (int r = 1; r < topo_.nRanks; ++r) {
+    JR_HIP_CHECK(hipStreamWaitEvent(static_cast<hipStream_t>(streams_[size_t(r)]), events[0], 0));
+  }
+  Status launched = Launch(slots);
+  for (int r = 1; r < topo_.nRanks; ++r) {
+    JR_HIP_CHECK(hipEventRecord(events[size_t(r)], static_cast<hipStream_t>(streams_[size_t(r)])));
+    JR_HIP_CHECK(hipStreamWaitEvent(s0, events[size_t(r)], 0));
+  }
+  JR_HIP_CHECK(hipStreamEndCapture(s0, &graph));
+  JR_CHECK(launched);
+  hipGraphExec_t exec;
+  JR_HIP_CHECK(hipGraphInstantiate(&exec, graph, nullptr, nullptr, 0));
+  for (int i = 0; i < 5; ++i) JR_HIP_CHECK(hipGraphLaunch(exec, s0));
+  JR_CHECK(Sync());
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < iters; ++i) JR_HIP_CHECK(hipGraphLaunch(exec, s0));
+  JR_CHECK(Sync());
+  const auto t1 = std::chrono::steady_clock::now();
+  (void)hipGraphExecDestroy(exec);
+  (void)hipGraphDestroy(graph);
+  for (hipEvent_t& e : events) (void)hipEventDestroy(e);
+  return std::chrono::duration<double, std::micro>(t1 - t0).count() / std::max(1, iters);
+}
+
+StatusOr<Floors> MeasureFloors(int64_t copyBytes, int iters) {
+  Floors f;
+  hipStream_t s;
+  JR_HIP_CHECK(hipStreamCreateWithFlags(&s, hipStreamNonBlocking));
+  JR_ASSIGN_OR_RETURN(void* a, DeviceAlloc(copyBytes));
+  JR_ASSIGN_OR_RETURN(void* b, DeviceAlloc(copyBytes));
+  JR_HIP_CHECK(hipMemcpyAsync(b, a, size_t(copyBytes), hipMemcpyDeviceToDevice, s));
+  JR_HIP_CHECK(hipStreamSynchronize(s));
+  auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < iters; ++i) {
+    JR_HIP_CHECK(hipMemcpyAsync(b, a, size_t(copyBytes), hipMemcpyDeviceToDevice, s));
+  }
+  JR_HIP_CHECK(hipStreamSynchronize(s));
+  auto t1 = std::chrono::steady_clock::now();
+  const double sec = std::chrono::duration<double>(t1 - t0).count() / std::max(1, iters);
+  f.copyGBs = 2.0 * double(copyBytes) / sec / 1e9;
+  DeviceFree(a);
+  DeviceFree(b);
+  const int n = 2000;
+  for (int i = 0; i < 100; ++i) hipLaunchKernelGGL(EmptyKernel, 1, 1, 0, s);
+  JR_HIP_CHECK(hipStreamSynchronize(s));
+  t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < n; ++i) hipLaunchKernelGGL(EmptyKernel, 1, 1, 0, s);
+  JR_HIP_CHECK(hipStreamSynchronize(s));
+  t1 = std::chrono::steady_clock::now();
+  f.launchUs = std::chrono::duration<double, std::micro>(t1 - t0).count() / n;
+  hipGraph_t graph;
+  JR_HIP_CHECK(hipStreamBeginCapture(s, hipStreamCaptureModeRelaxed));
+  hipLaunchKernelGGL(EmptyKernel, 1, 1, 0, s);
+  JR_HIP_CHECK(hipStreamEndCapture(s, &graph));
+  hipGraphExec_t exec;
+  JR_HIP_CHECK(hipGraphInstantiate(&exec, graph, nullptr, nullptr, 0));
+  for (int i = 0; i < 100; ++i) JR_HIP_CHECK(hipGraphLaunch(exec, s));
+  JR_HIP_CHECK(hipStreamSynchronize(s));
+  t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < n; ++i) JR_HIP_CHECK(hipGraphLaunch(exec, s));
+  JR_HIP_CHECK(hipStreamSynchronize(s));
+  t1 = std::chrono::steady_clock::now();
+  f.graphUs = std::chrono::duration<double, std::micro>(t1 - t0).count() / n;
+  (void)hipGraphExecDestroy(exec);
+  (void)hipGraphDestroy(graph);
+  (void)hipStreamDestroy(s);
+  return f;
+}
+
+}  // namespace gpu
+}  // namespace jax_rccl

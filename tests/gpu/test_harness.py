@@ -1,0 +1,288 @@
+"""The device kernels through the one-GPU multi-rank harness, against numpy.
+
+Every collective x algorithm x protocol x dtype at 2, 4 and 8 ranks on one GPU. Inputs are small
+integers (-1, 0, 1; unsigned 0, 1), so every partial result is exact in every element type and the
+results must match bit for bit.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import numpy as np
+import pytest
+
+from jax_rccl import harness
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not harness.available(), reason="needs a GPU build and a GPU"),
+]
+
+DTYPES = [
+    "int8",
+    "uint8",
+    "int16",
+    "uint16",
+    "int32",
+    "uint32",
+    "int64",
+    "uint64",
+    "float16",
+    "bfloat16",
+    "float32",
+    "float64",
+    "float8_e4m3fn",
+    "float8_e5m2",
+]
+RANKS = [2, 4, 8]
+PROTOS = ["LL", "Simple"]
+COUNTS = [0, 1, 7, 1001, 65536 + 5, (1 << 20) + 3]
+QUICK = os.environ.get("JAX_RCCL_TEST_QUICK") == "1"
+
+
+def has(dtype):
+    from jax_rccl import _jax_rccl
+
+    return _jax_rccl.gpu.has_dtype(dtype)
+
+
+@functools.cache
+def get_harness(n):
+    return harness.Harness(n, timeout=20.0)
+
+
+def inputs_for(dtype, nranks, count, seed=0):
+    rng = np.random.default_rng(seed + 7 * nranks + count)
+    np_dt = harness._np_dtype(dtype)
+    lo = 0 if dtype.startswith("uint") else -1
+    return [rng.integers(lo, 2, size=count).astype(np_dt) for _ in range(nranks)]
+
+
+def reduce_ref(xs, op, dtype):
+    np_dt = harness._np_dtype(dtype)
+    wide = [x.astype(np.float64) for x in xs]
+    if op == "sum":
+        r = functools.reduce(np.add, wide)
+    elif op == "prod":
+        r = functools.reduce(np.multiply, wide)
+    elif op == "max":
+        r = functools.reduce(np.maximum, wide)
+    elif op == "min":
+        r = functools.reduce(np.minimum, wide)
+    else:
+        raise AssertionError(op)
+    return r.astype(np_dt)
+
+
+def same(a, b):
+    assert a.dtype == b.dtype
+    assert a.shape == b.shape
+    np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
+
+
+@pytest.mark.parametrize("nranks", RANKS)
+@pytest.mark.parametrize("algo", ["Ring", "Tree"])
+@pytest.mark.parametrize("proto", PROTOS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_all_reduce_sum(nranks, algo, proto, dtype):
+    if not has(dtype):
+        pytest.skip(f"{dtype} not in this device build")
+    h = get_harness(nranks)
+    for count in COUNTS[:4] if QUICK else COUNTS:
+        xs = inputs_for(dtype, nranks, count)
+        task = {"coll": "all_reduce", "count": count, "dtype": dtype, "op": "sum"}
+        outs = h.run([task], [[x] for x in xs], algorithm=algo, protocol=proto)
+        want = reduce_ref(xs, "sum", dtype)
+        for r in range(nranks):
+            same(outs[r][0], want)
+
+
+@pytest.mark.parametrize("nranks", RANKS)
+@pytest.mark.parametrize("op", ["prod", "max", "min"])
+@pytest.mark.parametrize("proto", PROTOS)
+@pytest.mark.parametrize("dtype", ["int32", "uint8", "float32", "bfloat16", "float16", "int64"])
+def test_all_reduce_ops(nranks, op, proto, dtype):
+    if not has(dtype):
+        pytest.skip(f"{dtype} not in this device build")
+    h = get_harness(nranks)
+    for count in (1, 1001, 300000):
+        xs = inputs_for(dtype, nranks, count, seed=1)
+        task = {"coll": "all_reduce", "count": count, "dtype": dtype, "op": op}
+        outs = h.run([task], [[x] for x in xs], algorithm="Ring", protocol=proto)
+        want = reduce_ref(xs, op, dtype)
+        for r in range(nranks):
+            same(outs[r][0], want)
+
+
+@pytest.mark.parametrize("nranks", RANKS)
+@pytest.mark.parametrize("proto", PROTOS)
+def test_all_reduce_avg(nranks, proto):
+    h = get_harness(nranks)
+    count = 4099
+    xs = [np.full(count, float(r + 1), np.float32) for r in range(nranks)]
+    task = {"coll": "all_reduce", "count": count, "dtype": "float32", "op": "avg"}
+    outs = h.run([task], [[x] for x in xs], protocol=proto)
+    for r in range(nranks):
+        np.testing.assert_allclose(outs[r][0], (nranks + 1) / 2.0, rtol=1e-6)
+
+
+@pytest.mark.parametrize("nranks", RANKS)
+@pytest.mark.parametrize("proto", PROTOS)
+@pytest.mark.parametrize("dtype", ["int32", "bfloat16", "float32", "uint8"])
+def test_all_gather(nranks, proto, dtype):
+    if not has(dtype):
+        pytest.skip(f"{dtype} not in this device build")
+    h = get_harness(nranks)
+    for count in COUNTS:
+        xs = inputs_for(dtype, nranks, count, seed=2)
+        task = {"coll": "all_gather", "count": count, "dtype": dtype}
+        outs = h.run([task], [[x] for x in xs], protocol=proto)
+        want = np.concatenate(xs)
+        for r in range(nranks):
+            same(outs[r][0], want)
+
+
+@pytest.mark.parametrize("nranks", RANKS)
+@pytest.mark.parametrize("proto", PROTOS)
+@pytest.mark.parametrize("dtype", ["int32", "bfloat16", "float32", "float8_e4m3fn", "int8"])
+def test_reduce_scatter(nranks, proto, dtype):
+    if not has(dtype):
+        pytest.skip(f"{dtype} not in this device build")
+    h = get_harness(nranks)
+    for count in COUNTS:
+        xs = inputs_for(dtype, nranks, count * nranks, seed=3)
+        task = {"coll": "reduce_scatter", "count": count, "dtype": dtype, "op": "sum"}
+        outs = h.run([task], [[x] for x in xs], protocol=proto)
+        full = reduce_ref(xs, "sum", dtype)
+        for r in range(nranks):
+            same(outs[r][0], full[r * count : (r + 1) * count])
+
+
+@pytest.mark.parametrize("nranks", RANKS)
+@pytest.mark.parametrize("proto", PROTOS)
+@pytest.mark.parametrize("root", [0, 1])
+def test_broadcast_and_reduce(nranks, proto, root):
+    h = get_harness(nranks)
+    for count in (0, 1, 1001, (1 << 20) + 3):
+        xs = inputs_for("float32", nranks, count, seed=4)
+        b = {"coll": "broadcast", "count": count, "dtype": "float32", "root": root}
+        outs = h.run([b], [[x] for x in xs], protocol=proto)
+        for r in range(nranks):
+            same(outs[r][0], xs[root])
+        red = {"coll": "reduce", "count": count, "dtype": "float32", "op": "sum", "root": root}
+        outs = h.run([red], [[x] for x in xs], protocol=proto)
+        same(outs[root][0], reduce_ref(xs, "sum", "float32"))
+
+
+@pytest.mark.parametrize("nranks", RANKS)
+@pytest.mark.parametrize("shift", [1, -1, 0])
+@pytest.mark.parametrize("count", [0, 5, 3000, 1 << 20])
+def test_ppermute_shift(nranks, shift, count):
+    """Each rank sends to rank + shift and receives from rank - shift (shift 0: to itself)."""
+    h = get_harness(nranks)
+    tasks = []
+    for r in range(nranks):
+        tasks.append(
+            [
+                {"coll": "send", "count": count, "dtype": "int32", "peer": (r + shift) % nranks},
+                {"coll": "recv", "count": count, "dtype": "int32", "peer": (r - shift) % nranks},
+            ]
+        )
+    xs = [np.arange(count, dtype=np.int32) * (r + 3) for r in range(nranks)]
+    outs = h.run(tasks, [[x, np.zeros(0, np.int32)] for x in xs])
+    for r in range(nranks):
+        same(outs[r][1], xs[(r - shift) % nranks])
+
+
+@pytest.mark.parametrize("nranks", RANKS)
+@pytest.mark.parametrize("count", [1, 1000, 70000])
+def test_all_to_all(nranks, count):
+    """all_to_all as sends and receives with every rank (as the runtime lowers it)."""
+    h = get_harness(nranks)
+    tasks = []
+    for _r in range(nranks):
+        row = []
+        for p in range(nranks):
+            row.append({"coll": "send", "count": count, "dtype": "float32", "peer": p})
+        for p in range(nranks):
+            row.append({"coll": "recv", "count": count, "dtype": "float32", "peer": p})
+        tasks.append(row)
+    xs = [[np.full(count, 100 * r + p, np.float32) for p in range(nranks)] for r in range(nranks)]
+    ins = [xs[r] + [np.zeros(0, np.float32)] * nranks for r in range(nranks)]
+    outs = h.run(tasks, ins)
+    for r in range(nranks):
+        for p in range(nranks):
+            same(outs[r][nranks + p], xs[p][r])
+
+
+@pytest.mark.parametrize("nranks", [4])
+def test_grouped_mixed_dtypes(nranks):
+    """One launch of several tasks of different types (one kernel per type, in order)."""
+    h = get_harness(nranks)
+    tasks = [
+        {"coll": "all_reduce", "count": 1000, "dtype": "float32", "op": "sum"},
+        {"coll": "all_reduce", "count": 77, "dtype": "int32", "op": "max"},
+        {"coll": "all_gather", "count": 33, "dtype": "bfloat16"},
+        {"coll": "all_reduce", "count": 5000, "dtype": "bfloat16", "op": "sum"},
+    ]
+    ins = [
+        inputs_for("float32", nranks, 1000, 5),
+        inputs_for("int32", nranks, 77, 6),
+        inputs_for("bfloat16", nranks, 33, 7),
+        inputs_for("bfloat16", nranks, 5000, 8),
+    ]
+    outs = h.run(tasks, [[ins[t][r] for t in range(4)] for r in range(nranks)])
+    for r in range(nranks):
+        same(outs[r][0], reduce_ref(ins[0], "sum", "float32"))
+        same(outs[r][1], reduce_ref(ins[1], "max", "int32"))
+        same(outs[r][2], np.concatenate(ins[2]))
+        same(outs[r][3], reduce_ref(ins[3], "sum", "bfloat16"))
+
+
+def test_many_tasks_slot_table():
+    """More tasks than fit in the kernel's arguments: the slot table path."""
+    nranks = 2
+    h = get_harness(nranks)
+    tasks = [{"coll": "all_reduce", "count": 10 + i, "dtype": "float32"} for i in range(40)]
+    ins = [[np.full(10 + i, float(r + i), np.float32) for i in range(40)] for r in range(nranks)]
+    outs = h.run(tasks, ins)
+    for i in range(40):
+        np.testing.assert_array_equal(outs[0][i], np.full(10 + i, float(2 * i + 1), np.float32))
+
+
+def test_repeated_launches_keep_fifo_state():
+    """The connection counters persist across launches: 50 launches in a row stay right."""
+    nranks = 4
+    h = get_harness(nranks)
+    xs = inputs_for("float32", nranks, 70001, 9)
+    task = {"coll": "all_reduce", "count": 70001, "dtype": "float32"}
+    outs = h.run([task], [[x] for x in xs], protocol="Simple", repeat=50)
+    same(outs[1][0], reduce_ref(xs, "sum", "float32"))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(QUICK, reason="large sizes skipped in quick runs")
+def test_all_reduce_1gb():
+    nranks = 2
+    h = get_harness(nranks)
+    count = (1 << 30) // 4
+    xs = [np.full(count, r + 1, np.int32) for r in range(nranks)]
+    xs[0][::4097] = 7
+    task = {"coll": "all_reduce", "count": count, "dtype": "int32"}
+    outs = h.run([task], [[x] for x in xs])
+    same(outs[0][0], xs[0] + xs[1])
+    same(outs[1][0], xs[0] + xs[1])
+
+
+def test_timeout_names_the_peer():
+    """A rank that never launches: the others fail with a timeout naming it, never hang."""
+    nranks = 2
+    h = harness.Harness(nranks, timeout=0.5)
+    task = {"coll": "all_reduce", "count": 1024, "dtype": "float32"}
+    h.build([task])
+    slots = h.buffers()
+    h._h.launch_ranks(slots, [0])
+    with pytest.raises(TimeoutError, match="rank 1"):
+        h.sync()
