@@ -53,6 +53,8 @@ constexpr hipError_t hipSuccess = cudaSuccess;
 #define hipStreamEndCapture cudaStreamEndCapture
 #define hipStreamCaptureModeRelaxed cudaStreamCaptureModeRelaxed
 #define hipStreamCaptureModeGlobal cudaStreamCaptureModeGlobal
+#define hipStreamCaptureMode cudaStreamCaptureMode
+#define hipThreadExchangeStreamCaptureMode cudaThreadExchangeStreamCaptureMode
 #define hipGraphInstantiate(e, g, a, b, c) cudaGraphInstantiate((e), (g), 0)
 #define hipGraphLaunch cudaGraphLaunch
 #define hipGraphExecDestroy cudaGraphExecDestroy
@@ -77,7 +79,11 @@ namespace gpu {
 // Nanoseconds from a clock that runs at a constant rate (for deadlines, not for timing).
 __device__ inline uint64_t NowNs() {
 #if defined(JAX_RCCL_AMD)
-  return wall_clock64() * 10;  // the 100 MHz constant clock of gfx90a / gfx942
+#if defined(__HIP_DEVICE_COMPILE__)
+  return __builtin_amdgcn_s_memrealtime() * 10;  // the 100 MHz real-time counter of gfx90a/gfx942
+#else
+  return 0;
+#endif
 #else
   uint64_t t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));

@@ -130,7 +130,13 @@ std::string DeviceBuildInfo() {
 
 StatusOr<void*> DeviceAlloc(int64_t bytes) {
   void* p = nullptr;
-  JR_HIP_CHECK(hipMalloc(&p, size_t(std::max<int64_t>(bytes, 16))));
+  // Allowed while another thread's stream is being captured (XLA's command buffers).
+  hipStreamCaptureMode mode = hipStreamCaptureModeRelaxed;
+  (void)hipThreadExchangeStreamCaptureMode(&mode);
+  const hipError_t err = hipMalloc(&p, size_t(std::max<int64_t>(bytes, 16)));
+  (void)hipThreadExchangeStreamCaptureMode(&mode);
+  JR_REQUIRE(err == hipSuccess, Code::kInternal, "allocating ", bytes,
+             " bytes of device memory: ", hipGetErrorString(err));
   return p;
 }
 
@@ -219,6 +225,7 @@ StatusOr<std::unique_ptr<DevicePlan>> DevicePlan::Upload(const Plan& plan, const
       dp->oneRankTasks_.push_back(o);
     }
   }
+  if (plan.oneRank) return std::move(dp);  // copies only: nothing to upload
   if (!tasks.empty()) {
     JR_ASSIGN_OR_RETURN(void* t, DeviceAlloc(int64_t(tasks.size() * sizeof(DevTask))));
     dp->tasks_ = static_cast<DevTask*>(t);
