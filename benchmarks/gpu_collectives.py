@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-bytes", default="1G")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--graph-max-bytes", default="1M", help="also time graph replays up to this")
-    ap.add_argument("--nchannels", type=int, default=16)
+    ap.add_argument("--nchannels", type=int, default=0, help="0: the harness default")
     args = ap.parse_args(argv)
     if not harness.available():
         print("no GPU build or no GPU: nothing to measure")
@@ -82,11 +82,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     gmax = parse_size(args.graph_max_bytes)
     for n in [int(x) for x in args.ranks.split(",")]:
-        h = harness.Harness(n, harness.gpu_topology(n, nchannels=args.nchannels), timeout=60.0)
+        h = harness.Harness(
+            n, harness.gpu_topology(n, nchannels=args.nchannels or None), timeout=60.0
+        )
         for coll in args.colls.split(","):
             print(f"\n## {coll}, {n} ranks on one GPU, float32 sum")
             print(
-                f"{'size(B)':>12} {'count':>11} {'algo':>5} {'proto':>6} {'time us':>10} "
+                f"{'size(B)':>12} {'count':>11} {'algo':>5} {'proto':>6} {'ch':>3} {'time us':>10} "
                 f"{'algbw':>8} {'busbw':>8} {'%floor':>7} {'graph us':>9} {'errors':>6}"
             )
             for size in sizes(parse_size(args.min_bytes), parse_size(args.max_bytes)):
@@ -109,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
                 floor_us = n * per_rank / (copy_gbs * 1e3)
                 print(
                     f"{nbytes:>12} {count:>11} {summary['algorithm']:>5} "
-                    f"{summary['protocol']:>6} {t:>10.2f} {algbw:>8.2f} {busbw:>8.2f} "
+                    f"{summary['protocol']:>6} {summary['nchannels']:>3} {t:>10.2f} "
+                    f"{algbw:>8.2f} {busbw:>8.2f} "
                     f"{100 * floor_us / t:>6.1f}% {g:>9.2f} {errors:>6}"
                 )
                 sys.stdout.flush()

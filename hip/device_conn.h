@@ -110,6 +110,16 @@ struct DevStatus {
 
 constexpr int kInlineSlots = 24;
 
+// Threads per block of a launch: the plan's count, raised to kMinLaunchThreads on NVIDIA (its
+// cost model allows up to 640; the kernels move 16-byte packs and want many in flight) and capped
+// at kMaxLaunchThreads (the kernels' launch bound).
+constexpr int kMaxLaunchThreads = 512;
+#if defined(__HIP_PLATFORM_AMD__) || defined(__HIPCC__)
+constexpr int kMinLaunchThreads = 256;
+#else
+constexpr int kMinLaunchThreads = 512;
+#endif
+
 struct KernelArgs {
   const Work* works;
   const BlockInfo* blocks;

@@ -92,16 +92,18 @@ __device__ inline bool ShouldStop(const KernelArgs& a, uint64_t deadline, int ch
   return false;
 }
 
-// Spins until *p >= v (thread 0 only).
+// Spins until *p >= v (thread 0 only); *seen gets the value that satisfied it.
 __device__ bool WaitAtLeast(const uint64_t* p, uint64_t v, const KernelArgs& a, uint64_t deadline,
-                            int ch, int peer, bool recv) {
+                            int ch, int peer, bool recv, uint64_t* seen) {
   int spins = 0;
-  while (LoadVolatile64(p) < v) {
+  uint64_t x;
+  while ((x = LoadVolatile64(p)) < v) {
     if (++spins == 512) {
       spins = 0;
       if (ShouldStop(a, deadline, ch, peer, recv, v - 1)) return false;
     }
   }
+  *seen = x;
   return true;
 }
 
@@ -159,7 +161,7 @@ struct PieceIo {
 // Simple: 16-byte packs (when every pointer is 16-byte aligned), kUnroll packs in flight per
 // thread, then the remaining elements one by one.
 template <typename F, bool kIn, bool kSrc>
-__device__ void SimpleLoop(const F& fn, const PieceIo& io, int64_t n) {
+__device__ __noinline__ void SimpleLoop(const F& fn, const PieceIo& io, int64_t n) {
   using T = typename F::Elem;
   constexpr int kEpp = 16 / sizeof(T);
   const int tid = threadIdx.x, nt = blockDim.x;
@@ -215,8 +217,9 @@ __device__ void SimpleLoop(const F& fn, const PieceIo& io, int64_t n) {
 
 // LL: word w of the piece (bytes [8w, 8w + 8)) travels in line w: {lo, flag, hi, flag}.
 template <typename F, bool kIn, bool kSrc>
-__device__ bool LLLoop(const F& fn, const PieceIo& io, int64_t n, uint32_t inFlag, uint32_t outFlag,
-                       const KernelArgs& a, uint64_t deadline, int ch, int peer) {
+__device__ __noinline__ bool LLLoop(const F& fn, const PieceIo& io, int64_t n, uint32_t inFlag,
+                                    uint32_t outFlag, const KernelArgs& a, uint64_t deadline,
+                                    int ch, int peer) {
   using T = typename F::Elem;
   constexpr int kEpw = 8 / sizeof(T);
   const int64_t bytes = n * int64_t(sizeof(T));
@@ -294,11 +297,40 @@ __device__ bool RunPieceData(const F& fn, const PieceIo& io, int64_t n, int prot
   return true;
 }
 
+// Thread 0's view of the connection ends this block uses. The block is the only writer of its
+// own step counters (the tail it sends on, the head it receives on) for the whole launch, so it
+// keeps them here and writes them through to the headers; the peer's counter (the tail it
+// waits on, the head it needs for room) is re-read only when the last value seen is not enough.
+// Each piece then costs the waiting side one poll and the other side none.
+constexpr int kConnCache = 8;
 struct BlockShared {
   uint64_t rs, ss;
   int ok;
   int ready[2];
+  int nConn, victim;
+  int cPeer[kConnCache];
+  int cSend[kConnCache];
+  uint64_t cStep[kConnCache];  // this block's counter: head (receiving) or tail (sending)
+  uint64_t cSeen[kConnCache];  // the peer's counter last seen: tail (receiving) or head (sending)
 };
+
+__device__ inline int ConnSlot(BlockShared* sh, bool send, int peer, const uint64_t* own) {
+  for (int i = 0; i < sh->nConn; ++i) {
+    if (sh->cPeer[i] == peer && sh->cSend[i] == int(send)) return i;
+  }
+  int i;
+  if (sh->nConn < kConnCache) {
+    i = sh->nConn++;
+  } else {
+    i = sh->victim;
+    sh->victim = (sh->victim + 1) % kConnCache;
+  }
+  sh->cPeer[i] = peer;
+  sh->cSend[i] = int(send);
+  sh->cStep[i] = LoadVolatile64(own);
+  sh->cSeen[i] = 0;
+  return i;
+}
 
 // Units of one step of `proto` for elements of `unitSize` bytes.
 __device__ inline int64_t StepCap(const KernelArgs& a, int proto, int unitSize) {
@@ -318,14 +350,20 @@ __device__ bool DoPiece(const F& fn, const KernelArgs& a, uint64_t deadline, int
     uint64_t rs = 0, ss = 0;
     if (recv) {
       ConnHeader* c = RecvConn(a, ch, p.recvPeer);
-      rs = LoadVolatile64(&c->head);
-      if (proto != kProtoLL) ok = WaitAtLeast(&c->tail, rs + 1, a, deadline, ch, p.recvPeer, true);
+      const int i = ConnSlot(sh, false, p.recvPeer, &c->head);
+      rs = sh->cStep[i];
+      if (proto != kProtoLL && sh->cSeen[i] < rs + 1) {
+        ok = WaitAtLeast(&c->tail, rs + 1, a, deadline, ch, p.recvPeer, true, &sh->cSeen[i]);
+      }
     }
     if (ok && send) {
       ConnHeader* c = SendConn(a, ch, p.sendPeer);
-      ss = LoadVolatile64(&c->tail);
-      ok = WaitAtLeast(&c->head, ss + 1 > uint64_t(kSteps) ? ss + 1 - kSteps : 0, a, deadline, ch,
-                       p.sendPeer, false);
+      const int j = ConnSlot(sh, true, p.sendPeer, &c->tail);
+      ss = sh->cStep[j];
+      const uint64_t need = ss + 1 > uint64_t(kSteps) ? ss + 1 - kSteps : 0;
+      if (sh->cSeen[j] < need) {
+        ok = WaitAtLeast(&c->head, need, a, deadline, ch, p.sendPeer, false, &sh->cSeen[j]);
+      }
     }
     if (recv && proto != kProtoLL) __threadfence();
     sh->rs = rs;
@@ -356,8 +394,12 @@ __device__ bool DoPiece(const F& fn, const KernelArgs& a, uint64_t deadline, int
     if (send) {
       if (proto != kProtoLL) Fence(a);
       StoreVolatile64(&SendConn(a, ch, p.sendPeer)->tail, ss + 1);
+      sh->cStep[ConnSlot(sh, true, p.sendPeer, nullptr)] = ss + 1;
     }
-    if (recv) StoreVolatile64(&RecvConn(a, ch, p.recvPeer)->head, rs + 1);
+    if (recv) {
+      StoreVolatile64(&RecvConn(a, ch, p.recvPeer)->head, rs + 1);
+      sh->cStep[ConnSlot(sh, false, p.recvPeer, nullptr)] = rs + 1;
+    }
   }
   return true;
 }
@@ -504,6 +546,10 @@ __device__ void CollKernelBody(const KernelArgs& a) {
   __shared__ BlockShared sh;
   const BlockInfo bi = a.blocks[blockIdx.x];
   const uint64_t deadline = NowNs() + a.timeoutNs;
+  if (threadIdx.x == 0) {
+    sh.nConn = 0;
+    sh.victim = 0;
+  }
   int wi = bi.firstWork;
   while (true) {
     const uint4* from = reinterpret_cast<const uint4*>(a.works + wi);
@@ -539,9 +585,9 @@ __device__ void CollKernelBody(const KernelArgs& a) {
 }  // namespace
 
 // The one-rank path and slot tables need no FIFOs: a plain element-wise copy.
-#define JR_DEFINE_COLL_KERNEL(name, cls, T)                                       \
-  __global__ void __launch_bounds__(1024) CollKernel_##name(const KernelArgs a) { \
-    CollKernelBody<T, cls>(a);                                                    \
+#define JR_DEFINE_COLL_KERNEL(name, cls, T)                                                       \
+  __global__ void __launch_bounds__(kMaxLaunchThreads, 1) CollKernel_##name(const KernelArgs a) { \
+    CollKernelBody<T, cls>(a);                                                                    \
   }
 
 #define JR_DEFINE_COPY_KERNELS()                                          \

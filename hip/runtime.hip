@@ -261,7 +261,7 @@ StatusOr<std::unique_ptr<DevicePlan>> DevicePlan::Upload(const Plan& plan, const
     std::sort(k.classes.begin(), k.classes.end());
     if (k.classes.empty()) k.classes.push_back(kCopyClass);  // walks the works; moves nothing
     k.nBlocks = static_cast<int>(blocks.size());
-    k.nThreads = std::max(64, std::min(kp.threadPerBlock, 1024));
+    k.nThreads = std::max(kMinLaunchThreads, std::min(kp.threadPerBlock, kMaxLaunchThreads));
     JR_ASSIGN_OR_RETURN(void* w, DeviceAlloc(int64_t(works.size() * sizeof(Work))));
     k.works = static_cast<Work*>(w);
     dp->kernels_.push_back(k);  // owned from here (freed by the destructor on error too)

@@ -39,9 +39,12 @@ def available() -> bool:
     return True
 
 
-def gpu_topology(nranks: int, *, nchannels: int = 16, arch: str = "sm90") -> Topology:
+def gpu_topology(nranks: int, *, nchannels: int | None = None, arch: str = "sm90") -> Topology:
     """The topology of `nranks` ranks on one GPU: NVLink-class links (the ranks share one
-    device's memory), `nchannels` channels, LL and Simple (LL128 off), 1 MiB Simple buffers."""
+    device's memory), LL and Simple (LL128 off), RCCL's 4 MiB Simple buffers, and `nchannels`
+    channels (default: 64 blocks in all, at least 16 per rank)."""
+    if nchannels is None:
+        nchannels = max(16, 64 // max(1, nranks))
     return Topology(
         nranks=nranks,
         arch=arch,
@@ -50,7 +53,7 @@ def gpu_topology(nranks: int, *, nchannels: int = 16, arch: str = "sm90") -> Top
         nchannels=nchannels,
         p2p_nchannels=nchannels,
         p2p_nchannels_per_peer=2,
-        buff_sizes=(262144, 65536, 1 << 20),
+        buff_sizes=(262144, 65536, 4 << 20),
         p2p_chunk_size=131072,
         ll128=False,
     )
