@@ -2,6 +2,7 @@
 // the one-GPU multi-rank harness, device buffers for it, and the floors. Buffers are device
 // pointers passed as integers; jax_rccl/harness.py wraps them for tests and benchmarks.
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/unique_ptr.h>
@@ -12,6 +13,8 @@
 #include <vector>
 
 #include "ffi/bindings.h"
+#include "ffi/gpu/comm.h"
+#include "ffi/gpu/handlers.h"
 #include "ffi/planner/planner.h"
 #include "hip/runtime.h"
 
@@ -153,6 +156,35 @@ void BindGpu(nb::module_& m) {
             return ValueOrThrow(h.TimeGraph(ToSlots(slots), iters));
           },
           nb::arg("slots"), nb::arg("iters") = 20);
+
+  // The FFI handlers of the GPU platforms (ffi/gpu/handlers.cc), registered by jax_rccl/_ffi.py.
+  g.def(
+      "ffi_targets",
+      []() {
+        nb::dict out;
+        for (const cpu::FfiTarget& t : gpu::GpuFfiTargets()) {
+          nb::dict stages;
+          stages["instantiate"] = nb::capsule(t.instantiate);
+          stages["execute"] = nb::capsule(t.execute);
+          out[t.name] = stages;
+        }
+        return out;
+      },
+      "The GPU FFI targets: {name: {'instantiate': capsule, 'execute': capsule}}.");
+  g.def(
+      "ffi_types",
+      []() {
+        nb::dict reg;
+        reg["type_id"] = nb::capsule(gpu::GpuStateTypeId());
+        reg["type_info"] = nb::capsule(gpu::GpuStateTypeInfo());
+        nb::dict out;
+        out[gpu::kGpuStateTypeName] = reg;
+        return out;
+      },
+      "The GPU state type: {name: {'type_id': capsule, 'type_info': capsule}}.");
+  g.def("set_local_devices", &gpu::SetLocalDevices, nb::arg("devices"),
+        "The local GPUs as [(device ordinal, global device id)] (from jax.local_devices()).");
+  g.def("communicators", &gpu::CommCount, "How many GPU communicators this process holds.");
 }
 
 }  // namespace jax_rccl

@@ -1,0 +1,298 @@
+// See ffi/gpu/comm.h.
+#include "ffi/gpu/comm.h"
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <memory>
+
+#include "ffi/cpu/comm.h"
+#include "ffi/gpu/device_ctl.h"
+#include "hip/portability.h"
+
+namespace jax_rccl {
+namespace gpu {
+namespace {
+
+struct DeviceTable {
+  std::mutex mu;
+  bool set = false;
+  std::vector<int64_t> idOfOrdinal;  // -1: not a device of this process
+  std::map<int64_t, int> ordinalOfId;
+};
+
+DeviceTable& Table() {
+  static DeviceTable* t = new DeviceTable();  // never destroyed: used by XLA's threads
+  return *t;
+}
+
+struct CommRegistry {
+  std::mutex mu;
+  std::map<std::vector<int64_t>, std::unique_ptr<GpuComm>> comms;
+};
+
+CommRegistry& Registry() {
+  // Never destroyed: device memory is released with the process, not by static destructors
+  // that would run after the GPU runtime has shut down.
+  static CommRegistry* r = new CommRegistry();
+  return *r;
+}
+
+std::string ListText(const std::vector<int64_t>& v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s + "]";
+}
+
+}  // namespace
+
+void SetLocalDevices(const std::vector<std::pair<int, int64_t>>& devices) {
+  DeviceTable& t = Table();
+  std::lock_guard<std::mutex> lock(t.mu);
+  t.idOfOrdinal.clear();
+  t.ordinalOfId.clear();
+  for (const auto& [ordinal, id] : devices) {
+    if (ordinal < 0) continue;
+    if (static_cast<size_t>(ordinal) >= t.idOfOrdinal.size()) {
+      t.idOfOrdinal.resize(static_cast<size_t>(ordinal) + 1, -1);
+    }
+    t.idOfOrdinal[static_cast<size_t>(ordinal)] = id;
+    t.ordinalOfId[id] = ordinal;
+  }
+  t.set = true;
+}
+
+StatusOr<int64_t> GlobalIdOfOrdinal(int ordinal) {
+  DeviceTable& t = Table();
+  std::lock_guard<std::mutex> lock(t.mu);
+  if (!t.set) return static_cast<int64_t>(ordinal);
+  JR_REQUIRE(ordinal >= 0 && static_cast<size_t>(ordinal) < t.idOfOrdinal.size() &&
+                 t.idOfOrdinal[static_cast<size_t>(ordinal)] >= 0,
+             Code::kInternal, "GPU ordinal ", ordinal,
+             " is not in jax_rccl's device table (built from jax.local_devices() at "
+             "registration)");
+  return t.idOfOrdinal[static_cast<size_t>(ordinal)];
+}
+
+int OrdinalOfGlobalId(int64_t id) {
+  DeviceTable& t = Table();
+  std::lock_guard<std::mutex> lock(t.mu);
+  if (!t.set) return id >= 0 && id < (int64_t(1) << 30) ? static_cast<int>(id) : -1;
+  auto it = t.ordinalOfId.find(id);
+  return it == t.ordinalOfId.end() ? -1 : it->second;
+}
+
+TopologyView GpuTopology(int nRanks, const Params& params) {
+  TopologyView t;
+  t.nRanks = nRanks;
+  t.nNodes = 1;
+#if defined(JAX_RCCL_AMD)
+  t.arch = Arch::kGfx942;
+  t.intraLink = LinkKind::kXgmi;
+#else
+  t.arch = Arch::kSm90;
+  t.intraLink = LinkKind::kNvlink;
+#endif
+  t.interLink = LinkKind::kNet;
+  t.bwIntra = 30.0f;  // GB/s per channel (the cost model's NVLink-class figure)
+  const int ch =
+      params.nchannels > 0 ? static_cast<int>(std::min<int64_t>(params.nchannels, 32)) : 16;
+  t.nChannels = ch;
+  t.p2pnChannels = ch;
+  t.p2pnChannelsPerPeer = 2;
+  t.buffSizes[static_cast<int>(Proto::kLL)] = 262144;
+  t.buffSizes[static_cast<int>(Proto::kLL128)] = 65536;
+  t.buffSizes[static_cast<int>(Proto::kSimple)] = 1 << 20;
+  t.p2pChunkSize = 131072;
+  t.ll128Enabled = false;  // the device code has LL and Simple
+  t.workFifoDepth = static_cast<int>(params.work_fifo_depth);
+  t.directPeers = false;
+  return t;
+}
+
+GpuComm::GpuComm(std::vector<int64_t> devices, std::vector<int> ordinals, TopologyView topo,
+                 double timeout)
+    : devices_(std::move(devices)),
+      ordinals_(std::move(ordinals)),
+      topo_(topo),
+      geo_(GeometryOf(topo)),
+      timeout_(timeout),
+      timeoutNs_(static_cast<uint64_t>(std::max(0.001, timeout) * 1e9)),
+      groupText_(ListText(devices_)),
+      ranks_(devices_.size()),
+      published_(devices_.size(), nullptr) {
+  for (size_t r = 1; r < ordinals_.size(); ++r) {
+    if (ordinals_[r] != ordinals_[0]) systemFence_ = true;
+  }
+}
+
+Status GpuComm::Init() {
+  if (nRanks() == 1) return Status::Ok();
+  JR_ASSIGN_OR_RETURN(status_, MappedAlloc(int64_t(nRanks()) * int64_t(sizeof(DevStatus))));
+  JR_ASSIGN_OR_RETURN(abort_, MappedAlloc(64));
+  return Status::Ok();
+}
+
+Status GpuComm::Fail(Status s) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!failed_.load(std::memory_order_relaxed)) {
+    failure_ = s;
+    failed_.store(true, std::memory_order_release);
+    if (abort_.host != nullptr) *static_cast<volatile int32_t*>(abort_.host) = 1;
+  }
+  cv_.notify_all();
+  return s;
+}
+
+Status GpuComm::Join(int rank, const std::string& who) {
+  RankState& rs = ranks_[static_cast<size_t>(rank)];
+  if (rs.joined.load(std::memory_order_acquire)) return Status::Ok();
+  std::lock_guard<std::mutex> joinLock(rs.joinMu);
+  if (rs.joined.load(std::memory_order_acquire)) return Status::Ok();
+  const int n = nRanks();
+  if (n == 1) {
+    rs.joined.store(true, std::memory_order_release);
+    return Status::Ok();
+  }
+  RelaxedCapture relaxed;
+  DeviceGuard guard(ordinal(rank));
+  JR_CHECK(guard.status());
+  if (rs.region == nullptr) {
+    StatusOr<void*> region = AllocRegion(geo_);
+    if (!region.ok()) return Fail(region.status());
+    rs.region = region.value();
+  }
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (published_[static_cast<size_t>(rank)] == nullptr) {
+      published_[static_cast<size_t>(rank)] = rs.region;
+      ++nPublished_;
+      cv_.notify_all();
+    }
+    const auto deadline = std::chrono::steady_clock::now() +
+                          std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                              std::chrono::duration<double>(timeout_));
+    while (nPublished_ < n && !failed_.load(std::memory_order_relaxed)) {
+      if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && nPublished_ < n) break;
+    }
+    if (failed_.load(std::memory_order_relaxed)) {
+      Status s = failure_;
+      JR_STATUS_FRAME_(s);
+      return s;
+    }
+    if (nPublished_ < n) {
+      std::string missing;
+      for (int r = 0; r < n; ++r) {
+        if (published_[static_cast<size_t>(r)] == nullptr) {
+          missing += (missing.empty() ? "" : ", ") + std::to_string(r) + " (device " +
+                     std::to_string(devices_[static_cast<size_t>(r)]) + ")";
+        }
+      }
+      Status s(Code::kTimeout, detail::StrCat("jax_rccl '", who, "': rank ", rank, " of GPU group ",
+                                              groupText_, " waited ", timeout_,
+                                              " s (JAX_RCCL_TIMEOUT) for the other ranks' "
+                                              "first call; missing rank(s) ",
+                                              missing));
+      cpu::Stats().rendezvousTimeouts.fetch_add(1);
+      lock.unlock();
+      return Fail(s);
+    }
+  }
+  for (int r = 0; r < n; ++r) {
+    if (ordinal(r) == ordinal(rank)) continue;
+    Status s = EnablePeerAccess(ordinal(rank), ordinal(r));
+    if (!s.ok()) return Fail(s);
+  }
+  if (rs.regionTable == nullptr) {
+    StatusOr<void*> table = DeviceAlloc(int64_t(n) * int64_t(sizeof(void*)));
+    if (!table.ok()) return Fail(table.status());
+    rs.regionTable = table.value();
+    Status s = CopyToDevice(rs.regionTable, published_.data(), int64_t(n) * int64_t(sizeof(void*)));
+    if (!s.ok()) return Fail(s);
+  }
+  rs.joined.store(true, std::memory_order_release);
+  return Status::Ok();
+}
+
+Status GpuComm::Check(int rank, const std::string& who) {
+  if (failed_.load(std::memory_order_acquire)) {
+    std::lock_guard<std::mutex> lock(mu_);
+    Status s = failure_;
+    JR_STATUS_FRAME_(s);
+    return s;
+  }
+  if (nRanks() == 1) return Status::Ok();
+  const volatile DevStatus* st = static_cast<const volatile DevStatus*>(status_.host);
+  if (st[rank].code == 0) return Status::Ok();
+  // The root cause first: a rank that timed out, else any failed rank.
+  int culprit = rank;
+  for (int r = 0; r < nRanks(); ++r) {
+    if (st[r].code == 1) {
+      culprit = r;
+      break;
+    }
+  }
+  DevStatus copy;
+  copy.code = st[culprit].code;
+  copy.rank = st[culprit].rank;
+  copy.channel = st[culprit].channel;
+  copy.peer = st[culprit].peer;
+  copy.waitingRecv = st[culprit].waitingRecv;
+  copy.pad = 0;
+  copy.step = st[culprit].step;
+  return Fail(
+      Status(Code::kTimeout, detail::StrCat("jax_rccl '", who, "': an earlier launch on GPU group ",
+                                            groupText_, " failed: ", DescribeStatus(copy),
+                                            "; the communicator is unusable from now on")));
+}
+
+RankLaunch GpuComm::Launch(int rank, void* stream) const {
+  RankLaunch rl;
+  rl.rank = rank;
+  rl.nRanks = nRanks();
+  rl.stream = stream;
+  if (nRanks() == 1) return rl;
+  rl.regionsDev = static_cast<char* const*>(ranks_[static_cast<size_t>(rank)].regionTable);
+  rl.statusDev = static_cast<DevStatus*>(status_.dev) + rank;
+  rl.abortDev = static_cast<int32_t*>(abort_.dev);
+  rl.timeoutNs = timeoutNs_;
+  rl.systemFence = systemFence_;
+  return rl;
+}
+
+StatusOr<GpuComm*> GetOrCreateComm(const std::vector<int64_t>& devices, const Params& params,
+                                   const std::string& who) {
+  CommRegistry& reg = Registry();
+  std::lock_guard<std::mutex> lock(reg.mu);
+  auto it = reg.comms.find(devices);
+  if (it != reg.comms.end()) return it->second.get();
+  std::vector<int> ordinals;
+  std::vector<int64_t> remote;
+  for (int64_t d : devices) {
+    const int o = OrdinalOfGlobalId(d);
+    if (o < 0) remote.push_back(d);
+    ordinals.push_back(o);
+  }
+  JR_REQUIRE(remote.empty(), Code::kUnsupported, "jax_rccl '", who, "': the GPU group ",
+             ListText(devices), " has device(s) ", ListText(remote),
+             " outside this process; GPU groups across processes: not yet");
+  auto comm = std::make_unique<GpuComm>(
+      devices, ordinals, GpuTopology(static_cast<int>(devices.size()), params), params.timeout);
+  {
+    RelaxedCapture relaxed;
+    JR_CHECK(comm->Init());
+  }
+  GpuComm* p = comm.get();
+  reg.comms.emplace(devices, std::move(comm));
+  cpu::Stats().communicators.fetch_add(1);
+  return p;
+}
+
+int64_t CommCount() {
+  CommRegistry& reg = Registry();
+  std::lock_guard<std::mutex> lock(reg.mu);
+  return static_cast<int64_t>(reg.comms.size());
+}
+
+}  // namespace gpu
+}  // namespace jax_rccl
