@@ -1,9 +1,14 @@
-"""Registration of the CPU runtime's FFI targets and state type with JAX.
+"""Registration of the runtime's FFI targets and state types with JAX.
 
 The targets (one per collective kind, see ``TARGETS``) are stateful typed-FFI handlers: an
 ``instantiate`` stage that runs once per compiled executable and an ``execute`` stage that runs
-on every call, on every device. Their state type must be registered after the CPU backend exists
+on every call, on every device. Their state type must be registered after the backend exists
 (``jax.devices()``) and before the targets.
+
+CPU targets are always registered. GPU builds (``JAX_RCCL_GPU=cuda|rocm``) also register the
+same targets for platform CUDA (or ROCM) when JAX has a GPU backend, with the command-buffer
+trait (XLA may capture them into CUDA graphs), plus the table mapping XLA's device ordinals to
+JAX's global device ids.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import jax
 from jax_rccl import _bootstrap, _jax_rccl
 
 STATE_TYPE = "jax_rccl_cpu_state"
+GPU_STATE_TYPE = "jax_rccl_gpu_state"
 
 TARGETS = (
     "jax_rccl_all_reduce",
@@ -54,7 +60,71 @@ def ensure_registered() -> None:
             raise RuntimeError(f"jax_rccl: the native module lacks the targets {sorted(missing)}")
         for name in TARGETS:
             jax.ffi.register_ffi_target(name, targets[name], platform="cpu", api_version=1)
+        _register_gpu()
         _registered = True
+
+
+_gpu_platform: str | None = None
+
+
+def _native_gpu():
+    """The native module's GPU part when it has the FFI handlers, else None."""
+    gpu = getattr(_jax_rccl, "gpu", None)
+    if gpu is None or not hasattr(gpu, "ffi_targets"):
+        return None
+    return gpu
+
+
+def _gpu_devices() -> list:
+    try:
+        return list(jax.local_devices(backend="gpu"))
+    except RuntimeError:  # no GPU backend
+        return []
+
+
+def gpu_platform() -> str | None:
+    """ "CUDA" or "ROCM" when the GPU targets are registered with JAX, else None."""
+    ensure_registered()
+    return _gpu_platform
+
+
+def _register_gpu() -> None:
+    global _gpu_platform
+    gpu = _native_gpu()
+    if gpu is None:
+        return
+    devices = _gpu_devices()
+    if not devices:
+        return
+    platform = "ROCM" if gpu.build_info().startswith("HIP") else "CUDA"
+    # XLA's execute context names a device by its ordinal on this host; replica groups name
+    # global ids.
+    table = []
+    for i, d in enumerate(devices):
+        ordinal = getattr(d, "local_hardware_id", None)
+        table.append((int(i if ordinal is None else ordinal), int(d.id)))
+    gpu.set_local_devices(table)
+    for name, registration in gpu.ffi_types().items():
+        jax.ffi.register_ffi_type(name, registration, platform=platform)
+    targets = gpu.ffi_targets()
+    missing = set(TARGETS) - set(targets)
+    if missing:
+        raise RuntimeError(f"jax_rccl: the GPU module lacks the targets {sorted(missing)}")
+    traits = {}
+    custom_traits = getattr(_xla_client(), "CustomCallTargetTraits", None)
+    if custom_traits is not None:
+        traits["traits"] = custom_traits.COMMAND_BUFFER_COMPATIBLE
+    for name in TARGETS:
+        jax.ffi.register_ffi_target(name, targets[name], platform=platform, api_version=1, **traits)
+    _gpu_platform = platform
+
+
+def _xla_client():
+    try:
+        from jax._src.lib import xla_client
+    except ImportError:  # pragma: no cover - very old or very new jax
+        return None
+    return xla_client
 
 
 def next_call_site() -> int:
@@ -68,8 +138,13 @@ def world() -> dict | None:
 
 
 def runtime_stats() -> dict[str, int]:
-    """The CPU runtime's counters: plans_built, executions, instantiations, ..."""
-    return dict(_jax_rccl.runtime_stats())
+    """The runtime's counters: plans_built, executions, instantiations, ... (CPU and GPU
+    handlers count into the same ones); GPU builds add gpu_communicators (a gauge)."""
+    stats = dict(_jax_rccl.runtime_stats())
+    gpu = _native_gpu()
+    if gpu is not None:
+        stats["gpu_communicators"] = int(gpu.communicators())
+    return stats
 
 
 def reset_runtime_stats() -> None:

@@ -8,7 +8,9 @@ Operands and results travel as 1-D arrays (the primitives already put blocks whe
 wants them, so this is a free reshape). Zero-size leaves never reach the runtime. No tokens,
 no side effect: every device runs the same schedule, and JAX keeps its fast dispatch path.
 
-Platforms: cpu now; cuda and rocm raise NotImplementedError until the GPU runtime lands.
+Platforms: cpu; cuda and rocm with the same rule where the installed build has the GPU runtime
+(``JAX_RCCL_GPU=cuda|rocm``) and JAX a GPU backend, else NotImplementedError. On GPUs a
+per-device premul scalar (premul 2) raises NotImplementedError.
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ from jax_rccl import primitives as P
 
 mlir = compat.mlir
 
-#: Platforms with a runtime behind the custom calls.
-SUPPORTED_PLATFORMS = ("cpu",)
+#: Platforms with a runtime behind the custom calls (GPU ones: in GPU builds).
+SUPPORTED_PLATFORMS = ("cpu", "cuda", "rocm")
+GPU_PLATFORMS = ("cuda", "rocm")
 
 _local_call_sites = itertools.count(1)
 
@@ -278,11 +281,33 @@ _RULES = {
     P.ppermute_p: _ppermute_rule,
 }
 
+
+def _gpu_rule(prim, rule):
+    """`rule` on a GPU platform: needs the GPU runtime in this build; no per-device premul."""
+
+    def gpu_rule(ctx, *args, **params):
+        if params.get("premul") == 2:
+            raise NotImplementedError(
+                f"{prim.name}: a per-device premul scalar (an array) is not supported on GPUs "
+                "yet; pass a Python number, or scale the operand before the collective"
+            )
+        ffi = _runtime()
+        platform = ffi.gpu_platform() if ffi is not None and hasattr(ffi, "gpu_platform") else None
+        if platform is None:
+            raise NotImplementedError(
+                f"{prim.name}: the installed jax_rccl has no GPU runtime for platform(s) "
+                f"{compat.module_platforms(ctx)} (build it with JAX_RCCL_GPU=cuda or "
+                "JAX_RCCL_GPU=rocm), or JAX has no GPU backend"
+            )
+        return rule(ctx, *args, **params)
+
+    return gpu_rule
+
+
 # cacheable=False: JAX would otherwise reuse one lowering for equal equations of a module, and
 # two call sites would share a `call_site` (and a rendezvous).
 for _prim, _rule in _RULES.items():
     mlir.register_lowering(_prim, partial(_unsupported_platform, _prim))
     for _platform in SUPPORTED_PLATFORMS:
-        mlir.register_lowering(_prim, _rule, platform=_platform, cacheable=False)
-    for _platform in ("cuda", "rocm"):
-        mlir.register_lowering(_prim, partial(_unsupported_platform, _prim), platform=_platform)
+        _r = _gpu_rule(_prim, _rule) if _platform in GPU_PLATFORMS else _rule
+        mlir.register_lowering(_prim, _r, platform=_platform, cacheable=False)
