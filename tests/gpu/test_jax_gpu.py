@@ -1,0 +1,301 @@
+"""jax_rccl's collectives through JAX on a GPU: the CUDA/ROCM FFI handlers.
+
+On one GPU every group has one device, so each collective is the one-rank plan (device copies,
+a scaled copy for premul/avg): every public collective inside jit(shard_map) over a 1-device
+mesh against numpy, for f32/bf16/i32 at sizes 0, 1, odd and 1M, plus pytrees and grad. Then
+command buffers: a training step holding jax_rccl collectives runs 1,000 times in a subprocess
+(so XLA_FLAGS apply) with XLA's command buffers on (execute runs far fewer times than
+calls x steps: captured once, replayed) and off (execute runs on every call), every result
+checked. Multi-GPU groups are exercised only where the machine has several GPUs.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("JAX_RCCL_TIMEOUT", "60")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+from jax.sharding import Mesh  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
+
+import jax_rccl  # noqa: E402
+
+
+@functools.cache
+def _gpu_runtime() -> bool:
+    try:
+        if jax.devices()[0].platform != "gpu":
+            return False
+        from jax_rccl import _ffi
+
+        return _ffi.gpu_platform() is not None
+    except Exception:  # noqa: BLE001 - no backend, or a CPU-only build
+        return False
+
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(autouse=True)
+def _needs_gpu_runtime():
+    # Checked per test, not at import: touching jax.devices() while pytest collects would start
+    # the CPU backend before tests/jax/conftest.py asks for its 8 virtual devices.
+    if not _gpu_runtime():
+        pytest.skip("needs a GPU and a GPU build of jax_rccl")
+
+
+DTYPES = [np.float32, jnp.bfloat16, np.int32]
+SIZES = [0, 1, 1001, 1 << 20]
+
+
+def _mesh(n=1) -> Mesh:
+    return Mesh(np.array(jax.devices()[:n]), ("i",))
+
+
+def _jit(fn, n=1):
+    """jit(shard_map(fn)) over `n` GPUs, every argument and result split on its leading axis."""
+    return jax.jit(jax.shard_map(fn, mesh=_mesh(n), in_specs=P("i"), out_specs=P("i")))
+
+
+def _inputs(dtype, size, seed=0):
+    rng = np.random.default_rng(seed)
+    # Small integers: exact in every dtype, so sums and products compare bit for bit.
+    return rng.integers(-3, 4, size=size).astype(np.float32).astype(dtype)
+
+
+def _f64(a):
+    return np.asarray(a).astype(np.float64)
+
+
+def _all_collectives(x):
+    """Every public collective on a 1-device mesh; the expected value of each is in _expected."""
+    is_float = jnp.issubdtype(x.dtype, jnp.floating)
+    out = {
+        "psum": jax_rccl.psum(x, "i"),
+        "pmax": jax_rccl.pmax(x, "i"),
+        "pmin": jax_rccl.pmin(x, "i"),
+        "prod": jax_rccl.all_reduce(x, "i", op="prod"),
+        "avg": jax_rccl.all_reduce(x, "i", op="avg"),
+        "preduce": jax_rccl.preduce(x, "i", 0),
+        "pbroadcast": jax_rccl.pbroadcast(x, "i", 0),
+        "all_gather": jax_rccl.all_gather(x, "i", tiled=True),
+        "all_gather_untiled": jax_rccl.all_gather(x, "i")[0],
+        "psum_scatter": jax_rccl.psum_scatter(x, "i", tiled=True),
+        "all_to_all": jax_rccl.all_to_all(x, "i", 0, 0, tiled=True),
+        "ppermute": jax_rccl.ppermute(x, "i", [(0, 0)]),
+        "ppermute_none": jax_rccl.ppermute(x, "i", []),
+    }
+    if is_float:
+        out["pmean"] = jax_rccl.pmean(x, "i")
+        out["premul"] = jax_rccl.all_reduce(x, "i", premul=2.0)
+    return out
+
+
+def _expected(name, x):
+    if name == "ppermute_none":
+        return np.zeros_like(_f64(x))
+    if name == "premul":
+        return 2.0 * _f64(x)
+    return _f64(x)  # one device: every collective returns its input
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("size", SIZES)
+def test_every_collective_on_one_gpu(dtype, size):
+    x = _inputs(dtype, size)
+    outs = _jit(_all_collectives)(x)
+    assert outs
+    for name, got in outs.items():
+        got = np.asarray(got)
+        assert got.shape == x.shape, name
+        assert got.dtype == np.dtype(dtype), name
+        np.testing.assert_array_equal(_f64(got), _expected(name, x), err_msg=name)
+
+
+def test_the_same_program_again_with_new_inputs():
+    fn = _jit(lambda v: (jax_rccl.psum(v, "i") * 3, jax_rccl.all_gather(v, "i", tiled=True)))
+    for seed in range(5):
+        x = _inputs(np.float32, 4097, seed)
+        a, b = fn(x)
+        np.testing.assert_array_equal(np.asarray(a), 3 * x)
+        np.testing.assert_array_equal(np.asarray(b), x)
+
+
+def test_pytrees_of_mixed_leaves():
+    tree = {
+        "a": _inputs(np.float32, 17),
+        "b": (_inputs(jnp.bfloat16, 1), _inputs(np.int32, 1 << 16)),
+        "c": [_inputs(np.float32, 1001).reshape(1, 1001)],
+    }
+    out = _jit(lambda t: (jax_rccl.psum(t, "i"), jax_rccl.all_gather(t, "i", tiled=True)))(tree)
+    for got in out:
+        for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(tree), strict=True):
+            assert np.asarray(g).dtype == np.asarray(w).dtype
+            np.testing.assert_array_equal(_f64(g), _f64(w))
+
+
+def test_grad_through_collectives():
+    x = _inputs(np.float32, 1000) / 4
+
+    def loss(v):
+        y = jax_rccl.psum(v * v, "i") + jax_rccl.all_gather(v, "i", tiled=True)
+        z = jax_rccl.ppermute(y, "i", [(0, 0)]) * jax_rccl.pmean(v, "i")
+        return jnp.sum(z)
+
+    def body(v):
+        return jax.grad(loss)(v)
+
+    got = np.asarray(_jit(body)(x))
+    # loss = sum((v^2 + v) * v) = sum(v^3 + v^2): d/dv = 3 v^2 + 2 v
+    np.testing.assert_allclose(got, 3 * x * x + 2 * x, rtol=1e-6, atol=1e-6)
+
+
+def test_premul_array_is_refused_on_gpus():
+    fn = _jit(lambda v: jax_rccl.all_reduce(v, "i", premul=v[0]))
+    with pytest.raises(NotImplementedError, match="not supported on GPUs"):
+        fn(np.ones(8, np.float32))
+
+
+def test_runtime_stats_count_gpu_calls():
+    jax_rccl.reset_runtime_stats()
+    fn = _jit(lambda v: jax_rccl.psum(v, "i") + 1)
+    x = np.arange(33, dtype=np.float32)
+    np.testing.assert_array_equal(np.asarray(fn(x)), x + 1)
+    s = jax_rccl.runtime_stats()
+    assert s["instantiations"] >= 1, s
+    assert s["executions"] >= 1, s
+    assert s["errors"] == 0, s
+
+
+def test_groups_of_several_gpus():
+    n = len(jax.devices())
+    if n < 2:
+        pytest.skip("needs 2 GPUs")
+    rng = np.random.default_rng(3)
+    x = rng.integers(-3, 4, size=(n, 4099)).astype(np.float32)
+
+    def body(v):
+        return (
+            jax_rccl.psum(v, "i"),
+            jax_rccl.all_gather(v, "i", tiled=True),
+            jax_rccl.ppermute(v, "i", [(j, (j + 1) % n) for j in range(n)]),
+            jax_rccl.pbroadcast(v, "i", n - 1),
+        )
+
+    s, g, p, b = (np.asarray(a) for a in _jit(body, n)(x.reshape(-1)))
+    np.testing.assert_array_equal(s.reshape(n, -1), np.tile(x.sum(0), (n, 1)))
+    np.testing.assert_array_equal(g.reshape(n, -1), np.tile(x.reshape(-1), (n, 1)))
+    np.testing.assert_array_equal(p.reshape(n, -1), np.roll(x, 1, axis=0))
+    np.testing.assert_array_equal(b.reshape(n, -1), np.tile(x[n - 1], (n, 1)))
+
+
+# --- command buffers --------------------------------------------------------------------------
+
+_STEP_SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    import numpy as np
+    import jax, jax.numpy as jnp
+    from jax.sharding import Mesh, PartitionSpec as P
+    import jax_rccl
+
+    STEPS, D, LR = int(sys.argv[1]), 4096, 0.05
+    mesh = Mesh(np.array(jax.devices()[:1]), ("i",))
+
+    def body(w, x, y):
+        def loss(w):
+            return jnp.mean((x * w - y) ** 2)
+
+        l, g = jax.value_and_grad(loss)(w)
+        g = jax_rccl.psum(g, "i")                           # a temp in, a temp out
+        l = jax_rccl.pmean(l.reshape(1), "i")
+        s = jax_rccl.all_gather(jnp.sum(x).reshape(1), "i", tiled=True)
+        stats = jnp.concatenate([l, s]) * 2.0 + 0.5  # results reach outputs through a fusion
+        return w - LR * g, stats
+
+    step = jax.jit(
+        jax.shard_map(body, mesh=mesh, in_specs=P("i"), out_specs=P("i")), donate_argnums=0
+    )
+    rng = np.random.default_rng(0)
+    w0 = rng.uniform(-1, 1, D).astype(np.float32)
+    xs = [jax.device_put(rng.uniform(0.5, 1.5, D).astype(np.float32)) for _ in range(STEPS)]
+    ys = [jax.device_put(rng.uniform(-1, 1, D).astype(np.float32)) for _ in range(STEPS)]
+    calls = step.trace(jnp.asarray(w0), xs[0], ys[0]).lower().as_text().count(
+        "custom_call @jax_rccl_"
+    )
+
+    w = jnp.asarray(w0)
+    w, st = step(w, xs[0], ys[0])  # compile and first run
+    jax.block_until_ready(w)
+    jax_rccl.reset_runtime_stats()
+    stats = []
+    for i in range(1, STEPS):
+        w, st = step(w, xs[i], ys[i])
+        stats.append(st)
+    w_final = np.asarray(w)
+    stats = np.stack([np.asarray(s) for s in stats])
+    counters = jax_rccl.runtime_stats()
+
+    # numpy, float64: the same steps
+    wr = w0.astype(np.float64)
+    want = []
+    for i in range(STEPS):
+        x, y = np.asarray(xs[i], np.float64), np.asarray(ys[i], np.float64)
+        r = x * wr - y
+        if i > 0:
+            want.append([np.mean(r * r) * 2.0 + 0.5, x.sum() * 2.0 + 0.5])
+        wr = wr - LR * (2.0 * r * x / D)
+    want = np.asarray(want)
+    err_stats = float(np.max(np.abs(stats - want) / (np.abs(want) + 1e-3)))
+    err_w = float(np.max(np.abs(w_final - wr)))
+    print(json.dumps({
+        "calls": calls, "steps": STEPS - 1, "executions": counters["executions"],
+        "errors": counters["errors"], "err_stats": err_stats, "err_w": err_w,
+    }))
+    """
+)
+
+
+def _run_steps(xla_flags: str, steps: int = 1001) -> dict:
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " " + xla_flags).strip()
+    env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"  # this process already holds the GPU's pool
+    env.setdefault("JAX_RCCL_TIMEOUT", "60")
+    proc = subprocess.run(
+        [sys.executable, "-c", _STEP_SCRIPT, str(steps)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-8000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["calls"] == 3, out
+    assert out["errors"] == 0, out
+    assert out["err_stats"] < 1e-4, out
+    assert out["err_w"] < 1e-4, out
+    return out
+
+
+def test_training_step_captured_in_command_buffers():
+    out = _run_steps(
+        "--xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL --xla_gpu_graph_min_graph_size=1"
+    )
+    total = out["calls"] * out["steps"]
+    # Captured, then replayed: the handlers run when XLA (re-)records, not on every call.
+    assert out["executions"] < total // 4, out
+
+
+def test_training_step_without_command_buffers_runs_every_call():
+    out = _run_steps("--xla_gpu_enable_command_buffer=")
+    assert out["executions"] == out["calls"] * out["steps"], out
