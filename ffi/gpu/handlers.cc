@@ -555,8 +555,11 @@ Status Execute(GpuState& st, void* stream, int ordinal, const ffi::RemainingArgs
     std::lock_guard<std::mutex> lock(slot.mu);
     if (!slot.built.load(std::memory_order_relaxed)) {
       slot.buildError = BuildPlan(st, slot, args, rets);
-      // Let the group's other ranks fail at once instead of at their deadline.
-      if (!slot.buildError.ok() && slot.comm != nullptr) (void)slot.comm->Fail(slot.buildError);
+      // Let the group's other ranks fail at once instead of at their deadline (their kernels
+      // would wait for this rank's data).
+      if (!slot.buildError.ok() && slot.comm != nullptr && slot.comm->nRanks() > 1) {
+        (void)slot.comm->Fail(slot.buildError);
+      }
       slot.built.store(true, std::memory_order_release);
     }
   }
