@@ -210,9 +210,12 @@ StatusOr<std::unique_ptr<DevicePlan>> DevicePlan::Upload(const Plan& plan, const
       JR_REQUIRE(tp.proto == Proto::kLL || tp.proto == Proto::kSimple, Code::kUnsupported, "task ",
                  i, " (", CollName(tp.coll), "): protocol ", ProtoName(tp.proto),
                  " is not implemented by the device code (LL and Simple are)");
-      JR_REQUIRE(tp.algo == Algo::kRing || tp.algo == Algo::kTree || p2p, Code::kUnsupported,
-                 "task ", i, " (", CollName(tp.coll), "): algorithm ", AlgoName(tp.algo),
-                 " has no device program (Ring and Tree do)");
+      JR_REQUIRE(
+          tp.algo == Algo::kRing || tp.algo == Algo::kTree || tp.algo == Algo::kDirect || p2p,
+          Code::kUnsupported, "task ", i, " (", CollName(tp.coll), "): algorithm ",
+          AlgoName(tp.algo), " has no device program (Ring, Tree and Direct do)");
+      JR_REQUIRE(tp.algo != Algo::kDirect || plan.nRanks <= 64, Code::kUnsupported, "task ", i,
+                 ": Direct on the device takes at most 64 ranks, the plan has ", plan.nRanks);
     }
     if (plan.oneRank && !p2p && tp.count > 0) {
       OneRankTask o;

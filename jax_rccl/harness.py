@@ -39,10 +39,13 @@ def available() -> bool:
     return True
 
 
-def gpu_topology(nranks: int, *, nchannels: int | None = None, arch: str = "sm90") -> Topology:
+def gpu_topology(
+    nranks: int, *, nchannels: int | None = None, arch: str = "sm90", direct: bool = True
+) -> Topology:
     """The topology of `nranks` ranks on one GPU: NVLink-class links (the ranks share one
     device's memory), LL and Simple (LL128 off), RCCL's 4 MiB Simple buffers, and `nchannels`
-    channels (default: 64 blocks in all, at least 16 per rank)."""
+    channels (default: 64 blocks in all, at least 16 per rank). `direct`: the ranks read each
+    other's buffers (the Direct algorithm is available to the planner)."""
     if nchannels is None:
         nchannels = max(16, 64 // max(1, nranks))
     return Topology(
@@ -56,6 +59,7 @@ def gpu_topology(nranks: int, *, nchannels: int | None = None, arch: str = "sm90
         buff_sizes=(262144, 65536, 4 << 20),
         p2p_chunk_size=131072,
         ll128=False,
+        direct_peers=direct,
     )
 
 

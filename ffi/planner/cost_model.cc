@@ -195,6 +195,12 @@ constexpr float kCpuSocketStepUs = 60.0f;
 // topology's bandwidth changes.
 constexpr float kCpuDirectBarrierUs = 10.0f;   // one barrier of the host runtime (a hand-off)
 constexpr float kCpuDirectMemBwFactor = 1.0f;  // calibrate: benchmarks/cpu_collectives.py
+// On a GPU (ranks of one device, or devices whose memory the others read): the barriers are flags
+// the kernels post and poll in the connection regions (a few microseconds each with the launch
+// around them), and the bandwidth is the device's memory, which a ring spends twice over (FIFO
+// writes and reads besides the buffers): Direct moves half the bytes of a ring per byte reduced.
+constexpr float kGpuDirectBarrierUs = 8.0f;    // calibrate: benchmarks/gpu_collectives.py
+constexpr float kGpuDirectMemBwFactor = 4.0f;  // calibrate: benchmarks/gpu_collectives.py
 struct DirectTraffic {
   float fixed;    // bytes moved per byte of nBytes, independent of the rank count
   float perRank;  // ... and per rank of the communicator
@@ -358,9 +364,11 @@ StatusOr<CostModel> BuildCostModel(const TopologyView& topo) {
     // Direct: Simple only, on one node whose ranks read each other's buffers (CPU tables).
     if (directOk) {
       const DirectTraffic& tr = kCpuDirectTraffic[c];
+      const bool cpu = topo.arch == Arch::kCpu;
+      const float factor = cpu ? kCpuDirectMemBwFactor : kGpuDirectMemBwFactor;
       m.bandwidthGBs[c][direct][simple] =
-          nch * topo.bwIntra * kCpuDirectMemBwFactor / (tr.fixed + tr.perRank * nRanks);
-      m.latencyUs[c][direct][simple] = 2 * kCpuDirectBarrierUs;
+          nch * topo.bwIntra * factor / (tr.fixed + tr.perRank * nRanks);
+      m.latencyUs[c][direct][simple] = 2 * (cpu ? kCpuDirectBarrierUs : kGpuDirectBarrierUs);
     }
     for (int a = 0; a < kNumRcclAlgos; ++a) {
       if (coll != Coll::kAllReduce && a != ring) continue;  // Tree runs only all_reduce

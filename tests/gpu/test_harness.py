@@ -286,3 +286,46 @@ def test_timeout_names_the_peer():
     h._h.launch_ranks(slots, [0])
     with pytest.raises(TimeoutError, match="rank 1"):
         h.sync()
+
+
+@pytest.mark.parametrize("nranks", RANKS)
+@pytest.mark.parametrize(
+    "coll", ["all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce"]
+)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8", "float64"])
+def test_direct(nranks, coll, dtype):
+    """Direct (peers' buffers read in place) for every collective it runs, against numpy."""
+    if not has(dtype):
+        pytest.skip(f"{dtype} not in this device build")
+    h = get_harness(nranks)
+    for count in (1, 1001, (1 << 20) + 3):
+        nin = count * nranks if coll == "reduce_scatter" else count
+        xs = inputs_for(dtype, nranks, nin, seed=11)
+        task = {"coll": coll, "count": count, "dtype": dtype, "op": "sum", "root": 1}
+        outs = h.run([task], [[x] for x in xs], algorithm="Direct", protocol="Simple")
+        summary = h.build([task], algorithm="Direct", protocol="Simple")[0]
+        assert summary["algorithm"] == "direct"
+        full = reduce_ref(xs, "sum", dtype)
+        for r in range(nranks):
+            if coll == "all_reduce":
+                same(outs[r][0], full)
+            elif coll == "reduce_scatter":
+                same(outs[r][0], full[r * count : (r + 1) * count])
+            elif coll == "all_gather":
+                same(outs[r][0], np.concatenate(xs))
+            elif coll == "broadcast":
+                same(outs[r][0], xs[1])
+        if coll == "reduce":
+            same(outs[1][0], full)
+
+
+@pytest.mark.parametrize("nranks", [2, 8])
+def test_direct_avg_and_repeat(nranks):
+    """PreMulSum through Direct (each rank's own scalar), 20 launches in a row."""
+    h = get_harness(nranks)
+    count = 300001
+    xs = [np.full(count, float(r + 1), np.float32) for r in range(nranks)]
+    task = {"coll": "all_reduce", "count": count, "dtype": "float32", "op": "avg"}
+    outs = h.run([task], [[x] for x in xs], algorithm="Direct", repeat=20)
+    for r in range(nranks):
+        np.testing.assert_allclose(outs[r][0], (nranks + 1) / 2.0, rtol=1e-6)
