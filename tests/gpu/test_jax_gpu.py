@@ -258,9 +258,23 @@ _STEP_SCRIPT = textwrap.dedent(
     want = np.asarray(want)
     err_stats = float(np.max(np.abs(stats - want) / (np.abs(want) + 1e-3)))
     err_w = float(np.max(np.abs(w_final - wr)))
+
+    # Replay: the same step on the same buffers (no donation) 200 times. Captured once, a
+    # command buffer is replayed without calling the handlers again.
+    step2 = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+    w2 = jnp.asarray(w0)
+    ref = step2(w2, xs[1], ys[1])
+    jax.block_until_ready(ref)
+    jax_rccl.reset_runtime_stats()
+    same = True
+    for _ in range(200):
+        out = step2(w2, xs[1], ys[1])
+        same = same and bool(np.array_equal(np.asarray(out[1]), np.asarray(ref[1])))
+    replay_execs = jax_rccl.runtime_stats()["executions"]
     print(json.dumps({
         "calls": calls, "steps": STEPS - 1, "executions": counters["executions"],
         "errors": counters["errors"], "err_stats": err_stats, "err_w": err_w,
+        "replay_steps": 200, "replay_executions": replay_execs, "replay_same": same,
     }))
     """
 )
@@ -292,10 +306,16 @@ def test_training_step_captured_in_command_buffers():
         "--xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL --xla_gpu_graph_min_graph_size=1"
     )
     total = out["calls"] * out["steps"]
-    # Captured, then replayed: the handlers run when XLA (re-)records, not on every call.
-    assert out["executions"] < total // 4, out
+    # Fresh inputs and donated weights move buffers every step, so XLA re-records the command
+    # buffer (calling the handlers) on most steps: results right every time, at most one handler
+    # run per call.
+    assert out["executions"] <= total, out
+    # The same buffers: captured once, then replayed without calling the handlers.
+    assert out["replay_same"], out
+    assert out["replay_executions"] <= 2 * out["calls"], out
 
 
 def test_training_step_without_command_buffers_runs_every_call():
     out = _run_steps("--xla_gpu_enable_command_buffer=")
     assert out["executions"] == out["calls"] * out["steps"], out
+    assert out["replay_executions"] == out["calls"] * out["replay_steps"], out
