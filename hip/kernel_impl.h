@@ -407,11 +407,12 @@ __device__ bool DoPiece(const F& fn, const KernelArgs& a, uint64_t deadline, int
 // ---- Direct (ours): every rank reads its peers' buffers in place ----
 //
 // For ranks that can address each other's memory (ranks of one device; devices with peer
-// access). Each rank publishes its buffers for the element in its own connection header of the
-// channel (the self connection, which no FIFO uses: pad0 = {sequence, send, recv, op argument},
-// pad1[0] = done), waits until every peer published the same sequence, moves the data, posts
-// done and waits for every peer's done (so no rank's buffers are reused while a peer still reads
-// or writes them). The sequence is the self connection's tail, kept across launches.
+// access). Each rank publishes its buffers for the element in the spare words of its own (self)
+// connection header of the channel (pad0 = {sequence published, send, recv, op argument},
+// pad1 = {done, sequence}; a send to oneself may use that connection's FIFO, never these words),
+// waits until every peer published the same sequence, moves the data, posts done and waits for
+// every peer's done (so no rank's buffers are reused while a peer still reads or writes them).
+// The sequence is kept across launches, like the FIFO counters.
 constexpr int kMaxDirectRanks = 64;
 struct DirectShared {
   const char* src[kMaxDirectRanks];
@@ -483,7 +484,7 @@ __device__ __noinline__ bool RunDirectElem(const KernelArgs& a, uint64_t deadlin
   if (threadIdx.x == 0) {
     const SlotPtrs sp = GetSlot(a, e.slot);
     ConnHeader* me = SelfConn(a, ch, r);
-    const uint64_t seq = LoadVolatile64(&me->tail) + 1;
+    const uint64_t seq = LoadVolatile64(&me->pad1[1]) + 1;
     StoreVolatile64(&me->pad0[1], uint64_t(uintptr_t(sp.send)));
     StoreVolatile64(&me->pad0[2], uint64_t(uintptr_t(sp.recv)));
     StoreVolatile64(&me->pad0[3], t.opArg);
@@ -583,7 +584,7 @@ __device__ __noinline__ bool RunDirectElem(const KernelArgs& a, uint64_t deadlin
       uint64_t seen;
       ok = WaitAtLeast(&SelfConn(a, ch, k)->pad1[0], seq, a, deadline, ch, k, true, &seen);
     }
-    StoreVolatile64(&me->tail, seq);
+    StoreVolatile64(&me->pad1[1], seq);
     sh->ok = ok ? 1 : 0;
   }
   __syncthreads();

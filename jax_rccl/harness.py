@@ -101,6 +101,7 @@ class Harness:
         self.topology = topo
         self._h = _jax_rccl.gpu.Harness.create(topo.to_native(), float(timeout))
         self._bufs: list[int] = []
+        self.failed = False
         self.tasks: list[dict[str, Any]] = []
         self.rank_tasks: list[list[dict[str, Any]]] = [[] for _ in range(nranks)]
 
@@ -143,7 +144,12 @@ class Harness:
         self._h.launch(slots)
 
     def sync(self) -> None:
-        self._h.sync()
+        """Waits for every rank; a failure (a timeout) leaves the harness failed for good."""
+        try:
+            self._h.sync()
+        except Exception:
+            self.failed = True
+            raise
 
     def time_launches(self, slots, warmup: int = 5, iters: int = 20) -> float:
         """Microseconds per launch of every rank (host loop, synchronized at the end)."""

@@ -217,8 +217,9 @@ def test_all_to_all(nranks, count):
             same(outs[r][nranks + p], xs[p][r])
 
 
-@pytest.mark.parametrize("nranks", [4])
-def test_grouped_mixed_dtypes(nranks):
+@pytest.mark.parametrize("nranks", RANKS)
+@pytest.mark.parametrize("algo", ["", "Ring", "Direct"])
+def test_grouped_mixed_dtypes(nranks, algo):
     """One launch of several tasks of different types (one kernel per type, in order)."""
     h = get_harness(nranks)
     tasks = [
@@ -233,7 +234,7 @@ def test_grouped_mixed_dtypes(nranks):
         inputs_for("bfloat16", nranks, 33, 7),
         inputs_for("bfloat16", nranks, 5000, 8),
     ]
-    outs = h.run(tasks, [[ins[t][r] for t in range(4)] for r in range(nranks)])
+    outs = h.run(tasks, [[ins[t][r] for t in range(4)] for r in range(nranks)], algorithm=algo)
     for r in range(nranks):
         same(outs[r][0], reduce_ref(ins[0], "sum", "float32"))
         same(outs[r][1], reduce_ref(ins[1], "max", "int32"))
@@ -252,13 +253,14 @@ def test_many_tasks_slot_table():
         np.testing.assert_array_equal(outs[0][i], np.full(10 + i, float(2 * i + 1), np.float32))
 
 
-def test_repeated_launches_keep_fifo_state():
+@pytest.mark.parametrize("nranks", RANKS)
+@pytest.mark.parametrize("algo", ["Ring", "Direct"])
+def test_repeated_launches_keep_fifo_state(nranks, algo):
     """The connection counters persist across launches: 50 launches in a row stay right."""
-    nranks = 4
     h = get_harness(nranks)
     xs = inputs_for("float32", nranks, 70001, 9)
     task = {"coll": "all_reduce", "count": 70001, "dtype": "float32"}
-    outs = h.run([task], [[x] for x in xs], protocol="Simple", repeat=50)
+    outs = h.run([task], [[x] for x in xs], algorithm=algo, protocol="Simple", repeat=50)
     same(outs[1][0], reduce_ref(xs, "sum", "float32"))
 
 
