@@ -312,7 +312,7 @@ def test_training_step_captured_in_command_buffers():
     assert out["executions"] <= total, out
     # The same buffers: captured once, then replayed without calling the handlers.
     assert out["replay_same"], out
-    assert out["replay_executions"] <= 2 * out["calls"], out
+    assert out["replay_executions"] <= out["calls"] * out["replay_steps"] // 10, out
 
 
 def test_training_step_without_command_buffers_runs_every_call():
