@@ -8,7 +8,9 @@ The parent starts `--nprocs` JAX processes of one CPU device each (jax.distribut
 port); each times float32 all-reduces of 1 KB .. `--max-mb` MB with both libraries, size by
 size, and prints its figures; a call's time is the slowest process's mean over a timed loop
 (best of `--reps` loops). The socket column is a second JAX job of the same processes with
-JAX_RCCL_TRANSPORT=socket; MPI runs as a job under ``mpirun -n <nprocs>``.
+JAX_RCCL_TRANSPORT=socket; MPI runs as a job under ``mpirun -n <nprocs>``. ``jax_local`` is the
+same jitted shard_map program with a local ``v * 1.0`` in place of the collective: what any JAX
+collective pays around its communication (dispatch, a fresh output buffer).
 """
 
 from __future__ import annotations
@@ -76,7 +78,14 @@ def jax_worker(args) -> None:
             jax.shard_map(lambda v: psum(v, "i"), mesh=mesh, in_specs=spec, out_specs=spec)
         )
 
-    libs = {"jax_rccl": compiled(jax_rccl.psum), "lax_gloo": compiled(jax.lax.psum)}
+    def local_only(v, axis):  # the same program without communication: JAX's own floor
+        return v * 1.0
+
+    libs = {
+        "jax_rccl": compiled(jax_rccl.psum),
+        "lax_gloo": compiled(jax.lax.psum),
+        "jax_local": compiled(local_only),
+    }
     libs = {k: v for k, v in libs.items() if k in args.libs.split(",")}
     for nbytes in sizes(args.max_mb):
         count = nbytes // 4
@@ -88,7 +97,7 @@ def jax_worker(args) -> None:
         for lib, f in libs.items():
             y = f(x)  # compile + warm up
             jax.block_until_ready(y)
-            want = n * (n + 1) / 2
+            want = n * (n + 1) / 2 if lib != "jax_local" else args.process + 1
             got = float(np.asarray(y.addressable_shards[0].data)[0, -1])
             if got != want:
                 raise AssertionError(f"{lib} {nbytes} B: got {got}, want {want}")
@@ -282,8 +291,9 @@ def main(argv=None) -> int:
     ap.add_argument("--no-mpi", action="store_true")
     ap.add_argument(
         "--libs",
-        default="jax_rccl,jax_rccl_socket,lax_gloo",
-        help="JAX libraries to time (jax_rccl_socket: jax_rccl with JAX_RCCL_TRANSPORT=socket)",
+        default="jax_rccl,jax_rccl_socket,lax_gloo,jax_local",
+        help="JAX libraries to time (jax_rccl_socket: jax_rccl with JAX_RCCL_TRANSPORT=socket; "
+        "jax_local: the same program with v * 1.0 instead of a collective, JAX's own floor)",
     )
     ap.add_argument("--label", default="", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
