@@ -297,6 +297,12 @@ __device__ bool RunPieceData(const F& fn, const PieceIo& io, int64_t n, int prot
   return true;
 }
 
+// The flag of LL step `step`: never 0 (the value of lines never written), and, 2^32 - 1 being odd,
+// a flag that comes round again lands in another slot than its last use.
+__device__ inline uint32_t LLFlag(uint64_t step) {
+  return 1u + uint32_t(step % 0xFFFFFFFFull);
+}
+
 // Thread 0's view of the connection ends this block uses. The block is the only writer of its
 // own step counters (the tail it sends on, the head it receives on) for the whole launch, so it
 // keeps them here and writes them through to the headers; the peer's counter (the tail it
@@ -305,7 +311,8 @@ __device__ bool RunPieceData(const F& fn, const PieceIo& io, int64_t n, int prot
 constexpr int kConnCache = 8;
 struct BlockShared {
   uint64_t rs, ss;
-  int ok;
+  int ok;    // written by thread 0 before a piece's first barrier
+  int fail;  // written by any thread between a piece's barriers (an LL wait gave up)
   int ready[2];
   int nConn, victim;
   int cPeer[kConnCache];
@@ -314,7 +321,10 @@ struct BlockShared {
   uint64_t cSeen[kConnCache];  // the peer's counter last seen: tail (receiving) or head (sending)
 };
 
-__device__ inline int ConnSlot(BlockShared* sh, bool send, int peer, const uint64_t* own) {
+// The cache entry of (send, peer), loaded from `own` on a miss; never evicts entry `pin` (the
+// other end the same piece uses).
+__device__ inline int ConnSlot(BlockShared* sh, bool send, int peer, const uint64_t* own,
+                               int pin = -1) {
   for (int i = 0; i < sh->nConn; ++i) {
     if (sh->cPeer[i] == peer && sh->cSend[i] == int(send)) return i;
   }
@@ -322,6 +332,7 @@ __device__ inline int ConnSlot(BlockShared* sh, bool send, int peer, const uint6
   if (sh->nConn < kConnCache) {
     i = sh->nConn++;
   } else {
+    if (sh->victim == pin) sh->victim = (sh->victim + 1) % kConnCache;
     i = sh->victim;
     sh->victim = (sh->victim + 1) % kConnCache;
   }
@@ -345,12 +356,14 @@ __device__ bool DoPiece(const F& fn, const KernelArgs& a, uint64_t deadline, int
                         const Prim& p, int64_t lo, int64_t m, int unitSize, const SlotPtrs& sp,
                         BlockShared* sh) {
   const bool recv = (p.flags & kRecv) != 0, send = (p.flags & kSend) != 0;
+  int i = -1, j = -1;  // thread 0: the cache entries of this piece's two ends
   if (threadIdx.x == 0) {
     bool ok = true;
     uint64_t rs = 0, ss = 0;
+    sh->fail = 0;
     if (recv) {
       ConnHeader* c = RecvConn(a, ch, p.recvPeer);
-      const int i = ConnSlot(sh, false, p.recvPeer, &c->head);
+      i = ConnSlot(sh, false, p.recvPeer, &c->head);
       rs = sh->cStep[i];
       if (proto != kProtoLL && sh->cSeen[i] < rs + 1) {
         ok = WaitAtLeast(&c->tail, rs + 1, a, deadline, ch, p.recvPeer, true, &sh->cSeen[i]);
@@ -358,7 +371,7 @@ __device__ bool DoPiece(const F& fn, const KernelArgs& a, uint64_t deadline, int
     }
     if (ok && send) {
       ConnHeader* c = SendConn(a, ch, p.sendPeer);
-      const int j = ConnSlot(sh, true, p.sendPeer, &c->tail);
+      j = ConnSlot(sh, true, p.sendPeer, &c->tail, i);
       ss = sh->cStep[j];
       const uint64_t need = ss + 1 > uint64_t(kSteps) ? ss + 1 - kSteps : 0;
       if (sh->cSeen[j] < need) {
@@ -384,21 +397,21 @@ __device__ bool DoPiece(const F& fn, const KernelArgs& a, uint64_t deadline, int
   const int64_t n = m * unitSize / int64_t(sizeof(typename F::Elem));
   bool ok = true;
   if (n > 0) {
-    ok = RunPieceData(fn, io, n, proto, uint32_t(rs + 1), uint32_t(ss + 1), a, deadline, ch,
+    ok = RunPieceData(fn, io, n, proto, LLFlag(rs), LLFlag(ss), a, deadline, ch,
                       recv ? p.recvPeer : p.sendPeer);
   }
-  if (!ok) sh->ok = 0;
+  if (!ok) sh->fail = 1;
   __syncthreads();
-  if (!sh->ok) return false;
+  if (sh->fail) return false;
   if (threadIdx.x == 0) {
     if (send) {
       if (proto != kProtoLL) Fence(a);
       StoreVolatile64(&SendConn(a, ch, p.sendPeer)->tail, ss + 1);
-      sh->cStep[ConnSlot(sh, true, p.sendPeer, nullptr)] = ss + 1;
+      sh->cStep[j] = ss + 1;
     }
     if (recv) {
       StoreVolatile64(&RecvConn(a, ch, p.recvPeer)->head, rs + 1);
-      sh->cStep[ConnSlot(sh, false, p.recvPeer, nullptr)] = rs + 1;
+      sh->cStep[i] = rs + 1;
     }
   }
   return true;
@@ -491,6 +504,7 @@ __device__ __noinline__ bool RunDirectElem(const KernelArgs& a, uint64_t deadlin
     Fence(a);
     StoreVolatile64(&me->pad0[0], seq);
     bool ok = n <= kMaxDirectRanks;
+    if (!ok) Report(a, 2, ch, r, true, seq);
     for (int k = 0; k < n && ok; ++k) {
       ConnHeader* pk = SelfConn(a, ch, k);
       uint64_t seen;
@@ -500,6 +514,7 @@ __device__ __noinline__ bool RunDirectElem(const KernelArgs& a, uint64_t deadlin
       ds.dst[k] = reinterpret_cast<char*>(uintptr_t(LoadVolatile64(&pk->pad0[2])));
       ds.arg[k] = LoadVolatile64(&pk->pad0[3]);
     }
+    Fence(a);  // acquire: the peers' buffers are read after their publishes
     if (ok) {
       // This rank's share of [0, wc): near-equal sub-slices aligned to 64 bytes.
       const int64_t align = us >= 64 ? 1 : 64 / us;
@@ -584,6 +599,7 @@ __device__ __noinline__ bool RunDirectElem(const KernelArgs& a, uint64_t deadlin
       uint64_t seen;
       ok = WaitAtLeast(&SelfConn(a, ch, k)->pad1[0], seq, a, deadline, ch, k, true, &seen);
     }
+    Fence(a);  // acquire: this rank's output is complete once every peer posted done
     StoreVolatile64(&me->pad1[1], seq);
     sh->ok = ok ? 1 : 0;
   }
@@ -687,7 +703,7 @@ __device__ __noinline__ bool RunP2pWork(const KernelArgs& a, uint64_t deadline, 
           if (proto == kProtoLL && m > 0) {
             const uint4 line = LoadVolatile(
                 reinterpret_cast<const uint4*>(RecvSlot(a, ch, p.recvPeer, proto, rs)));
-            ready = line.y == uint32_t(rs + 1);
+            ready = line.y == LLFlag(rs);
           } else {
             ready = LoadVolatile64(&c->tail) > rs;
           }

@@ -156,7 +156,24 @@ Status CopyToHost(void* dst, const void* src, int64_t bytes) {
 
 StatusOr<void*> AllocRegion(const Geometry& geo) {
   const int64_t bytes = RegionLayout::Bytes(geo);
+#if defined(JAX_RCCL_AMD)
+  // Peers write into a region while its owner's kernel polls it: on AMD that needs memory that is
+  // coherent inside a kernel (fine-grained or uncached), not hipMalloc's coarse-grained memory.
+#if defined(hipDeviceMallocUncached)
+  constexpr unsigned kRegionFlags = hipDeviceMallocUncached;
+#else
+  constexpr unsigned kRegionFlags = hipDeviceMallocFinegrained;
+#endif
+  void* p = nullptr;
+  hipStreamCaptureMode mode = hipStreamCaptureModeRelaxed;
+  (void)hipThreadExchangeStreamCaptureMode(&mode);
+  const hipError_t aerr = hipExtMallocWithFlags(&p, size_t(bytes), kRegionFlags);
+  (void)hipThreadExchangeStreamCaptureMode(&mode);
+  JR_REQUIRE(aerr == hipSuccess, Code::kInternal, "allocating a connection region of ", bytes,
+             " bytes: ", hipGetErrorString(aerr));
+#else
   JR_ASSIGN_OR_RETURN(void* p, DeviceAlloc(bytes));
+#endif
   const hipError_t err = hipMemset(p, 0, size_t(bytes));
   if (err != hipSuccess) {
     DeviceFree(p);
