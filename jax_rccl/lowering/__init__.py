@@ -137,6 +137,11 @@ def lower_collective(
             )
     operands = _after_previous_call(operands)
     result_types = [_flat_type(out_avals[i]) for i in live]
+    # An all_reduce runs in place (every algorithm reads an element's inputs before it writes
+    # that element): each result may share its operand's buffer. XLA then reuses a dead operand
+    # (a donated input, a temporary such as a gradient) instead of allocating the result, and
+    # copies a live one first.
+    aliases = {j: j for j in range(len(live))} if kind == "all_reduce" else None
     call = mlir.custom_call(
         f"jax_rccl_{kind}",
         result_types=result_types,
@@ -144,6 +149,7 @@ def lower_collective(
         backend_config={k: mlir.ir_attribute(v) for k, v in attrs.items()},
         has_side_effect=False,
         api_version=4,
+        operand_output_aliases=aliases,
         operand_layouts=[(0,)] * len(operands),
         result_layouts=[(0,)] * len(result_types),
     )
