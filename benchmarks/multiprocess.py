@@ -75,7 +75,8 @@ def jax_worker(args) -> None:
 
     def compiled(psum):
         return jax.jit(
-            jax.shard_map(lambda v: psum(v, "i"), mesh=mesh, in_specs=spec, out_specs=spec)
+            jax.shard_map(lambda v: psum(v, "i"), mesh=mesh, in_specs=spec, out_specs=spec),
+            donate_argnums=(0,) if args.donate else (),
         )
 
     def local_only(v, axis):  # the same program without communication: JAX's own floor
@@ -90,11 +91,17 @@ def jax_worker(args) -> None:
     for nbytes in sizes(args.max_mb):
         count = nbytes // 4
         local = np.full((1, count), args.process + 1, np.float32)
-        x = jax.make_array_from_callback(
-            (n, count), NamedSharding(mesh, spec), lambda idx, local=local: local
-        )
+
+        def make(local=local, count=count):
+            return jax.make_array_from_callback(
+                (n, count), NamedSharding(mesh, spec), lambda idx: local
+            )
+
+        x = make()
         iters = iterations(nbytes)
         for lib, f in libs.items():
+            if args.donate:
+                x = make()  # the previous library consumed it
             y = f(x)  # compile + warm up
             jax.block_until_ready(y)
             want = n * (n + 1) / 2 if lib != "jax_local" else args.process + 1
@@ -102,7 +109,14 @@ def jax_worker(args) -> None:
             if got != want:
                 raise AssertionError(f"{lib} {nbytes} B: got {got}, want {want}")
 
-            def loop(k, f=f, x=x):
+            state = [y]
+
+            def loop(k, f=f, x=x, state=state):
+                if args.donate:  # each call reduces the last result in place
+                    for _ in range(k):
+                        state[0] = f(state[0])
+                    jax.block_until_ready(state[0])
+                    return
                 out = None
                 for _ in range(k):
                     out = f(x)
@@ -211,7 +225,7 @@ def run_jax(args, results, libs: str, label: str = "", extra_env=None) -> None:
             f"--reps={args.reps}",
             f"--libs={libs}",
             f"--label={label}",
-        ]
+        ] + (["--donate"] if args.donate else [])
         out = tempfile.TemporaryFile("w+")
         procs.append((subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT), out))
     failed = False
@@ -296,6 +310,12 @@ def main(argv=None) -> int:
         "jax_local: the same program with v * 1.0 instead of a collective, JAX's own floor)",
     )
     ap.add_argument("--label", default="", help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--donate",
+        action="store_true",
+        help="JAX libraries donate their input and feed each result to the next call (no fresh "
+        "output buffer per call, as a training loop that donates its state)",
+    )
     args = ap.parse_args(argv)
     if args.role == "jax":
         jax_worker(args)
