@@ -1,0 +1,56 @@
+"""The planner's choices on the GPU topologies the runtime uses (jax_rccl.harness.gpu_topology).
+
+The device code runs LL and Simple (no LL128), Ring, Tree, point-to-point and Direct; these
+topologies must never lead the planner elsewhere, and Direct appears only where ranks read each
+other's memory.
+"""
+
+import pytest
+
+from jax_rccl import harness, planner
+
+SIZES = [8, 1 << 12, 1 << 16, 1 << 20, 1 << 24, 1 << 28]
+COLLS = ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce"]
+
+
+def choice(topo, coll, nbytes, **kw):
+    count = max(1, nbytes // 4)
+    if coll in ("all_gather", "reduce_scatter"):
+        count = max(1, count // topo.nranks)
+    task = planner.Task(coll, count, "float32", root=0)
+    return planner.plan([task], topo, **kw).to_dict()["tasks"][0]
+
+
+@pytest.mark.parametrize("nranks", [2, 4, 8])
+@pytest.mark.parametrize("direct", [True, False])
+@pytest.mark.parametrize("coll", COLLS)
+def test_protocols_and_algorithms_the_kernels_run(nranks, direct, coll):
+    topo = harness.gpu_topology(nranks, direct=direct)
+    for nbytes in SIZES:
+        t = choice(topo, coll, nbytes)
+        assert t["protocol"] in ("ll", "simple"), (nbytes, t)
+        assert t["algorithm"] in ("ring", "tree", "direct"), (nbytes, t)
+        if not direct:
+            assert t["algorithm"] != "direct", (nbytes, t)
+        assert t["nchannels"] <= topo.nchannels
+
+
+@pytest.mark.parametrize("nranks", [2, 8])
+def test_direct_takes_large_sizes_where_peers_are_readable(nranks):
+    topo = harness.gpu_topology(nranks)
+    assert choice(topo, "all_reduce", 1 << 28)["algorithm"] == "direct"
+    assert choice(topo, "all_reduce", 8)["protocol"] == "ll"
+
+
+def test_forcing_ll128_falls_back_on_gpu_topologies():
+    topo = harness.gpu_topology(4)
+    t = choice(topo, "all_reduce", 1 << 16, protocol="LL128")
+    assert t["protocol"] != "ll128"
+
+
+@pytest.mark.parametrize("nranks", [1, 3, 16])
+def test_default_channels(nranks):
+    topo = harness.gpu_topology(nranks)
+    assert topo.nchannels == max(16, 64 // nranks)
+    assert topo.p2p_nchannels == topo.nchannels
+    assert not topo.ll128
