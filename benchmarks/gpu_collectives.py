@@ -69,6 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--graph-max-bytes", default="1M", help="also time graph replays up to this")
     ap.add_argument("--nchannels", type=int, default=0, help="0: the harness default")
+    ap.add_argument("--algorithm", default="", help="NCCL syntax, e.g. Ring, Direct, ^Direct")
+    ap.add_argument("--protocol", default="", help="NCCL syntax, e.g. LL, Simple")
     args = ap.parse_args(argv)
     if not harness.available():
         print("no GPU build or no GPU: nothing to measure")
@@ -96,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
                 total = max(4, size)
                 count = total // 4 if coll == "all_reduce" else max(1, total // 4 // n)
                 task = {"coll": coll, "count": count, "dtype": "float32", "op": "sum"}
-                summary = h.build([task])[0]
+                summary = h.build([task], algorithm=args.algorithm, protocol=args.protocol)[0]
                 slots = h.buffers()
                 errors = check(h, coll, n, count, slots)
                 iters = args.iters if total < (256 << 20) else max(3, args.iters // 4)
