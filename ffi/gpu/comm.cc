@@ -1,10 +1,15 @@
 // See ffi/gpu/comm.h.
 #include "ffi/gpu/comm.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <map>
 #include <memory>
+#include <thread>
 
 #include "ffi/cpu/comm.h"
 #include "ffi/gpu/device_ctl.h"
@@ -133,12 +138,19 @@ Status GpuComm::Init() {
   return Status::Ok();
 }
 
+void GpuComm::SetShared(cpu::GroupPlacement placement, std::unique_ptr<cpu::ShmGroup> shm) {
+  placement_ = std::move(placement);
+  shm_ = std::move(shm);
+  systemFence_ = true;
+}
+
 Status GpuComm::Fail(Status s) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!failed_.load(std::memory_order_relaxed)) {
     failure_ = s;
     failed_.store(true, std::memory_order_release);
     if (abort_.host != nullptr) *static_cast<volatile int32_t*>(abort_.host) = 1;
+    if (shm_ != nullptr) shm_->MarkFailed();
   }
   cv_.notify_all();
   return s;
@@ -161,6 +173,10 @@ Status GpuComm::Join(int rank, const std::string& who) {
     StatusOr<void*> region = AllocRegion(geo_);
     if (!region.ok()) return Fail(region.status());
     rs.region = region.value();
+  }
+  if (shm_ != nullptr) {
+    Status s = TradeRegions(rank, who);
+    if (!s.ok()) return Fail(s);
   }
   {
     std::unique_lock<std::mutex> lock(mu_);
@@ -199,7 +215,7 @@ Status GpuComm::Join(int rank, const std::string& who) {
     }
   }
   for (int r = 0; r < n; ++r) {
-    if (ordinal(r) == ordinal(rank)) continue;
+    if (ordinal(r) < 0 || ordinal(r) == ordinal(rank)) continue;  // other processes: IPC
     Status s = EnablePeerAccess(ordinal(rank), ordinal(r));
     if (!s.ok()) return Fail(s);
   }
@@ -214,7 +230,78 @@ Status GpuComm::Join(int rank, const std::string& who) {
   return Status::Ok();
 }
 
+// Where a rank's IPC record lies in its segment's region (the doorbell page, after the doorbell).
+struct alignas(64) IpcRecord {
+  std::atomic<uint32_t> ready;  // 1 once handle is written (release)
+  int32_t pid;
+  char handle[kIpcHandleBytes];
+};
+constexpr int64_t kIpcRecordOffset = 1024;
+static_assert(kIpcRecordOffset + int64_t(sizeof(IpcRecord)) <= cpu::RankRegion::kHeadersOffset,
+              "the IPC record fits the doorbell page");
+
+Status GpuComm::TradeRegions(int rank, const std::string& who) {
+  const int n = nRanks();
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                            std::chrono::duration<double>(timeout_));
+  RankState& rs = ranks_[static_cast<size_t>(rank)];
+  // This rank's record: its region's handle.
+  {
+    char* region = shm_->Region(rank);
+    JR_REQUIRE(region != nullptr, Code::kInternal, "jax_rccl '", who, "': rank ", rank,
+               "'s segment is not mapped");
+    auto* rec = reinterpret_cast<IpcRecord*>(region + kIpcRecordOffset);
+    JR_CHECK(IpcHandleOf(rs.region, rec->handle));
+    rec->pid = static_cast<int32_t>(getpid());
+    rec->ready.store(1, std::memory_order_release);
+  }
+  int missing = -1;
+  Status opened = shm_->OpenRemote(deadline, &failed_, &missing);
+  if (!opened.ok()) {
+    if (missing >= 0) {
+      return Status(
+          Code::kTimeout,
+          detail::StrCat("jax_rccl '", who, "': rank ", rank, " of GPU group ", groupText_,
+                         " waited ", timeout_, " s (JAX_RCCL_TIMEOUT) for rank ", missing,
+                         " (device ", devices_[static_cast<size_t>(missing)], ", process ",
+                         placement_.process[static_cast<size_t>(missing)],
+                         ") to publish its connection region"));
+    }
+    return opened;
+  }
+  for (int r = 0; r < n; ++r) {
+    if (placement_.local[static_cast<size_t>(r)]) continue;
+    auto* rec = reinterpret_cast<IpcRecord*>(shm_->Region(r) + kIpcRecordOffset);
+    while (rec->ready.load(std::memory_order_acquire) == 0) {
+      if (std::chrono::steady_clock::now() >= deadline || shm_->AnyFailed()) {
+        return Status(
+            Code::kTimeout,
+            detail::StrCat("jax_rccl '", who, "': rank ", rank, " of GPU group ", groupText_,
+                           " waited ", timeout_, " s (JAX_RCCL_TIMEOUT) for rank ", r, " (device ",
+                           devices_[static_cast<size_t>(r)], ", process ",
+                           placement_.process[static_cast<size_t>(r)],
+                           ") to export its connection region"));
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    JR_ASSIGN_OR_RETURN(void* peer, IpcOpen(rec->handle));
+    std::lock_guard<std::mutex> lock(mu_);
+    if (published_[static_cast<size_t>(r)] == nullptr) {
+      published_[static_cast<size_t>(r)] = peer;
+      ++nPublished_;
+    }
+  }
+  shm_->MaybeUnlink();
+  return Status::Ok();
+}
+
 Status GpuComm::Check(int rank, const std::string& who) {
+  if (shm_ != nullptr && !failed_.load(std::memory_order_acquire) && shm_->AnyFailed()) {
+    return Fail(
+        Status(Code::kTimeout, detail::StrCat("jax_rccl '", who, "': another process of GPU group ",
+                                              groupText_, " reported its communicator failed")));
+  }
   if (failed_.load(std::memory_order_acquire)) {
     std::lock_guard<std::mutex> lock(mu_);
     Status s = failure_;
@@ -273,11 +360,37 @@ StatusOr<GpuComm*> GetOrCreateComm(const std::vector<int64_t>& devices, const Pa
     if (o < 0) remote.push_back(d);
     ordinals.push_back(o);
   }
-  JR_REQUIRE(remote.empty(), Code::kUnsupported, "jax_rccl '", who, "': the GPU group ",
-             ListText(devices), " has device(s) ", ListText(remote),
-             " outside this process; GPU groups across processes: not yet");
   auto comm = std::make_unique<GpuComm>(
       devices, ordinals, GpuTopology(static_cast<int>(devices.size()), params), params.timeout);
+  if (!remote.empty()) {
+    // Devices of other processes: the world table places them (one host only).
+    JR_ASSIGN_OR_RETURN(cpu::GroupPlacement placement, cpu::PlaceGroup(devices));
+    for (size_t r = 0; r < devices.size(); ++r) {
+      JR_REQUIRE(placement.host[r] == placement.thisHost, Code::kUnsupported, "jax_rccl '", who,
+                 "': the GPU group ", ListText(devices), " spans hosts (device ", devices[r],
+                 " is on ", placement.host[r], ", this process on ", placement.thisHost,
+                 "); GPU groups across hosts: not yet");
+    }
+    int nLocal = 0;
+    for (uint8_t l : placement.local) nLocal += l ? 1 : 0;
+    JR_REQUIRE(nLocal == 1, Code::kUnsupported, "jax_rccl '", who, "': the GPU group ",
+               ListText(devices), " spans processes and has ", nLocal,
+               " devices in this one; across processes a group takes one device per process");
+    cpu::TransportGeometry g;  // the segments carry only the IPC records
+    g.nRanks = static_cast<int>(devices.size());
+    g.nChannels = 1;
+    g.slotBytes = 64;
+    for (int p = 0; p < kNumProtos; ++p) g.stepBytes[p] = 64;
+    uint64_t h = 0x13198a2e03707344ull;
+    for (int64_t d : devices) h = cpu::HashMix(h, static_cast<uint64_t>(d));
+    char hex[17];
+    std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(h));
+    auto shm =
+        std::make_unique<cpu::ShmGroup>(detail::StrCat("/jrccl.", placement.session, ".g", hex),
+                                        placement, g, std::vector<uint8_t>(devices.size(), 1));
+    JR_CHECK(shm->CreateLocal());
+    comm->SetShared(std::move(placement), std::move(shm));
+  }
   {
     RelaxedCapture relaxed;
     JR_CHECK(comm->Init());

@@ -10,6 +10,13 @@
 // one rendezvous per communicator, never per execution. A group of one device needs none of it
 // (its plans are copies).
 //
+// Across processes of one host (one rank of the group per process, e.g. one process per GPU or
+// several processes sharing a GPU under MPS): each rank's region is exported as an IPC handle
+// through a small shared-memory segment per rank (ffi/cpu/shm.h: "/jrccl.<session>.g<group
+// hash>.<rank>", unlinked once every process mapped it) and mapped by the others; a process whose
+// communicator fails marks the segments, and the others fail at their next call (kernels already
+// running stop at their own deadline).
+//
 // The device table maps XLA's device ordinals (the execute context's DeviceOrdinal) to JAX's
 // global device ids and back; Python sets it at registration from jax.local_devices().
 #pragma once
@@ -22,6 +29,8 @@
 #include <utility>
 #include <vector>
 
+#include "ffi/cpu/shm.h"
+#include "ffi/cpu/world.h"
 #include "ffi/params.h"
 #include "ffi/planner/planner.h"
 #include "ffi/planner/status.h"
@@ -52,6 +61,9 @@ class GpuComm {
   GpuComm& operator=(const GpuComm&) = delete;
   // Allocates the status and abort words (a group of several ranks).
   Status Init();
+  // A group spanning processes: its placement and its segments (this process's created).
+  void SetShared(cpu::GroupPlacement placement, std::unique_ptr<cpu::ShmGroup> shm);
+  bool shared() const { return shm_ != nullptr; }
 
   int nRanks() const { return topo_.nRanks; }
   const TopologyView& topo() const { return topo_; }
@@ -105,10 +117,17 @@ class GpuComm {
   int nPublished_ = 0;
   std::atomic<bool> failed_{false};
   Status failure_;
+
+  // Across processes.
+  cpu::GroupPlacement placement_;
+  std::unique_ptr<cpu::ShmGroup> shm_;
+  // Exports `rank`'s region, maps the other processes' regions into published_ (deadline).
+  Status TradeRegions(int rank, const std::string& who);
 };
 
-// The communicator of `devices` (global ids, in rank order), created on first use. Groups with a
-// device outside this process: kUnsupported.
+// The communicator of `devices` (global ids, in rank order), created on first use. A group with
+// devices of other processes on this host needs exactly one of its devices in this process;
+// several hosts, or several local devices in such a group: kUnsupported.
 StatusOr<GpuComm*> GetOrCreateComm(const std::vector<int64_t>& devices, const Params& params,
                                    const std::string& who);
 // How many GPU communicators exist.

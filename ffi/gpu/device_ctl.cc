@@ -2,6 +2,7 @@
 // names onto CUDA in the NVIDIA build).
 #include "ffi/gpu/device_ctl.h"
 
+#include <cstring>
 #include <mutex>
 #include <set>
 #include <utility>
@@ -95,6 +96,28 @@ StatusOr<int> DeviceCount() {
   const hipError_t err = hipGetDeviceCount(&n);
   JR_REQUIRE(err == hipSuccess, Code::kSystem, "counting GPUs: ", hipGetErrorString(err));
   return n;
+}
+
+static_assert(sizeof(hipIpcMemHandle_t) <= kIpcHandleBytes, "IPC handle size");
+
+Status IpcHandleOf(void* p, char out[kIpcHandleBytes]) {
+  hipIpcMemHandle_t h;
+  const hipError_t err = hipIpcGetMemHandle(&h, p);
+  JR_REQUIRE(err == hipSuccess, Code::kSystem,
+             "exporting a GPU connection region to other processes: ", hipGetErrorString(err));
+  std::memset(out, 0, kIpcHandleBytes);
+  std::memcpy(out, &h, sizeof(h));
+  return Status::Ok();
+}
+
+StatusOr<void*> IpcOpen(const char handle[kIpcHandleBytes]) {
+  hipIpcMemHandle_t h;
+  std::memcpy(&h, handle, sizeof(h));
+  void* p = nullptr;
+  const hipError_t err = hipIpcOpenMemHandle(&p, h, hipIpcMemLazyEnablePeerAccess);
+  JR_REQUIRE(err == hipSuccess, Code::kSystem,
+             "mapping another process's GPU connection region: ", hipGetErrorString(err));
+  return p;
 }
 
 }  // namespace gpu

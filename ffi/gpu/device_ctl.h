@@ -53,5 +53,12 @@ Status MemsetAsync(void* dst, int64_t bytes, void* stream);
 // How many devices this process sees.
 StatusOr<int> DeviceCount();
 
+// Inter-process handles of device memory (several processes on one host, also sharing one GPU).
+constexpr int kIpcHandleBytes = 64;
+// The handle of the allocation at `p` (from DeviceAlloc/AllocRegion) into `out`.
+Status IpcHandleOf(void* p, char out[kIpcHandleBytes]);
+// Maps another process's allocation into this process on the current device.
+StatusOr<void*> IpcOpen(const char handle[kIpcHandleBytes]);
+
 }  // namespace gpu
 }  // namespace jax_rccl

@@ -1,0 +1,133 @@
+"""Several JAX processes sharing one GPU (or one GPU each), through jax.distributed.
+
+Each process owns one GPU device; the group's connection regions are traded as IPC handles
+through shared-memory segments. Without MPS the processes' kernels are time-sliced (every FIFO
+hand-off waits for a time slice), so the sizes stay small; with MPS running
+(`nvidia-cuda-mps-control -d`) the same test runs at full speed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+_WORKER = textwrap.dedent(
+    """
+    import json, sys
+    import numpy as np
+    import jax
+    process, nprocs, port = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+    jax.distributed.initialize(f"127.0.0.1:{port}", nprocs, process, initialization_timeout=120)
+    import jax.numpy as jnp
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    import jax_rccl
+
+    devs = jax.devices()
+    n = len(devs)
+    mesh = Mesh(np.array(devs), ("i",))
+    spec = NamedSharding(mesh, P("i"))
+    out = {"process": process, "n": n, "checks": 0}
+
+    def global_array(count, fn):
+        return jax.make_array_from_callback(
+            (n * count,), spec, lambda idx: np.asarray(fn(np.arange(n * count)[idx]), np.float32)
+        )
+
+    def run(f, x):
+        g = jax.jit(jax.shard_map(f, mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+        y = g(x)
+        return np.concatenate([np.asarray(s.data) for s in y.addressable_shards])
+
+    for count in (1, 1000, 65536):
+        x = global_array(count, lambda i: (i % 7) - 3)
+        full = (np.arange(n * count) % 7 - 3).astype(np.float32).reshape(n, count)
+        mine = process  # one device per process: its block is the process's index
+        got = run(lambda v: jax_rccl.psum(v, "i"), x)
+        np.testing.assert_array_equal(got, full.sum(0))
+        got = run(lambda v: jax_rccl.all_gather(v, "i", tiled=True), x)
+        np.testing.assert_array_equal(got, full.reshape(-1))
+        got = run(lambda v: jax_rccl.psum_scatter(v, "i", tiled=True), global_array(
+            count * n, lambda i: (i % 5) - 2))
+        rs = (np.arange(n * n * count) % 5 - 2).astype(np.float32).reshape(n, n * count).sum(0)
+        np.testing.assert_array_equal(got, rs[mine * count:(mine + 1) * count])
+        perm = [(k, (k + 1) % n) for k in range(n)]
+        got = run(lambda v: jax_rccl.ppermute(v, "i", perm), x)
+        np.testing.assert_array_equal(got, full[(mine - 1) % n])
+        out["checks"] += 4
+    out["stats"] = {k: int(v) for k, v in jax_rccl.runtime_stats().items()}
+    print("RESULT " + json.dumps(out), flush=True)
+    """
+)
+
+
+def _gpu_count() -> int:
+    try:
+        import jax
+
+        return len([d for d in jax.devices() if d.platform == "gpu"])
+    except Exception:
+        return 0
+
+
+def _has_gpu_runtime() -> bool:
+    from jax_rccl import _jax_rccl
+
+    return hasattr(_jax_rccl, "gpu")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("nprocs", [2, 4])
+@pytest.mark.parametrize("share", [True, False])
+def test_processes_with_one_gpu_each(nprocs, share):
+    if not _has_gpu_runtime() or _gpu_count() == 0:
+        pytest.skip("needs a GPU build and a GPU")
+    ngpus = _gpu_count()
+    if not share and ngpus < nprocs:
+        pytest.skip(f"needs {nprocs} GPUs (one per process)")
+    port = _free_port()
+    procs = []
+    for p in range(nprocs):
+        env = dict(os.environ)
+        env["CUDA_VISIBLE_DEVICES"] = "0" if share else str(p)
+        env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
+        env["JAX_RCCL_TIMEOUT"] = "60"
+        env.pop("XLA_FLAGS", None)
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-c", _WORKER, str(p), str(nprocs), str(port)],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
+    results = []
+    for p in procs:
+        try:
+            text, _ = p.communicate(timeout=300)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            pytest.fail("a process did not finish within 300 s")
+        assert p.returncode == 0, text[-4000:]
+        line = [ln for ln in text.splitlines() if ln.startswith("RESULT ")][-1]
+        results.append(json.loads(line[len("RESULT ") :]))
+    for r in results:
+        assert r["n"] == nprocs
+        assert r["checks"] == 12
+        assert r["stats"]["errors"] == 0
+    leftovers = [f for f in os.listdir("/dev/shm") if f.startswith("jrccl.")]
+    assert not leftovers, leftovers
