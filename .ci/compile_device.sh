@@ -16,3 +16,13 @@ for src in $sources; do
     echo "nvcc not found: skipped the sm_90 compile of $src"
   fi
 done
+
+# The CUDA build of the extension itself (FFI handlers, GPU communicators, bindings, runtime), in
+# the quick kernel space: the host code that talks to the device must compile and link too.
+if command -v nvcc >/dev/null 2>&1 && [ -x .venv/bin/pip ]; then
+  JAX_RCCL_GPU=cuda JAX_RCCL_DEVICE_QUICK=ON .venv/bin/pip wheel -q --no-build-isolation --no-deps \
+    -w "$out/wheel" . --config-settings=build-dir="$out/build-cuda"
+  echo "built the CUDA extension (JAX_RCCL_DEVICE_QUICK=ON)"
+else
+  echo "nvcc or .venv not found: skipped the CUDA extension build"
+fi
