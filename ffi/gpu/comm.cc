@@ -107,7 +107,7 @@ TopologyView GpuTopology(int nRanks, const Params& params) {
   t.p2pnChannelsPerPeer = 2;
   t.buffSizes[static_cast<int>(Proto::kLL)] = 262144;
   t.buffSizes[static_cast<int>(Proto::kLL128)] = 65536;
-  t.buffSizes[static_cast<int>(Proto::kSimple)] = 1 << 20;
+  t.buffSizes[static_cast<int>(Proto::kSimple)] = 4 << 20;  // RCCL's default
   t.p2pChunkSize = 131072;
   t.ll128Enabled = false;  // the device code has LL and Simple
   t.workFifoDepth = static_cast<int>(params.work_fifo_depth);
