@@ -174,7 +174,10 @@ StatusOr<void*> AllocRegion(const Geometry& geo) {
 #else
   JR_ASSIGN_OR_RETURN(void* p, DeviceAlloc(bytes));
 #endif
-  const hipError_t err = hipMemset(p, 0, size_t(bytes));
+  // Zeroed before anyone can see the region: a memset may still run when the call returns, and a
+  // peer (another stream, another process) may start writing as soon as the region is published.
+  hipError_t err = hipMemset(p, 0, size_t(bytes));
+  if (err == hipSuccess) err = hipStreamSynchronize(nullptr);
   if (err != hipSuccess) {
     DeviceFree(p);
     JR_FAIL(Code::kInternal, "zeroing a connection region of ", bytes,
