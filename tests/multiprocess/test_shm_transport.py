@@ -213,17 +213,30 @@ def worker(args: dict) -> dict:
 # ---- the driver ----
 
 
-def launch(nprocs: int, per: int, mode: str, timeout_s: float = 120, **kw) -> list[dict]:
+def spawn(
+    script: str,
+    nprocs: int,
+    per: int,
+    mode: str,
+    *,
+    timeout_s: float,
+    env_extra: dict | None = None,
+    **kw,
+) -> list[dict]:
+    """Runs `script` as `nprocs` processes of `per` ranks each (one session) and returns each
+    process's last JSON line ({"killed": True} for a process killed by SIGKILL); no segment of
+    the session may be left in /dev/shm."""
     session = uuid.uuid4().hex
     env = dict(os.environ)
     env.pop("JAX_RCCL_ALGO", None)
     env.pop("JAX_RCCL_PROTO", None)
+    env.update(env_extra or {})
     procs = []
     for p in range(nprocs):
         args = {"process": p, "nprocs": nprocs, "per": per, "session": session, "mode": mode, **kw}
         procs.append(
             subprocess.Popen(
-                [sys.executable, "-P", HERE, json.dumps(args)],
+                [sys.executable, "-P", script, json.dumps(args)],
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 env=env,
@@ -248,6 +261,10 @@ def launch(nprocs: int, per: int, mode: str, timeout_s: float = 120, **kw) -> li
     leftover = [s for s in os.listdir("/dev/shm") if s.startswith("jrccl.") and session in s]
     assert not leftover, f"segments left in /dev/shm: {leftover}"
     return results
+
+
+def launch(nprocs: int, per: int, mode: str, timeout_s: float = 120, **kw) -> list[dict]:
+    return spawn(HERE, nprocs, per, mode, timeout_s=timeout_s, **kw)
 
 
 def all_cases(count: int) -> list[dict]:

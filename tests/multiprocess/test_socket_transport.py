@@ -13,18 +13,16 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
 import time
-import uuid
 
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from test_shm_transport import all_cases, load_native, run_cases, world_of  # noqa: E402
+from test_shm_transport import all_cases, load_native, run_cases, spawn, world_of  # noqa: E402
 
 HERE = os.path.abspath(__file__)
 
@@ -107,43 +105,17 @@ def worker(args: dict) -> dict:
 def launch(
     nprocs: int, per: int, mode: str, *, transport="socket", timeout_s: float = 60, **kw
 ) -> list[dict]:
-    session = uuid.uuid4().hex
-    env = dict(os.environ)
-    env.pop("JAX_RCCL_ALGO", None)
-    env.pop("JAX_RCCL_PROTO", None)
-    env["JAX_RCCL_TRANSPORT"] = transport
-    procs = []
     with tempfile.TemporaryDirectory() as folder:
-        for p in range(nprocs):
-            args = {"process": p, "nprocs": nprocs, "per": per, "session": session}
-            args.update(mode=mode, folder=folder, **kw)
-            procs.append(
-                subprocess.Popen(
-                    [sys.executable, "-P", HERE, json.dumps(args)],
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    env=env,
-                )
-            )
-        results = []
-        t0 = time.monotonic()
-        for pr in procs:
-            left = max(1.0, timeout_s - (time.monotonic() - t0))
-            try:
-                so, se = pr.communicate(timeout=left)
-            except subprocess.TimeoutExpired:
-                for q in procs:
-                    q.kill()
-                raise AssertionError(f"{mode}: a process hung past {timeout_s} s") from None
-            if pr.returncode == -signal.SIGKILL:
-                results.append({"killed": True})
-                continue
-            lines = [ln for ln in so.decode().splitlines() if ln.startswith("{")]
-            assert pr.returncode == 0 and lines, f"exit {pr.returncode}: {se.decode()[-3000:]}"
-            results.append(json.loads(lines[-1]))
-    leftover = [s for s in os.listdir("/dev/shm") if s.startswith("jrccl.") and session in s]
-    assert not leftover, f"segments left in /dev/shm: {leftover}"
-    return results
+        return spawn(
+            HERE,
+            nprocs,
+            per,
+            mode,
+            timeout_s=timeout_s,
+            env_extra={"JAX_RCCL_TRANSPORT": transport},
+            folder=folder,
+            **kw,
+        )
 
 
 def _check(res):
