@@ -9,6 +9,7 @@
 // instead of by pointer, so a persistent plan survives new buffer addresses.
 #pragma once
 
+#include <stddef.h>
 #include <stdint.h>
 
 namespace jax_rccl {
@@ -115,6 +116,9 @@ struct Work {
   };
 };
 static_assert(sizeof(Work) == kWorkSize, "Work is kWorkSize bytes");
+static_assert(offsetof(Work, elems) == 8, "elements start after the 8-byte header");
+static_assert(offsetof(WorkElemColl, redOpArg) == 24, "WorkElemColl.redOpArg at byte 24");
+static_assert(offsetof(WorkElemP2p, chunkSize) == 24, "WorkElemP2p.chunkSize at byte 24");
 static_assert(sizeof(Work) % 16 == 0, "Work is a multiple of 16 bytes");
 
 // Channel masks over kMaxChannels channels.
