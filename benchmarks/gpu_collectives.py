@@ -51,12 +51,10 @@ def check(h: harness.Harness, coll: str, n: int, count: int, slots) -> int:
     h.sync()
     out_n = harness.output_count({"coll": coll, "count": count}, n)
     got = np.frombuffer(_jax_rccl.gpu.download(slots[0][0][1], out_n * 4), np.float32)
-    if coll == "all_reduce":
-        want = np.full(out_n, n * (n + 1) / 2, np.float32)
-    elif coll == "reduce_scatter":
-        want = np.full(out_n, n * (n + 1) / 2, np.float32)
-    else:
+    if coll == "all_gather":
         want = np.repeat(np.arange(1, n + 1, dtype=np.float32), count)
+    else:  # all_reduce, reduce_scatter: the sum of 1..n everywhere
+        want = np.full(out_n, n * (n + 1) / 2, np.float32)
     return int(np.count_nonzero(got != want))
 
 
