@@ -210,31 +210,37 @@ _STEP_SCRIPT = textwrap.dedent(
     import jax_rccl
 
     STEPS, D, LR = int(sys.argv[1]), 4096, 0.05
-    mesh = Mesh(np.array(jax.devices()[:1]), ("i",))
+    n = len(jax.devices())  # data parallel over every visible GPU
+    mesh = Mesh(np.array(jax.devices()), ("i",))
 
-    def body(w, x, y):
+    def body(w, x, y):  # w: this device's copy of the weights, x and y: its batch
         def loss(w):
             return jnp.mean((x * w - y) ** 2)
 
         l, g = jax.value_and_grad(loss)(w)
-        g = jax_rccl.psum(g, "i")                           # a temp in, a temp out
+        g = jax_rccl.psum(g, "i") * (1.0 / n)              # a temp in, a temp out
         l = jax_rccl.pmean(l.reshape(1), "i")
         s = jax_rccl.all_gather(jnp.sum(x).reshape(1), "i", tiled=True)
         stats = jnp.concatenate([l, s]) * 2.0 + 0.5  # results reach outputs through a fusion
         return w - LR * g, stats
 
+    spec = P("i")
     step = jax.jit(
-        jax.shard_map(body, mesh=mesh, in_specs=P("i"), out_specs=P("i")), donate_argnums=0
+        jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec), donate_argnums=0
     )
+    sharding = jax.sharding.NamedSharding(mesh, spec)
     rng = np.random.default_rng(0)
     w0 = rng.uniform(-1, 1, D).astype(np.float32)
-    xs = [jax.device_put(rng.uniform(0.5, 1.5, D).astype(np.float32)) for _ in range(STEPS)]
-    ys = [jax.device_put(rng.uniform(-1, 1, D).astype(np.float32)) for _ in range(STEPS)]
-    calls = step.trace(jnp.asarray(w0), xs[0], ys[0]).lower().as_text().count(
+    xs_np = [rng.uniform(0.5, 1.5, (n, D)).astype(np.float32) for _ in range(STEPS)]
+    ys_np = [rng.uniform(-1, 1, (n, D)).astype(np.float32) for _ in range(STEPS)]
+    put = lambda a: jax.device_put(a.reshape(-1), sharding)
+    xs, ys = [put(a) for a in xs_np], [put(a) for a in ys_np]
+    w_init = lambda: put(np.tile(w0, (n, 1)))
+    calls = step.trace(w_init(), xs[0], ys[0]).lower().as_text().count(
         "custom_call @jax_rccl_"
     )
 
-    w = jnp.asarray(w0)
+    w = w_init()
     w, st = step(w, xs[0], ys[0])  # compile and first run
     jax.block_until_ready(w)
     jax_rccl.reset_runtime_stats()
@@ -242,27 +248,28 @@ _STEP_SCRIPT = textwrap.dedent(
     for i in range(1, STEPS):
         w, st = step(w, xs[i], ys[i])
         stats.append(st)
-    w_final = np.asarray(w)
-    stats = np.stack([np.asarray(s) for s in stats])
+    w_final = np.asarray(w).reshape(n, D)
+    stats = np.stack([np.asarray(s).reshape(n, 1 + n) for s in stats])
     counters = jax_rccl.runtime_stats()
 
-    # numpy, float64: the same steps
+    # numpy, float64: the same steps (every device holds the same weights and statistics)
     wr = w0.astype(np.float64)
     want = []
     for i in range(STEPS):
-        x, y = np.asarray(xs[i], np.float64), np.asarray(ys[i], np.float64)
+        x, y = xs_np[i].astype(np.float64), ys_np[i].astype(np.float64)
         r = x * wr - y
         if i > 0:
-            want.append([np.mean(r * r) * 2.0 + 0.5, x.sum() * 2.0 + 0.5])
-        wr = wr - LR * (2.0 * r * x / D)
+            row = [np.mean(np.mean(r * r, axis=1)) * 2.0 + 0.5] + list(x.sum(1) * 2.0 + 0.5)
+            want.append(np.tile(row, (n, 1)))
+        wr = wr - LR * (2.0 * r * x / D).mean(0)
     want = np.asarray(want)
     err_stats = float(np.max(np.abs(stats - want) / (np.abs(want) + 1e-3)))
-    err_w = float(np.max(np.abs(w_final - wr)))
+    err_w = float(np.max(np.abs(w_final - wr[None, :])))
 
     # Replay: the same step on the same buffers (no donation) 200 times. Captured once, a
     # command buffer is replayed without calling the handlers again.
-    step2 = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("i"), out_specs=P("i")))
-    w2 = jnp.asarray(w0)
+    step2 = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec))
+    w2 = w_init()
     ref = step2(w2, xs[1], ys[1])
     jax.block_until_ready(ref)
     jax_rccl.reset_runtime_stats()
@@ -272,7 +279,7 @@ _STEP_SCRIPT = textwrap.dedent(
         same = same and bool(np.array_equal(np.asarray(out[1]), np.asarray(ref[1])))
     replay_execs = jax_rccl.runtime_stats()["executions"]
     print(json.dumps({
-        "calls": calls, "steps": STEPS - 1, "executions": counters["executions"],
+        "devices": n, "calls": calls, "steps": STEPS - 1, "executions": counters["executions"],
         "errors": counters["errors"], "err_stats": err_stats, "err_w": err_w,
         "replay_steps": 200, "replay_executions": replay_execs, "replay_same": same,
     }))
@@ -305,17 +312,19 @@ def test_training_step_captured_in_command_buffers():
     out = _run_steps(
         "--xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL --xla_gpu_graph_min_graph_size=1"
     )
-    total = out["calls"] * out["steps"]
+    per_step = out["calls"] * out["devices"]  # each device runs each call's handler
+    total = per_step * out["steps"]
     # Fresh inputs and donated weights move buffers every step, so XLA re-records the command
     # buffer (calling the handlers) on most steps: results right every time, at most one handler
     # run per call.
     assert out["executions"] <= total, out
     # The same buffers: captured once, then replayed without calling the handlers.
     assert out["replay_same"], out
-    assert out["replay_executions"] <= out["calls"] * out["replay_steps"] // 10, out
+    assert out["replay_executions"] <= per_step * out["replay_steps"] // 10, out
 
 
 def test_training_step_without_command_buffers_runs_every_call():
     out = _run_steps("--xla_gpu_enable_command_buffer=")
-    assert out["executions"] == out["calls"] * out["steps"], out
-    assert out["replay_executions"] == out["calls"] * out["replay_steps"], out
+    per_step = out["calls"] * out["devices"]
+    assert out["executions"] == per_step * out["steps"], out
+    assert out["replay_executions"] == per_step * out["replay_steps"], out
