@@ -135,7 +135,7 @@ def lower_collective(
                     scalars[i],
                 )
             )
-    operands = _after_previous_call(operands)
+    operands = _after_previous_call(ctx, operands)
     result_types = [_flat_type(out_avals[i]) for i in live]
     # An all_reduce runs in place (every algorithm reads an element's inputs before it writes
     # that element): each result may share its operand's buffer. XLA then reuses a dead operand
@@ -153,7 +153,7 @@ def lower_collective(
         operand_layouts=[(0,)] * len(operands),
         result_layouts=[(0,)] * len(result_types),
     )
-    _remember_call(call.results[0])
+    _remember_call(ctx, call.results[0])
     for i, r in zip(live, call.results, strict=True):
         outs[i] = hlo.reshape(mlir.aval_to_ir_type(ctx.module_context, out_avals[i]), r)
     return outs
@@ -168,21 +168,24 @@ def lower_collective(
 # run in program order on every device, as XLA runs its own. No token and no side effect: JAX's
 # fast dispatch path stays. (An optimization barrier is not enough: XLA's CPU pipeline removes it.)
 
-_last_call: list = []  # [(block, value)]: the latest jax_rccl call lowered
+# The latest jax_rccl call lowered: (its module's lowering context, block, value). A block compares
+# equal by address, and a later module may reuse a freed block's address: the value is used only
+# within the same lowering context, which this reference keeps alive until the next call.
+_last_call: list = []
 
 
-def _after_previous_call(operands):
+def _after_previous_call(ctx, operands):
     block = ir.InsertionPoint.current.block
-    if _last_call and _last_call[0][0] == block:
-        prev = _last_call[0][1]
+    if _last_call and _last_call[0][0] is ctx.module_context and _last_call[0][1] == block:
+        prev = _last_call[0][2]
         idx = ir.DenseI64ArrayAttr.get
         one = hlo.SliceOp(prev, idx([0]), idx([1]), idx([1])).result
         return [*operands, one]
     return operands
 
 
-def _remember_call(value):
-    _last_call[:] = [(ir.InsertionPoint.current.block, value)]
+def _remember_call(ctx, value):
+    _last_call[:] = [(ctx.module_context, ir.InsertionPoint.current.block, value)]
 
 
 # --- per-primitive rules: parameters -> the helper ------------------------------------------

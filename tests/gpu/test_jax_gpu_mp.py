@@ -50,15 +50,19 @@ _WORKER = textwrap.dedent(
         x = global_array(count, lambda i: (i % 7) - 3)
         full = (np.arange(n * count) % 7 - 3).astype(np.float32).reshape(n, count)
         mine = process  # one device per process: its block is the process's index
+        print(f"count {count}: psum", flush=True)  # where a crash happened, in the output
         got = run(lambda v: jax_rccl.psum(v, "i"), x)
         np.testing.assert_array_equal(got, full.sum(0))
+        print(f"count {count}: all_gather", flush=True)
         got = run(lambda v: jax_rccl.all_gather(v, "i", tiled=True), x)
         np.testing.assert_array_equal(got, full.reshape(-1))
+        print(f"count {count}: psum_scatter", flush=True)
         got = run(lambda v: jax_rccl.psum_scatter(v, "i", tiled=True), global_array(
             count * n, lambda i: (i % 5) - 2))
         rs = (np.arange(n * n * count) % 5 - 2).astype(np.float32).reshape(n, n * count).sum(0)
         np.testing.assert_array_equal(got, rs[mine * count:(mine + 1) * count])
         perm = [(k, (k + 1) % n) for k in range(n)]
+        print(f"count {count}: ppermute", flush=True)
         got = run(lambda v: jax_rccl.ppermute(v, "i", perm), x)
         np.testing.assert_array_equal(got, full[(mine - 1) % n])
         out["checks"] += 4
@@ -104,6 +108,7 @@ def test_processes_with_one_gpu_each(nprocs, share):
         env["CUDA_VISIBLE_DEVICES"] = "0" if share else str(p)
         env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
         env["JAX_RCCL_TIMEOUT"] = "60"
+        env["PYTHONFAULTHANDLER"] = "1"  # a crash prints every thread's Python stack
         env.pop("XLA_FLAGS", None)
         procs.append(
             subprocess.Popen(
@@ -114,7 +119,7 @@ def test_processes_with_one_gpu_each(nprocs, share):
                 text=True,
             )
         )
-    results = []
+    texts = []
     for p in procs:
         try:
             text, _ = p.communicate(timeout=300)
@@ -122,7 +127,13 @@ def test_processes_with_one_gpu_each(nprocs, share):
             for q in procs:
                 q.kill()
             pytest.fail("a process did not finish within 300 s")
-        assert p.returncode == 0, text[-4000:]
+        texts.append(text)
+    failed = [k for k, p in enumerate(procs) if p.returncode != 0]
+    assert not failed, "\n".join(
+        f"--- process {k}: exit {procs[k].returncode}\n{texts[k][-3000:]}" for k in failed
+    )
+    results = []
+    for text in texts:
         line = [ln for ln in text.splitlines() if ln.startswith("RESULT ")][-1]
         results.append(json.loads(line[len("RESULT ") :]))
     for r in results:

@@ -42,3 +42,21 @@ def test_calls_are_chained_in_the_lowering():
     assert len(calls) == 2
     # The second call takes one more operand than it has results: the ordering slice.
     assert "stablehlo.slice" in text
+
+
+def test_a_new_program_does_not_chain_to_an_old_one():
+    """The first call of each lowered program has only its own operands, however many programs
+    were lowered (and freed) before: the chain never reaches into another module."""
+    mesh = Mesh(np.array(jax.devices()[:8]), ("x",))
+    for k in range(30):
+        g = jax.jit(
+            jax.shard_map(
+                lambda v, k=k: jax_rccl.psum(v * k, "x"),
+                mesh=mesh,
+                in_specs=P("x"),
+                out_specs=P("x"),
+            )
+        )
+        text = g.lower(jnp.ones(8 * (k + 1))).as_text()
+        assert "stablehlo.slice" not in text, text
+        del g, text
