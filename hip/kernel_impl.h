@@ -52,6 +52,23 @@ __device__ inline char* SendSlot(const KernelArgs& a, int ch, int peer, int prot
   return a.regions[peer] + RegionLayout::SlotOffset(a.geo, ch, a.rank, proto, s);
 }
 
+// The sender's side of connection (ch, this rank -> peer) lives in this rank's own region, in the
+// header of the reverse connection (ch, peer -> this rank), whose pads are otherwise unused (Direct
+// uses the pads of the header from a rank to itself, indices below 8): its own copy of the tail it
+// sent, and the head the peer consumed, which the peer writes there. Every counter a rank polls or
+// reloads is then in its own memory; across GPUs only stores cross the link.
+constexpr int kSendPad = 8;
+__device__ inline uint64_t* SendTailMine(const KernelArgs& a, int ch, int peer) {
+  return &RecvConn(a, ch, peer)->pad0[kSendPad];
+}
+__device__ inline uint64_t* SendHeadMine(const KernelArgs& a, int ch, int peer) {
+  return &RecvConn(a, ch, peer)->pad1[kSendPad];
+}
+// Where this rank, receiving from `peer`, reports its head to that sender.
+__device__ inline uint64_t* HeadAtSender(const KernelArgs& a, int ch, int peer) {
+  return &SendConn(a, ch, peer)->pad1[kSendPad];
+}
+
 __device__ inline uint64_t LoadVolatile64(const uint64_t* p) {
   return *reinterpret_cast<const volatile uint64_t*>(p);
 }
@@ -370,12 +387,12 @@ __device__ bool DoPiece(const F& fn, const KernelArgs& a, uint64_t deadline, int
       }
     }
     if (ok && send) {
-      ConnHeader* c = SendConn(a, ch, p.sendPeer);
-      j = ConnSlot(sh, true, p.sendPeer, &c->tail, i);
+      j = ConnSlot(sh, true, p.sendPeer, SendTailMine(a, ch, p.sendPeer), i);
       ss = sh->cStep[j];
       const uint64_t need = ss + 1 > uint64_t(kSteps) ? ss + 1 - kSteps : 0;
       if (sh->cSeen[j] < need) {
-        ok = WaitAtLeast(&c->head, need, a, deadline, ch, p.sendPeer, false, &sh->cSeen[j]);
+        ok = WaitAtLeast(SendHeadMine(a, ch, p.sendPeer), need, a, deadline, ch, p.sendPeer, false,
+                         &sh->cSeen[j]);
       }
     }
     if (recv && proto != kProtoLL) __threadfence();
@@ -407,10 +424,12 @@ __device__ bool DoPiece(const F& fn, const KernelArgs& a, uint64_t deadline, int
     if (send) {
       if (proto != kProtoLL) Fence(a);
       StoreVolatile64(&SendConn(a, ch, p.sendPeer)->tail, ss + 1);
+      StoreVolatile64(SendTailMine(a, ch, p.sendPeer), ss + 1);
       sh->cStep[j] = ss + 1;
     }
     if (recv) {
       StoreVolatile64(&RecvConn(a, ch, p.recvPeer)->head, rs + 1);
+      StoreVolatile64(HeadAtSender(a, ch, p.recvPeer), rs + 1);
       sh->cStep[i] = rs + 1;
     }
   }
@@ -708,8 +727,8 @@ __device__ __noinline__ bool RunP2pWork(const KernelArgs& a, uint64_t deadline, 
             ready = LoadVolatile64(&c->tail) > rs;
           }
         } else {
-          ConnHeader* c = SendConn(a, ch, p.sendPeer);
-          ready = LoadVolatile64(&c->tail) < LoadVolatile64(&c->head) + kSteps;
+          ready = LoadVolatile64(SendTailMine(a, ch, p.sendPeer)) <
+                  LoadVolatile64(SendHeadMine(a, ch, p.sendPeer)) + kSteps;
         }
         sh->ready[k] = ready ? 1 : 0;
       }

@@ -100,11 +100,17 @@ TopologyView GpuTopology(int nRanks, const Params& params) {
 #endif
   t.interLink = LinkKind::kNet;
   t.bwIntra = 30.0f;  // GB/s per channel (the cost model's NVLink-class figure)
-  const int ch =
-      params.nchannels > 0 ? static_cast<int>(std::min<int64_t>(params.nchannels, 32)) : 16;
+  // Channels: each is one block streaming its share, and a block's rate bounds a channel's (two
+  // H200s over NV18: 16 channels gave 140 GB/s busbw at 128 MB, 32 gave 181). A region holds a
+  // connection from every rank on every channel (nChannels x nRanks x 4.3 MiB), so groups of more
+  // than 4 ranks keep 16.
+  const int ch = params.nchannels > 0 ? static_cast<int>(std::min<int64_t>(params.nchannels, 32))
+                                      : (nRanks <= 4 ? 32 : 16);
   t.nChannels = ch;
-  t.p2pnChannels = ch;
-  t.p2pnChannelsPerPeer = 2;
+  int p2p = 1;  // the planner's p2p channel counts are powers of two
+  while (p2p * 2 <= ch) p2p *= 2;
+  t.p2pnChannels = p2p;
+  t.p2pnChannelsPerPeer = std::min(2, p2p);
   t.buffSizes[static_cast<int>(Proto::kLL)] = 262144;
   t.buffSizes[static_cast<int>(Proto::kLL128)] = 65536;
   t.buffSizes[static_cast<int>(Proto::kSimple)] = 4 << 20;  // RCCL's default

@@ -199,6 +199,44 @@ def test_groups_of_several_gpus():
     np.testing.assert_array_equal(b.reshape(n, -1), np.tile(x[n - 1], (n, 1)))
 
 
+_CHANNELS_SCRIPT = textwrap.dedent(
+    """
+    import numpy as np
+    import jax
+    from jax.sharding import Mesh, PartitionSpec as P
+    import jax_rccl
+
+    n = len(jax.devices())
+    mesh = Mesh(np.array(jax.devices()), ("i",))
+    x = np.arange(n * 70001, dtype=np.float32) % 13
+    ring = [(j, (j + 1) % n) for j in range(n)]
+    f = jax.jit(jax.shard_map(
+        lambda v: (jax_rccl.psum(v, "i"), jax_rccl.ppermute(v, "i", ring)),
+        mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+    s, p = (np.asarray(a).reshape(n, -1) for a in f(x))
+    xs = x.reshape(n, -1)
+    np.testing.assert_array_equal(s, np.tile(xs.sum(0), (n, 1)))
+    np.testing.assert_array_equal(p, np.roll(xs, 1, axis=0))
+    print("OK")
+    """
+)
+
+
+@pytest.mark.parametrize("nchannels", ["1", "3", "32"])
+def test_groups_of_several_gpus_with_any_channel_count(nchannels):
+    if len(jax.devices()) < 2:
+        pytest.skip("needs 2 GPUs")
+    env = dict(os.environ, JAX_RCCL_NCHANNELS=nchannels, XLA_PYTHON_CLIENT_PREALLOCATE="false")
+    proc = subprocess.run(
+        [sys.executable, "-c", _CHANNELS_SCRIPT],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0 and "OK" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-4000:]
+
+
 # --- command buffers --------------------------------------------------------------------------
 
 _STEP_SCRIPT = textwrap.dedent(
