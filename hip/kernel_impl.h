@@ -808,9 +808,10 @@ __device__ void CollKernelBody(const KernelArgs& a) {
 }  // namespace
 
 // The one-rank path and slot tables need no FIFOs: a plain element-wise copy.
-#define JR_DEFINE_COLL_KERNEL(name, cls, T)                                                       \
-  __global__ void __launch_bounds__(kMaxLaunchThreads, 1) CollKernel_##name(const KernelArgs a) { \
-    CollKernelBody<T, cls>(a);                                                                    \
+#define JR_DEFINE_COLL_KERNEL(name, cls, T)                    \
+  __global__ void __launch_bounds__(kMaxLaunchThreads, 1)      \
+      CollKernel_##name(const JR_GRID_CONSTANT KernelArgs a) { \
+    CollKernelBody<T, cls>(a);                                 \
   }
 
 #define JR_DEFINE_COPY_KERNELS()                                          \

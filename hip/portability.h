@@ -10,6 +10,8 @@
 #include <hip/hip_runtime.h>
 #define JAX_RCCL_WARP_SIZE 64
 #define JAX_RCCL_AMD 1
+// Kernel arguments live in memory on AMD: taking their address costs nothing.
+#define JR_GRID_CONSTANT
 #else
 #include <cuda_runtime.h>
 
@@ -19,6 +21,9 @@ using hipEvent_t = cudaEvent_t;
 using hipGraph_t = cudaGraph_t;
 using hipGraphExec_t = cudaGraphExec_t;
 constexpr hipError_t hipSuccess = cudaSuccess;
+// A kernel parameter whose address is taken (the kernels pass their argument block by reference)
+// stays in parameter space instead of being copied to every thread's stack.
+#define JR_GRID_CONSTANT __grid_constant__
 
 #define hipGetErrorString cudaGetErrorString
 #define hipGetLastError cudaGetLastError

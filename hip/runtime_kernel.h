@@ -44,7 +44,7 @@ namespace jax_rccl {
 namespace gpu {
 
 #define JR_DECLARE_COLL_KERNEL(name, enumName, T) \
-  __global__ void CollKernel_##name(const KernelArgs a);
+  __global__ void CollKernel_##name(const JR_GRID_CONSTANT KernelArgs a);
 JR_DEVICE_DTYPES(JR_DECLARE_COLL_KERNEL)
 JR_DECLARE_COLL_KERNEL(copy, -, uint8_t)
 #undef JR_DECLARE_COLL_KERNEL
