@@ -46,26 +46,50 @@ _WORKER = textwrap.dedent(
         y = g(x)
         return np.concatenate([np.asarray(s.data) for s in y.addressable_shards])
 
+    # Every algorithm and protocol: all_reduce under Ring and Tree x LL and Simple, the rest under
+    # Ring x LL and Simple (the planner's choice is one of these anyway).
+    CONFIGS = [(None, None), ("Ring", "LL"), ("Ring", "Simple"), ("Tree", "LL"), ("Tree", "Simple")]
     for count in (1, 1000, 65536):
         x = global_array(count, lambda i: (i % 7) - 3)
         full = (np.arange(n * count) % 7 - 3).astype(np.float32).reshape(n, count)
         mine = process  # one device per process: its block is the process's index
-        print(f"count {count}: psum", flush=True)  # where a crash happened, in the output
-        got = run(lambda v: jax_rccl.psum(v, "i"), x)
-        np.testing.assert_array_equal(got, full.sum(0))
-        print(f"count {count}: all_gather", flush=True)
-        got = run(lambda v: jax_rccl.all_gather(v, "i", tiled=True), x)
-        np.testing.assert_array_equal(got, full.reshape(-1))
-        print(f"count {count}: psum_scatter", flush=True)
-        got = run(lambda v: jax_rccl.psum_scatter(v, "i", tiled=True), global_array(
-            count * n, lambda i: (i % 5) - 2))
-        rs = (np.arange(n * n * count) % 5 - 2).astype(np.float32).reshape(n, n * count).sum(0)
-        np.testing.assert_array_equal(got, rs[mine * count:(mine + 1) * count])
-        perm = [(k, (k + 1) % n) for k in range(n)]
-        print(f"count {count}: ppermute", flush=True)
-        got = run(lambda v: jax_rccl.ppermute(v, "i", perm), x)
-        np.testing.assert_array_equal(got, full[(mine - 1) % n])
-        out["checks"] += 4
+        for algo, proto in CONFIGS:
+            where = f"count {count}, {algo or 'auto'}/{proto or 'auto'}"
+            with jax_rccl.config(algorithm=algo, protocol=proto):
+                print(f"{where}: psum", flush=True)  # where a crash happened, in the output
+                got = run(lambda v: jax_rccl.psum(v, "i"), x)
+                np.testing.assert_array_equal(got, full.sum(0), err_msg=where)
+                out["checks"] += 1
+            if algo == "Tree":
+                continue
+            with jax_rccl.config(algorithm=algo, protocol=proto):
+                print(f"{where}: pmax", flush=True)
+                got = run(lambda v: jax_rccl.pmax(v, "i"), x)
+                np.testing.assert_array_equal(got, full.max(0), err_msg=where)
+                print(f"{where}: all_gather", flush=True)
+                got = run(lambda v: jax_rccl.all_gather(v, "i", tiled=True), x)
+                np.testing.assert_array_equal(got, full.reshape(-1), err_msg=where)
+                print(f"{where}: psum_scatter", flush=True)
+                got = run(lambda v: jax_rccl.psum_scatter(v, "i", tiled=True), global_array(
+                    count * n, lambda i: (i % 5) - 2))
+                rs = (np.arange(n * n * count) % 5 - 2).astype(np.float32)
+                rs = rs.reshape(n, n * count).sum(0)
+                mine_rs = rs[mine * count:(mine + 1) * count]
+                np.testing.assert_array_equal(got, mine_rs, err_msg=where)
+                print(f"{where}: pbroadcast", flush=True)
+                got = run(lambda v: jax_rccl.pbroadcast(v, "i", n - 1), x)
+                np.testing.assert_array_equal(got, full[n - 1], err_msg=where)
+                out["checks"] += 4
+            perm = [(k, (k + 1) % n) for k in range(n)]
+            print(f"{where}: ppermute", flush=True)
+            got = run(lambda v: jax_rccl.ppermute(v, "i", perm), x)
+            np.testing.assert_array_equal(got, full[(mine - 1) % n], err_msg=where)
+            print(f"{where}: all_to_all", flush=True)
+            y = global_array(count * n, lambda i: i % 11)
+            got = run(lambda v: jax_rccl.all_to_all(v, "i", 0, 0, tiled=True), y)
+            blocks = (np.arange(n * n * count) % 11).astype(np.float32).reshape(n, n, count)
+            np.testing.assert_array_equal(got, blocks[:, mine].reshape(-1), err_msg=where)
+            out["checks"] += 2
     out["stats"] = {k: int(v) for k, v in jax_rccl.runtime_stats().items()}
     print("RESULT " + json.dumps(out), flush=True)
     """
@@ -138,7 +162,7 @@ def test_processes_with_one_gpu_each(nprocs, share):
         results.append(json.loads(line[len("RESULT ") :]))
     for r in results:
         assert r["n"] == nprocs
-        assert r["checks"] == 12
+        assert r["checks"] == 3 * (5 + 3 * 4 + 3 * 2), r
         assert r["stats"]["errors"] == 0
     leftovers = [f for f in os.listdir("/dev/shm") if f.startswith("jrccl.")]
     assert not leftovers, leftovers
