@@ -5,8 +5,10 @@ launch of every rank (a host loop, synchronized at the end), algbw and busbw (nc
 definitions), errors (the result checked once against the known answer), and the HBM floor
 measured in the same run: N ranks on one GPU must at least read N·S and write N·S bytes (S the
 per-rank buffer), so floor time = 2·N·S / copy bandwidth; "%floor" = floor time / our time.
-Small sizes are also timed as a captured graph replayed (``graph us``), next to an empty kernel
-launch and an empty graph replay.
+Small sizes are also timed in captured graphs: one collective per graph replayed (``graph us``,
+next to an empty kernel launch and an empty graph replay), and one collective among 20 in one
+graph (``in-graph us``, the latency of a collective inside a program, next to an empty kernel
+among 20 in one graph).
 
     python benchmarks/gpu_collectives.py [--ranks 2,4,8] [--max-bytes 1G] [--colls ...]
 """
@@ -78,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# device: {_jax_rccl.gpu.build_info()}")
     print(
         f"# floors: d2d copy {copy_gbs:.0f} GB/s (read+write); empty launch "
-        f"{fl['launch_us']:.2f} us; empty graph replay {fl['graph_us']:.2f} us"
+        f"{fl['launch_us']:.2f} us; empty graph replay {fl['graph_us']:.2f} us; empty kernel among "
+        f"{fl['graph_reps']} in a graph {fl['graph_kernel_us']:.2f} us"
     )
     gmax = parse_size(args.graph_max_bytes)
     for n in [int(x) for x in args.ranks.split(",")]:
@@ -89,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"\n## {coll}, {n} ranks on one GPU, float32 sum")
             print(
                 f"{'size(B)':>12} {'count':>11} {'algo':>5} {'proto':>6} {'ch':>3} {'time us':>10} "
-                f"{'algbw':>8} {'busbw':>8} {'%floor':>7} {'graph us':>9} {'errors':>6}"
+                f"{'algbw':>8} {'busbw':>8} {'%floor':>7} {'graph us':>9} {'in-graph':>9} "
+                f"{'errors':>6}"
             )
             for size in sizes(parse_size(args.min_bytes), parse_size(args.max_bytes)):
                 # nccl-tests: size is the whole buffer (all_gather: output, reduce_scatter: input).
@@ -102,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
                 iters = args.iters if total < (256 << 20) else max(3, args.iters // 4)
                 t = h.time_launches(slots, warmup=3, iters=iters)
                 g = h.time_graph(slots, iters=100) if total <= gmax else float("nan")
+                g20 = h.time_graph(slots, iters=10, reps=20) if total <= gmax else float("nan")
                 h.free()
                 nbytes = count * 4 * (n if coll != "all_reduce" else 1)
                 algbw = nbytes / t / 1e3
@@ -113,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"{nbytes:>12} {count:>11} {summary['algorithm']:>5} "
                     f"{summary['protocol']:>6} {summary['nchannels']:>3} {t:>10.2f} "
                     f"{algbw:>8.2f} {busbw:>8.2f} "
-                    f"{100 * floor_us / t:>6.1f}% {g:>9.2f} {errors:>6}"
+                    f"{100 * floor_us / t:>6.1f}% {g:>9.2f} {g20:>9.2f} {errors:>6}"
                 )
                 sys.stdout.flush()
         del h

@@ -121,9 +121,11 @@ class Harness {
                 const std::vector<int>* only = nullptr);
   // Waits for every rank; reports the first failed status.
   Status Sync();
-  // Captures one launch of every rank in a graph (forked onto the ranks' streams), then replays it
-  // `iters` times; returns microseconds per replay.
-  StatusOr<double> TimeGraph(const std::vector<std::vector<SlotPtrs>>& slots, int iters);
+  // Captures `reps` launches of every rank in a graph (forked onto the ranks' streams), then
+  // replays it `iters` times; returns microseconds per replay divided by `reps` (reps = 1: a graph
+  // replay of one collective; more: one collective among many in a graph).
+  StatusOr<double> TimeGraph(const std::vector<std::vector<SlotPtrs>>& slots, int iters,
+                             int reps = 1);
   // Microseconds per launch of every rank, `iters` launches after `warmup`.
   StatusOr<double> TimeLaunches(const std::vector<std::vector<SlotPtrs>>& slots, int warmup,
                                 int iters);
@@ -150,7 +152,9 @@ struct Floors {
   double copyGBs = 0;
   double launchUs = 0;
   double graphUs = 0;
+  double graphKernelUs = 0;  // one empty kernel among kFloorGraphReps in one graph
 };
+constexpr int kFloorGraphReps = 20;
 StatusOr<Floors> MeasureFloors(int64_t copyBytes, int iters);
 
 }  // namespace gpu

@@ -485,7 +485,9 @@ StatusOr<double> Harness::TimeLaunches(const std::vector<std::vector<SlotPtrs>>&
   return std::chrono::duration<double, std::micro>(t1 - t0).count() / std::max(1, iters);
 }
 
-StatusOr<double> Harness::TimeGraph(const std::vector<std::vector<SlotPtrs>>& slots, int iters) {
+StatusOr<double> Harness::TimeGraph(const std::vector<std::vector<SlotPtrs>>& slots, int iters,
+                                    int reps) {
+  reps = std::max(1, reps);
   JR_CHECK(Sync());
   hipStream_t s0 = static_cast<hipStream_t>(streams_[0]);
   std::vector<hipEvent_t> events(size_t(topo_.nRanks) * 2);
@@ -496,7 +498,11 @@ StatusOr<double> Harness::TimeGraph(const std::vector<std::vector<SlotPtrs>>& sl
   for (int r = 1; r < topo_.nRanks; ++r) {
     JR_HIP_CHECK(hipStreamWaitEvent(static_cast<hipStream_t>(streams_[size_t(r)]), events[0], 0));
   }
-  Status launched = Launch(slots);
+  auto launchAll = [&]() -> Status {
+    for (int k = 0; k < reps; ++k) JR_CHECK(Launch(slots));
+    return Status::Ok();
+  };
+  Status launched = launchAll();
   for (int r = 1; r < topo_.nRanks; ++r) {
     JR_HIP_CHECK(hipEventRecord(events[size_t(r)], static_cast<hipStream_t>(streams_[size_t(r)])));
     JR_HIP_CHECK(hipStreamWaitEvent(s0, events[size_t(r)], 0));
@@ -514,7 +520,7 @@ StatusOr<double> Harness::TimeGraph(const std::vector<std::vector<SlotPtrs>>& sl
   (void)hipGraphExecDestroy(exec);
   (void)hipGraphDestroy(graph);
   for (hipEvent_t& e : events) (void)hipEventDestroy(e);
-  return std::chrono::duration<double, std::micro>(t1 - t0).count() / std::max(1, iters);
+  return std::chrono::duration<double, std::micro>(t1 - t0).count() / std::max(1, iters) / reps;
 }
 
 StatusOr<Floors> MeasureFloors(int64_t copyBytes, int iters) {
@@ -556,6 +562,21 @@ StatusOr<Floors> MeasureFloors(int64_t copyBytes, int iters) {
   JR_HIP_CHECK(hipStreamSynchronize(s));
   t1 = std::chrono::steady_clock::now();
   f.graphUs = std::chrono::duration<double, std::micro>(t1 - t0).count() / n;
+  (void)hipGraphExecDestroy(exec);
+  (void)hipGraphDestroy(graph);
+  // kFloorGraphReps empty kernels in one graph: the cost of one kernel among many in a graph.
+  JR_HIP_CHECK(hipStreamBeginCapture(s, hipStreamCaptureModeRelaxed));
+  for (int k = 0; k < kFloorGraphReps; ++k) hipLaunchKernelGGL(EmptyKernel, 1, 1, 0, s);
+  JR_HIP_CHECK(hipStreamEndCapture(s, &graph));
+  JR_HIP_CHECK(hipGraphInstantiate(&exec, graph, nullptr, nullptr, 0));
+  for (int i = 0; i < 10; ++i) JR_HIP_CHECK(hipGraphLaunch(exec, s));
+  JR_HIP_CHECK(hipStreamSynchronize(s));
+  t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < n / kFloorGraphReps; ++i) JR_HIP_CHECK(hipGraphLaunch(exec, s));
+  JR_HIP_CHECK(hipStreamSynchronize(s));
+  t1 = std::chrono::steady_clock::now();
+  f.graphKernelUs = std::chrono::duration<double, std::micro>(t1 - t0).count() /
+                    (n / kFloorGraphReps) / kFloorGraphReps;
   (void)hipGraphExecDestroy(exec);
   (void)hipGraphDestroy(graph);
   (void)hipStreamDestroy(s);

@@ -64,8 +64,9 @@ def gpu_topology(
 
 
 def floors(copy_bytes: int = 1 << 30, iters: int = 20) -> dict[str, float]:
-    """Device-to-device copy bandwidth (GB/s, read + write), an empty kernel launch and one empty
-    kernel replayed from a captured graph (microseconds)."""
+    """Device-to-device copy bandwidth (``copy_gbs``, GB/s, read + write), an empty kernel launch
+    (``launch_us``), one empty kernel replayed from a captured graph (``graph_us``), and one empty
+    kernel among ``graph_reps`` in one graph (``graph_kernel_us``), in microseconds."""
     return dict(_jax_rccl.gpu.floors(copy_bytes, iters))
 
 
@@ -155,9 +156,10 @@ class Harness:
         """Microseconds per launch of every rank (host loop, synchronized at the end)."""
         return float(self._h.time_launches(slots, warmup, iters))
 
-    def time_graph(self, slots, iters: int = 20) -> float:
-        """Microseconds per replay of one captured launch of every rank."""
-        return float(self._h.time_graph(slots, iters))
+    def time_graph(self, slots, iters: int = 20, reps: int = 1) -> float:
+        """Microseconds per collective: a graph holding `reps` launches of every rank, replayed
+        `iters` times (reps = 1: the replay of one collective)."""
+        return float(self._h.time_graph(slots, iters, reps))
 
     def run(
         self,

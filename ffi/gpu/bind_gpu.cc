@@ -79,6 +79,8 @@ void BindGpu(nb::module_& m) {
         d["copy_gbs"] = f.copyGBs;
         d["launch_us"] = f.launchUs;
         d["graph_us"] = f.graphUs;
+        d["graph_kernel_us"] = f.graphKernelUs;
+        d["graph_reps"] = gpu::kFloorGraphReps;
         return d;
       },
       nb::arg("copy_bytes") = int64_t(1) << 30, nb::arg("iters") = 20,
@@ -152,10 +154,10 @@ void BindGpu(nb::module_& m) {
           nb::arg("slots"), nb::arg("warmup") = 5, nb::arg("iters") = 20)
       .def(
           "time_graph",
-          [](gpu::Harness& h, const SlotList& slots, int iters) {
-            return ValueOrThrow(h.TimeGraph(ToSlots(slots), iters));
+          [](gpu::Harness& h, const SlotList& slots, int iters, int reps) {
+            return ValueOrThrow(h.TimeGraph(ToSlots(slots), iters, reps));
           },
-          nb::arg("slots"), nb::arg("iters") = 20);
+          nb::arg("slots"), nb::arg("iters") = 20, nb::arg("reps") = 1);
 
   // The FFI handlers of the GPU platforms (ffi/gpu/handlers.cc), registered by jax_rccl/_ffi.py.
   g.def(
