@@ -8,16 +8,20 @@ A 1-D mesh "x" over jax.devices() (n devices, n = 1 works too). For all_reduce (
   of --iters timed calls (dispatch included, like nccl-tests' time per call);
 - mode "loop": --loop collectives inside one program (jax.lax.fori_loop, each result feeding the
   next: all_reduce x -> psum(x)/n, all_gather x -> all_gather(x)[:len(x)], reduce_scatter
-  x -> x with its first block replaced by psum_scatter(x)/n); time = median program time / K.
+  x -> x with its first block replaced by psum_scatter(x)/n); time = median program time / K;
+- mode "unrolled": the same K collectives as straight-line code (the fori_loop unrolled): no
+  while loop between them, so the time is the collectives' own and XLA's launch gaps.
 
 size is nccl-tests' whole buffer per device (all_gather: the output, reduce_scatter: the input),
 count its float32 elements; busbw = size / time * 2(n-1)/n (all_reduce) or (n-1)/n (the others),
 0 for n = 1; ratio = jax.lax time / jax_rccl time (above 1: jax_rccl is faster). errors: elements
 where jax_rccl's result differs from jax.lax's, checked once per size (call mode: exactly;
-loop mode: to rtol 1e-5, since the sums may round in another order).
+loop modes: to rtol 1e-5, since the sums may round in another order); on a row where jax.lax
+failed, against numpy (to rtol 1e-5).
 
     .venv/bin/python -P benchmarks/gpu_jax.py [--max-bytes 1G] [--iters 20] [--loop 50]
-        [--loop-max-bytes 256M] [--colls all_reduce,...] [--modes call,loop] [--command-buffers]
+        [--loop-max-bytes 256M] [--colls all_reduce,...] [--modes call,loop,unrolled]
+        [--command-buffers]
 
 --command-buffers re-runs this script in a subprocess with XLA's command buffers on for
 fusions, custom calls, collectives and while loops (XLA_FLAGS below); a row whose program fails
@@ -53,6 +57,7 @@ COMMAND_BUFFER_FLAGS = (
 )
 _CHILD_ENV = "JAX_RCCL_GPU_JAX_CHILD"  # set in the re-executed subprocess
 COLLS = ("all_reduce", "all_gather", "reduce_scatter")
+MODES = ("call", "loop", "unrolled")
 UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 LIBS = (("lax", jax.lax), ("jax_rccl", jax_rccl))
 
@@ -97,9 +102,10 @@ def make_call(lib, coll: str, mesh: Mesh) -> Callable:
     return jax.jit(sm)
 
 
-def make_loop(lib, coll: str, mesh: Mesh, k: int) -> Callable:
+def make_loop(lib, coll: str, mesh: Mesh, k: int, unroll: bool = False) -> Callable:
     """K collectives in one program; each result feeds the next so none can be hoisted or
-    dropped, and values stay bounded."""
+    dropped, and values stay bounded. unroll: straight-line code (no while loop, so no loop
+    overhead between the collectives)."""
     inv = 1.0 / mesh.size
 
     def step(_, x):
@@ -110,9 +116,42 @@ def make_loop(lib, coll: str, mesh: Mesh, k: int) -> Callable:
         y = apply(lib, coll, x)
         return lax.dynamic_update_slice(x, y * inv, (0,))
 
-    body = lambda x: lax.fori_loop(0, k, step, x)  # noqa: E731
+    body = lambda x: lax.fori_loop(0, k, step, x, unroll=unroll)  # noqa: E731
     sm = jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P("x"), check_vma=False)
     return jax.jit(sm)
+
+
+def numpy_reference(coll: str, mode: str, k: int, x: jax.Array) -> list[np.ndarray]:
+    """Every device's expected result, in float64 (for rows where jax.lax itself failed)."""
+    xs = [np.asarray(s.data, np.float64) for s in x.addressable_shards]
+    n = len(xs)
+    steps = 1 if mode == "call" else k
+    for _ in range(steps):
+        if coll == "all_reduce":
+            total = np.sum(xs, axis=0)
+            xs = [total if mode == "call" else total / n for _ in range(n)]
+        elif coll == "all_gather":
+            full = np.concatenate(xs)
+            xs = [full if mode == "call" else full[: xs[0].shape[0]] for _ in range(n)]
+        else:
+            total = np.sum(xs, axis=0)
+            b = total.shape[0] // n
+            if mode == "call":
+                xs = [total[d * b : (d + 1) * b] for d in range(n)]
+            else:
+                xs = [np.concatenate([total[d * b : (d + 1) * b] / n, xs[d][b:]]) for d in range(n)]
+    return xs
+
+
+def count_errors_np(want: list[np.ndarray], got: jax.Array) -> int:
+    bad = 0
+    for w, sg in zip(want, got.addressable_shards, strict=True):
+        g = np.asarray(sg.data, np.float64)
+        if w.shape != g.shape:
+            bad += max(w.size, g.size)
+        else:
+            bad += int(np.count_nonzero(~np.isclose(g, w, rtol=1e-5, atol=1e-5)))
+    return bad
 
 
 def make_input(total: int, sharding: NamedSharding) -> jax.Array:
@@ -178,9 +217,10 @@ def run_table(args, coll: str, mode: str, mesh: Mesh, sharding: NamedSharding) -
     n = mesh.size
     k = args.loop
     hi = parse_size(args.max_bytes)
-    if mode == "loop":
+    if mode in ("loop", "unrolled"):
         hi = min(hi, parse_size(args.loop_max_bytes))
-        what = f"{k} collectives in one program (fori_loop), time = median program time / {k}"
+        how = "fori_loop" if mode == "loop" else "straight-line code, the fori_loop unrolled"
+        what = f"{k} collectives in one program ({how}), time = median program time / {k}"
     else:
         what = "one jitted shard_map call per iteration, time = median per call"
     print(f"\n## {coll}, mode {mode}: {what}; {args.iters} timed iterations, n = {n}")
@@ -200,17 +240,19 @@ def run_table(args, coll: str, mode: str, mesh: Mesh, sharding: NamedSharding) -
                     fn = (
                         make_call(lib, coll, mesh)
                         if mode == "call"
-                        else make_loop(lib, coll, mesh, k)
+                        else make_loop(lib, coll, mesh, k, unroll=mode == "unrolled")
                     )
                     secs, outs[name] = time_program(fn, x, args.iters)
-                    t[name] = secs / (k if mode == "loop" else 1)
+                    t[name] = secs / (1 if mode == "call" else k)
                 except Exception as e:  # a row's failure must not end the run
                     fails.append(f"{name}: {short(e)}")
-            errors = (
-                str(count_errors(outs["lax"], outs["jax_rccl"], exact=mode == "call"))
-                if len(outs) == 2
-                else "-"
-            )
+            if len(outs) == 2:
+                errors = str(count_errors(outs["lax"], outs["jax_rccl"], exact=mode == "call"))
+            elif "jax_rccl" in outs:  # jax.lax failed: numpy says what is right
+                want = numpy_reference(coll, mode, k, x)
+                errors = str(count_errors_np(want, outs["jax_rccl"]))
+            else:
+                errors = "-"
         except Exception as e:
             fails.append(short(e))
             errors = "-"
@@ -255,7 +297,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-bytes", default="1G")
     ap.add_argument("--iters", type=int, default=20, help="timed iterations per program")
     ap.add_argument("--loop", type=int, default=50, help="collectives per program, loop mode")
-    ap.add_argument("--loop-max-bytes", default="256M", help="loop mode only up to this size")
+    ap.add_argument(
+        "--loop-max-bytes", default="256M", help="loop and unrolled modes only up to this size"
+    )
     ap.add_argument(
         "--command-buffers",
         action="store_true",
@@ -268,8 +312,8 @@ def main(argv: list[str] | None = None) -> int:
         if c not in COLLS:
             ap.error(f"--colls: {c!r} is not one of {COLLS}")
     for m in modes:
-        if m not in ("call", "loop"):
-            ap.error(f"--modes: {m!r} is not call or loop")
+        if m not in MODES:
+            ap.error(f"--modes: {m!r} is not one of {MODES}")
     if args.iters < 1 or args.loop < 1:
         ap.error("--iters and --loop must be >= 1")
 
