@@ -32,7 +32,7 @@ struct Geometry {
   int64_t stepBytes[kNumProtocols] = {0, 0, 0};  // buffSizes[p] / kSteps (16-byte multiples)
 };
 
-// The pads carry the other direction's sender state (hip/kernel_impl.h: SendTailMine) and, in the
+// The pads carry the other direction's sender state (hip/kernel_piece.h: SendTailMine) and, in the
 // header from a rank to itself, Direct's handshake words.
 struct alignas(128) ConnHeader {
   uint64_t tail;  // written by the sender

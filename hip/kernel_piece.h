@@ -1,0 +1,424 @@
+// The piece machinery of the collective kernels (see hip/kernel_impl.h): where a connection's
+// counters and slots lie, the bounded waits, the data paths of one piece (Simple and LL), and
+// DoPiece, which moves one FIFO step of a primitive. Device code only.
+#pragma once
+
+#include <stdint.h>
+
+#include "hip/coll_program.h"
+#include "hip/device_conn.h"
+#include "hip/portability.h"
+#include "hip/reduce_functors.h"
+
+namespace jax_rccl {
+namespace gpu {
+namespace {
+
+constexpr int kUnroll = 4;
+
+__device__ inline SlotPtrs GetSlot(const KernelArgs& a, uint32_t slot) {
+  return a.nSlots <= kInlineSlots ? a.inlineSlots[slot] : a.slotTable[slot];
+}
+
+__device__ inline ConnHeader* RecvConn(const KernelArgs& a, int ch, int peer) {
+  return reinterpret_cast<ConnHeader*>(a.regions[a.rank] +
+                                       RegionLayout::HeaderOffset(a.geo, ch, peer));
+}
+__device__ inline ConnHeader* SendConn(const KernelArgs& a, int ch, int peer) {
+  return reinterpret_cast<ConnHeader*>(a.regions[peer] +
+                                       RegionLayout::HeaderOffset(a.geo, ch, a.rank));
+}
+__device__ inline char* RecvSlot(const KernelArgs& a, int ch, int peer, int proto, uint64_t s) {
+  return a.regions[a.rank] + RegionLayout::SlotOffset(a.geo, ch, peer, proto, s);
+}
+__device__ inline char* SendSlot(const KernelArgs& a, int ch, int peer, int proto, uint64_t s) {
+  return a.regions[peer] + RegionLayout::SlotOffset(a.geo, ch, a.rank, proto, s);
+}
+
+// The sender's side of connection (ch, this rank -> peer) lives in this rank's own region, in the
+// header of the reverse connection (ch, peer -> this rank), whose pads are otherwise unused (Direct
+// uses the pads of the header from a rank to itself, indices below 8): its own copy of the tail it
+// sent, and the head the peer consumed, which the peer writes there. Every counter a rank polls or
+// reloads is then in its own memory; across GPUs only stores cross the link.
+constexpr int kSendPad = 8;
+__device__ inline uint64_t* SendTailMine(const KernelArgs& a, int ch, int peer) {
+  return &RecvConn(a, ch, peer)->pad0[kSendPad];
+}
+__device__ inline uint64_t* SendHeadMine(const KernelArgs& a, int ch, int peer) {
+  return &RecvConn(a, ch, peer)->pad1[kSendPad];
+}
+// Where this rank, receiving from `peer`, reports its head to that sender.
+__device__ inline uint64_t* HeadAtSender(const KernelArgs& a, int ch, int peer) {
+  return &SendConn(a, ch, peer)->pad1[kSendPad];
+}
+
+__device__ inline uint64_t LoadVolatile64(const uint64_t* p) {
+  return *reinterpret_cast<const volatile uint64_t*>(p);
+}
+__device__ inline void StoreVolatile64(uint64_t* p, uint64_t v) {
+  *reinterpret_cast<volatile uint64_t*>(p) = v;
+}
+
+// Records the first failure of this rank and raises the communicator's abort word.
+__device__ void Report(const KernelArgs& a, int code, int ch, int peer, bool recv, uint64_t step) {
+  if (atomicCAS(&a.status->code, 0, code) == 0) {
+    a.status->rank = a.rank;
+    a.status->channel = ch;
+    a.status->peer = peer;
+    a.status->waitingRecv = recv ? 1 : 0;
+    a.status->step = step;
+    __threadfence_system();
+  }
+  *a.abort = 1;
+}
+
+// Whether to give up a wait: the abort word is raised, or the deadline passed (reported).
+__device__ inline bool ShouldStop(const KernelArgs& a, uint64_t deadline, int ch, int peer,
+                                  bool recv, uint64_t step) {
+  if (*a.abort != 0) {
+    if (atomicCAS(&a.status->code, 0, 2) == 0) {
+      a.status->rank = a.rank;
+      a.status->channel = ch;
+      a.status->peer = peer;
+      a.status->waitingRecv = recv ? 1 : 0;
+      a.status->step = step;
+    }
+    return true;
+  }
+  if (NowNs() > deadline) {
+    Report(a, 1, ch, peer, recv, step);
+    return true;
+  }
+  return false;
+}
+
+// Spins until *p >= v (thread 0 only); *seen gets the value that satisfied it.
+__device__ bool WaitAtLeast(const uint64_t* p, uint64_t v, const KernelArgs& a, uint64_t deadline,
+                            int ch, int peer, bool recv, uint64_t* seen) {
+  int spins = 0;
+  uint64_t x;
+  while ((x = LoadVolatile64(p)) < v) {
+    if (++spins == 512) {
+      spins = 0;
+      if (ShouldStop(a, deadline, ch, peer, recv, v - 1)) return false;
+    }
+  }
+  *seen = x;
+  return true;
+}
+
+__device__ inline void Fence(const KernelArgs& a) {
+  if (a.systemFence) {
+    __threadfence_system();
+  } else {
+    __threadfence();
+  }
+}
+
+// ---- data paths of one piece ----
+
+template <typename T>
+union Pack16 {
+  uint4 v;
+  T e[16 / sizeof(T)];
+};
+template <typename T>
+union Word8 {
+  uint64_t u;
+  T e[8 / sizeof(T)];
+  unsigned char b[8];
+};
+
+// One value: Reduce(in, PreOp(src)) / in / PreOp(src), then PostOp when `post`.
+template <typename F, bool kIn, bool kSrc>
+__device__ inline typename F::Elem Combine(const F& fn, typename F::Elem in, typename F::Elem src,
+                                           bool pre, bool post) {
+  using Tr = ElemTraits<typename F::Elem>;
+  typename F::Acc v;
+  if (kIn && kSrc) {
+    typename F::Acc s = Tr::Load(src);
+    if (F::kHasPreOp && pre) s = fn.PreOp(s);
+    v = fn.Reduce(Tr::Load(in), s);
+  } else if (kIn) {
+    v = Tr::Load(in);
+  } else {
+    v = Tr::Load(src);
+    if (F::kHasPreOp && pre) v = fn.PreOp(v);
+  }
+  if (F::kHasPostOp && post) v = fn.PostOp(v);
+  return Tr::Store(v);
+}
+
+struct PieceIo {
+  const char* in = nullptr;  // FIFO slot received
+  const char* src = nullptr;
+  char* dst = nullptr;
+  char* out = nullptr;  // FIFO slot to send
+  bool pre = false;
+  bool post = false;
+};
+
+// Simple: 16-byte packs (when every pointer is 16-byte aligned), kUnroll packs in flight per
+// thread, then the remaining elements one by one.
+template <typename F, bool kIn, bool kSrc>
+__device__ __noinline__ void SimpleLoop(const F& fn, const PieceIo& io, int64_t n) {
+  using T = typename F::Elem;
+  constexpr int kEpp = 16 / sizeof(T);
+  const int tid = threadIdx.x, nt = blockDim.x;
+  const uintptr_t mis =
+      uintptr_t(io.in) | uintptr_t(io.src) | uintptr_t(io.dst) | uintptr_t(io.out);
+  const int64_t nPacks = (mis & 15) == 0 ? n / kEpp : 0;
+  const bool plain =
+      !(kIn && kSrc) && !(F::kHasPreOp && io.pre && kSrc) && !(F::kHasPostOp && io.post);
+  const uint4* in4 = reinterpret_cast<const uint4*>(io.in);
+  const uint4* src4 = reinterpret_cast<const uint4*>(io.src);
+  uint4* dst4 = reinterpret_cast<uint4*>(io.dst);
+  uint4* out4 = reinterpret_cast<uint4*>(io.out);
+  for (int64_t base = tid; base < nPacks; base += int64_t(kUnroll) * nt) {
+    Pack16<T> a[kUnroll], b[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t i = base + int64_t(u) * nt;
+      if (i < nPacks) {
+        if (kIn) a[u].v = LoadCG(in4 + i);
+        if (kSrc) b[u].v = LoadCG(src4 + i);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t i = base + int64_t(u) * nt;
+      if (i >= nPacks) continue;
+      Pack16<T> r;
+      if (plain) {
+        r.v = kIn ? a[u].v : b[u].v;
+      } else {
+#pragma unroll
+        for (int k = 0; k < kEpp; ++k) {
+          r.e[k] = Combine<F, kIn, kSrc>(fn, a[u].e[k], b[u].e[k], io.pre, io.post);
+        }
+      }
+      if (dst4 != nullptr) dst4[i] = r.v;
+      if (out4 != nullptr) out4[i] = r.v;
+    }
+  }
+  const T* inT = reinterpret_cast<const T*>(io.in);
+  const T* srcT = reinterpret_cast<const T*>(io.src);
+  T* dstT = reinterpret_cast<T*>(io.dst);
+  T* outT = reinterpret_cast<T*>(io.out);
+  for (int64_t i = nPacks * kEpp + tid; i < n; i += nt) {
+    T x{}, y{};
+    if (kIn) x = inT[i];
+    if (kSrc) y = srcT[i];
+    const T r = Combine<F, kIn, kSrc>(fn, x, y, io.pre, io.post);
+    if (dstT != nullptr) dstT[i] = r;
+    if (outT != nullptr) outT[i] = r;
+  }
+}
+
+// LL: word w of the piece (bytes [8w, 8w + 8)) travels in line w: {lo, flag, hi, flag}.
+template <typename F, bool kIn, bool kSrc>
+__device__ __noinline__ bool LLLoop(const F& fn, const PieceIo& io, int64_t n, uint32_t inFlag,
+                                    uint32_t outFlag, const KernelArgs& a, uint64_t deadline,
+                                    int ch, int peer) {
+  using T = typename F::Elem;
+  constexpr int kEpw = 8 / sizeof(T);
+  const int64_t bytes = n * int64_t(sizeof(T));
+  const int64_t nWords = (bytes + 7) / 8;
+  const int tid = threadIdx.x, nt = blockDim.x;
+  const uint4* inL = reinterpret_cast<const uint4*>(io.in);
+  uint4* outL = reinterpret_cast<uint4*>(io.out);
+  for (int64_t w = tid; w < nWords; w += nt) {
+    const int wb = int(bytes - 8 * w < 8 ? bytes - 8 * w : 8);
+    Word8<T> s, r, v;
+    s.u = 0;
+    r.u = 0;
+    if (kSrc) {
+      const char* p = io.src + 8 * w;
+      if (wb == 8 && (uintptr_t(p) & 7) == 0) {
+        s.u = LoadCG(reinterpret_cast<const uint64_t*>(p));
+      } else {
+        for (int k = 0; k < wb; ++k) s.b[k] = static_cast<unsigned char>(p[k]);
+      }
+    }
+    if (kIn) {
+      uint4 line = LoadVolatile(inL + w);
+      int spins = 0;
+      while (line.y != inFlag || line.w != inFlag) {
+        if (++spins == 512) {
+          spins = 0;
+          if (ShouldStop(a, deadline, ch, peer, true, inFlag - 1)) return false;
+        }
+        line = LoadVolatile(inL + w);
+      }
+      r.u = uint64_t(line.x) | (uint64_t(line.z) << 32);
+    }
+#pragma unroll
+    for (int k = 0; k < kEpw; ++k) {
+      v.e[k] = Combine<F, kIn, kSrc>(fn, r.e[k], s.e[k], io.pre, io.post);
+    }
+    if (io.dst != nullptr) {
+      char* p = io.dst + 8 * w;
+      if (wb == 8 && (uintptr_t(p) & 7) == 0) {
+        *reinterpret_cast<uint64_t*>(p) = v.u;
+      } else {
+        for (int k = 0; k < wb; ++k) p[k] = static_cast<char>(v.b[k]);
+      }
+    }
+    if (outL != nullptr) {
+      uint4 line;
+      line.x = uint32_t(v.u);
+      line.y = outFlag;
+      line.z = uint32_t(v.u >> 32);
+      line.w = outFlag;
+      StoreVolatile(outL + w, line);
+    }
+  }
+  return true;
+}
+
+template <typename F>
+__device__ bool RunPieceData(const F& fn, const PieceIo& io, int64_t n, int proto, uint32_t inFlag,
+                             uint32_t outFlag, const KernelArgs& a, uint64_t deadline, int ch,
+                             int peer) {
+  const bool hasIn = io.in != nullptr, hasSrc = io.src != nullptr;
+  if (proto == kProtoLL) {
+    if (hasIn && hasSrc)
+      return LLLoop<F, true, true>(fn, io, n, inFlag, outFlag, a, deadline, ch, peer);
+    if (hasIn) return LLLoop<F, true, false>(fn, io, n, inFlag, outFlag, a, deadline, ch, peer);
+    return LLLoop<F, false, true>(fn, io, n, inFlag, outFlag, a, deadline, ch, peer);
+  }
+  if (hasIn && hasSrc) {
+    SimpleLoop<F, true, true>(fn, io, n);
+  } else if (hasIn) {
+    SimpleLoop<F, true, false>(fn, io, n);
+  } else {
+    SimpleLoop<F, false, true>(fn, io, n);
+  }
+  return true;
+}
+
+// The flag of LL step `step`: never 0 (the value of lines never written), and, 2^32 - 1 being odd,
+// a flag that comes round again lands in another slot than its last use.
+__device__ inline uint32_t LLFlag(uint64_t step) {
+  return 1u + uint32_t(step % 0xFFFFFFFFull);
+}
+
+// Thread 0's view of the connection ends this block uses. The block is the only writer of its
+// own step counters (the tail it sends on, the head it receives on) for the whole launch, so it
+// keeps them here and writes them through to the headers; the peer's counter (the tail it
+// waits on, the head it needs for room) is re-read only when the last value seen is not enough.
+// Each piece then costs the waiting side one poll and the other side none.
+constexpr int kConnCache = 8;
+struct BlockShared {
+  uint64_t rs, ss;
+  int ok;    // written by thread 0 before a piece's first barrier
+  int fail;  // written by any thread between a piece's barriers (an LL wait gave up)
+  int ready[2];
+  int nConn, victim;
+  int cPeer[kConnCache];
+  int cSend[kConnCache];
+  uint64_t cStep[kConnCache];  // this block's counter: head (receiving) or tail (sending)
+  uint64_t cSeen[kConnCache];  // the peer's counter last seen: tail (receiving) or head (sending)
+};
+
+// The cache entry of (send, peer), loaded from `own` on a miss; never evicts entry `pin` (the
+// other end the same piece uses).
+__device__ inline int ConnSlot(BlockShared* sh, bool send, int peer, const uint64_t* own,
+                               int pin = -1) {
+  for (int i = 0; i < sh->nConn; ++i) {
+    if (sh->cPeer[i] == peer && sh->cSend[i] == int(send)) return i;
+  }
+  int i;
+  if (sh->nConn < kConnCache) {
+    i = sh->nConn++;
+  } else {
+    if (sh->victim == pin) sh->victim = (sh->victim + 1) % kConnCache;
+    i = sh->victim;
+    sh->victim = (sh->victim + 1) % kConnCache;
+  }
+  sh->cPeer[i] = peer;
+  sh->cSend[i] = int(send);
+  sh->cStep[i] = LoadVolatile64(own);
+  sh->cSeen[i] = 0;
+  return i;
+}
+
+// Units of one step of `proto` for elements of `unitSize` bytes.
+__device__ inline int64_t StepCap(const KernelArgs& a, int proto, int unitSize) {
+  const int64_t b = proto == kProtoLL ? a.geo.stepBytes[kProtoLL] / 2 : a.geo.stepBytes[proto];
+  return b / unitSize;
+}
+
+// One piece of primitive `p` (units [lo, lo + m) of it): waits for its FIFO steps, moves the data,
+// publishes the steps. Uniform across the block; false when a wait gave up.
+template <typename F>
+__device__ bool DoPiece(const F& fn, const KernelArgs& a, uint64_t deadline, int ch, int proto,
+                        const Prim& p, int64_t lo, int64_t m, int unitSize, const SlotPtrs& sp,
+                        BlockShared* sh) {
+  const bool recv = (p.flags & kRecv) != 0, send = (p.flags & kSend) != 0;
+  int i = -1, j = -1;  // thread 0: the cache entries of this piece's two ends
+  if (threadIdx.x == 0) {
+    bool ok = true;
+    uint64_t rs = 0, ss = 0;
+    sh->fail = 0;
+    if (recv) {
+      ConnHeader* c = RecvConn(a, ch, p.recvPeer);
+      i = ConnSlot(sh, false, p.recvPeer, &c->head);
+      rs = sh->cStep[i];
+      if (proto != kProtoLL && sh->cSeen[i] < rs + 1) {
+        ok = WaitAtLeast(&c->tail, rs + 1, a, deadline, ch, p.recvPeer, true, &sh->cSeen[i]);
+      }
+    }
+    if (ok && send) {
+      j = ConnSlot(sh, true, p.sendPeer, SendTailMine(a, ch, p.sendPeer), i);
+      ss = sh->cStep[j];
+      const uint64_t need = ss + 1 > uint64_t(kSteps) ? ss + 1 - kSteps : 0;
+      if (sh->cSeen[j] < need) {
+        ok = WaitAtLeast(SendHeadMine(a, ch, p.sendPeer), need, a, deadline, ch, p.sendPeer, false,
+                         &sh->cSeen[j]);
+      }
+    }
+    if (recv && proto != kProtoLL) __threadfence();
+    sh->rs = rs;
+    sh->ss = ss;
+    sh->ok = ok ? 1 : 0;
+  }
+  __syncthreads();
+  if (!sh->ok) return false;
+  const uint64_t rs = sh->rs, ss = sh->ss;
+  PieceIo io;
+  if (recv) io.in = RecvSlot(a, ch, p.recvPeer, proto, rs);
+  if (send) io.out = SendSlot(a, ch, p.sendPeer, proto, ss);
+  if (p.flags & kSrcIn) io.src = static_cast<const char*>(sp.send) + (p.srcOff + lo) * unitSize;
+  if (p.flags & kSrcOut) io.src = static_cast<const char*>(sp.recv) + (p.srcOff + lo) * unitSize;
+  if (p.flags & kDst) io.dst = static_cast<char*>(sp.recv) + (p.dstOff + lo) * unitSize;
+  io.pre = (p.flags & kSrcIn) != 0;
+  io.post = (p.flags & kPostOp) != 0;
+  const int64_t n = m * unitSize / int64_t(sizeof(typename F::Elem));
+  bool ok = true;
+  if (n > 0) {
+    ok = RunPieceData(fn, io, n, proto, LLFlag(rs), LLFlag(ss), a, deadline, ch,
+                      recv ? p.recvPeer : p.sendPeer);
+  }
+  if (!ok) sh->fail = 1;
+  __syncthreads();
+  if (sh->fail) return false;
+  if (threadIdx.x == 0) {
+    if (send) {
+      if (proto != kProtoLL) Fence(a);
+      StoreVolatile64(&SendConn(a, ch, p.sendPeer)->tail, ss + 1);
+      StoreVolatile64(SendTailMine(a, ch, p.sendPeer), ss + 1);
+      sh->cStep[j] = ss + 1;
+    }
+    if (recv) {
+      StoreVolatile64(&RecvConn(a, ch, p.recvPeer)->head, rs + 1);
+      StoreVolatile64(HeadAtSender(a, ch, p.recvPeer), rs + 1);
+      sh->cStep[i] = rs + 1;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+}  // namespace gpu
+}  // namespace jax_rccl
