@@ -199,6 +199,46 @@ def test_groups_of_several_gpus():
     np.testing.assert_array_equal(b.reshape(n, -1), np.tile(x[n - 1], (n, 1)))
 
 
+_CONFIGS = [("Ring", "LL"), ("Ring", "Simple"), ("Tree", "LL"), ("Tree", "Simple")]
+
+
+@pytest.mark.parametrize("algo,proto", _CONFIGS, ids=lambda v: v)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("count", [1, 4099, 1 << 18])
+def test_every_collective_on_several_gpus_against_lax(algo, proto, dtype, count):
+    """One process, every GPU: jax_rccl's collectives against jax.lax's on the same mesh, the
+    reductions under each algorithm and protocol, the rest under Ring with each protocol."""
+    n = len(jax.devices())
+    if n < 2:
+        pytest.skip("needs 2 GPUs")
+    rng = np.random.default_rng(count)
+    x = rng.integers(-3, 4, size=(n * n * count,)).astype(np.float32).astype(dtype)
+    ring = [(j, (j + 1) % n) for j in range(n)]
+
+    def body(lib):
+        def f(v):
+            with jax_rccl.config(algorithm=algo, protocol=proto):
+                out = {
+                    "psum": lib.psum(v, "i"),
+                    "pmax": lib.pmax(v, "i"),
+                    "pmin": lib.pmin(v, "i"),
+                }
+            with jax_rccl.config(algorithm="Ring", protocol=proto):
+                out["all_gather"] = lib.all_gather(v, "i", tiled=True)
+                out["psum_scatter"] = lib.psum_scatter(v, "i", tiled=True)
+            with jax_rccl.config(protocol=proto):
+                out["all_to_all"] = lib.all_to_all(v, "i", 0, 0, tiled=True)
+                out["ppermute"] = lib.ppermute(v, "i", ring)
+            return out
+
+        return f
+
+    got = _jit(body(jax_rccl), n)(x)
+    want = _jit(body(jax.lax), n)(x)
+    for name in want:
+        np.testing.assert_array_equal(_f64(got[name]), _f64(want[name]), err_msg=name)
+
+
 _CHANNELS_SCRIPT = textwrap.dedent(
     """
     import numpy as np
