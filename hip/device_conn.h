@@ -112,6 +112,19 @@ struct DevStatus {
 
 constexpr int kInlineSlots = 24;
 
+// A launch's timeline (the harness's trace): per block up to kTraceEvents words, each the event
+// (TraceEvent, top 8 bits) and the device clock in ns (low 56 bits); unused words stay 0.
+constexpr int kTraceEvents = 64;
+enum TraceEvent : uint32_t {
+  kTraceStart = 1,      // the block began
+  kTraceWork = 2,       // a work was loaded into shared memory
+  kTracePiece = 3,      // a piece began (thread 0, before its waits)
+  kTraceReady = 4,      // the piece's waits were satisfied
+  kTraceMoved = 5,      // the piece's data moved (after the block's barrier)
+  kTracePosted = 6,     // the piece's counters were posted
+  kTraceEnd = 7,        // the block finished its works
+};
+
 // Threads per block of a launch: the plan's count, raised to kMinLaunchThreads on NVIDIA (its
 // cost model allows up to 640; the kernels move 16-byte packs and want many in flight) and capped
 // at kMaxLaunchThreads (the kernels' launch bound).
@@ -130,6 +143,7 @@ struct KernelArgs {
   const SlotPtrs* slotTable;  // nSlots > kInlineSlots: the slots in device memory
   DevStatus* status;          // this rank's
   volatile int32_t* abort;    // the communicator's: set on any failure, polled by waits
+  uint64_t* trace;            // null, or [blocks][kTraceEvents] timeline words (hip/kernel_piece.h)
   uint64_t timeoutNs;
   Geometry geo;
   int32_t rank;

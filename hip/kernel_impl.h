@@ -177,13 +177,16 @@ __device__ void CollKernelBody(const KernelArgs& a) {
   if (threadIdx.x == 0) {
     sh.nConn = 0;
     sh.victim = 0;
+    sh.nTrace = 0;
   }
+  Trace(a, &sh, kTraceStart);
   int wi = bi.firstWork;
   while (true) {
     const uint4* from = reinterpret_cast<const uint4*>(a.works + wi);
     uint4* to = reinterpret_cast<uint4*>(&work);
     for (int i = threadIdx.x; i < int(sizeof(Work) / 16); i += blockDim.x) to[i] = from[i];
     __syncthreads();
+    Trace(a, &sh, kTraceWork);
     bool ok = true;
     if (work.header.type == kWorkTypeColl) {
       const WorkElemColl& e = work.elems[0];
@@ -208,6 +211,7 @@ __device__ void CollKernelBody(const KernelArgs& a) {
     if (last) break;
     wi = next;
   }
+  Trace(a, &sh, kTraceEnd);
 }
 
 }  // namespace

@@ -315,11 +315,22 @@ struct BlockShared {
   int fail;  // written by any thread between a piece's barriers (an LL wait gave up)
   int ready[2];
   int nConn, victim;
+  int nTrace;  // timeline words this block wrote (KernelArgs::trace)
   int cPeer[kConnCache];
   int cSend[kConnCache];
   uint64_t cStep[kConnCache];  // this block's counter: head (receiving) or tail (sending)
   uint64_t cSeen[kConnCache];  // the peer's counter last seen: tail (receiving) or head (sending)
 };
+
+// Thread 0 records `event` in the launch's timeline, when the launch has one.
+__device__ inline void Trace(const KernelArgs& a, BlockShared* sh, uint32_t event) {
+  if (a.trace == nullptr || threadIdx.x != 0) return;
+  const int i = sh->nTrace;
+  if (i >= kTraceEvents) return;
+  sh->nTrace = i + 1;
+  a.trace[int64_t(blockIdx.x) * kTraceEvents + i] =
+      (uint64_t(event) << 56) | (NowNs() & ((uint64_t(1) << 56) - 1));
+}
 
 // The cache entry of (send, peer), loaded from `own` on a miss; never evicts entry `pin` (the
 // other end the same piece uses).
@@ -357,6 +368,7 @@ __device__ bool DoPiece(const F& fn, const KernelArgs& a, uint64_t deadline, int
                         BlockShared* sh) {
   const bool recv = (p.flags & kRecv) != 0, send = (p.flags & kSend) != 0;
   int i = -1, j = -1;  // thread 0: the cache entries of this piece's two ends
+  Trace(a, sh, kTracePiece);
   if (threadIdx.x == 0) {
     bool ok = true;
     uint64_t rs = 0, ss = 0;
@@ -379,6 +391,7 @@ __device__ bool DoPiece(const F& fn, const KernelArgs& a, uint64_t deadline, int
       }
     }
     if (recv && proto != kProtoLL) __threadfence();
+    Trace(a, sh, kTraceReady);
     sh->rs = rs;
     sh->ss = ss;
     sh->ok = ok ? 1 : 0;
@@ -403,6 +416,7 @@ __device__ bool DoPiece(const F& fn, const KernelArgs& a, uint64_t deadline, int
   if (!ok) sh->fail = 1;
   __syncthreads();
   if (sh->fail) return false;
+  Trace(a, sh, kTraceMoved);
   if (threadIdx.x == 0) {
     if (send) {
       if (proto != kProtoLL) Fence(a);
@@ -416,6 +430,7 @@ __device__ bool DoPiece(const F& fn, const KernelArgs& a, uint64_t deadline, int
       sh->cStep[i] = rs + 1;
     }
   }
+  Trace(a, sh, kTracePosted);
   return true;
 }
 

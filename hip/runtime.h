@@ -55,6 +55,7 @@ struct RankLaunch {
   uint64_t timeoutNs = 0;
   bool systemFence = false;  // a peer on another device or in another process
   void* stream = nullptr;    // hipStream_t / cudaStream_t
+  uint64_t* traceDev = nullptr;  // a timeline buffer [blocks][kTraceEvents], or null
 };
 
 // One rank's plan on the device.
@@ -71,6 +72,9 @@ class DevicePlan {
   Status Launch(const RankLaunch& rl, const std::vector<SlotPtrs>& slots) const;
 
   int nKernels() const { return static_cast<int>(kernels_.size()); }
+  // Kernel launches per execution (one per class of each kernel), and the largest grid.
+  int nLaunches() const;
+  int maxBlocks() const;
   int nTasks() const { return nTasks_; }
 
  private:
@@ -126,6 +130,9 @@ class Harness {
   // replay of one collective; more: one collective among many in a graph).
   StatusOr<double> TimeGraph(const std::vector<std::vector<SlotPtrs>>& slots, int iters,
                              int reps = 1);
+  // One launch of every rank with a timeline: per rank, per block of its (single-class) launch,
+  // kTraceEvents words (TraceEvent << 56 | device ns), 0 where unused.
+  StatusOr<std::vector<std::vector<uint64_t>>> Trace(const std::vector<std::vector<SlotPtrs>>& slots);
   // Microseconds per launch of every rank, `iters` launches after `warmup`.
   StatusOr<double> TimeLaunches(const std::vector<std::vector<SlotPtrs>>& slots, int warmup,
                                 int iters);

@@ -338,6 +338,7 @@ Status DevicePlan::Launch(const RankLaunch& rl, const std::vector<SlotPtrs>& slo
   a.nRanks = rl.nRanks;
   a.nSlots = nTasks_;
   a.systemFence = rl.systemFence ? 1 : 0;
+  a.trace = rl.traceDev;
   if (nTasks_ <= kInlineSlots) {
     for (int i = 0; i < nTasks_; ++i) a.inlineSlots[i] = slots[size_t(i)];
   } else {
@@ -447,6 +448,66 @@ Status Harness::Build(const std::vector<std::vector<TaskDesc>>& tasks, const Tun
     devPlans_.push_back(std::move(dp));
   }
   return Status::Ok();
+}
+
+int DevicePlan::nLaunches() const {
+  int n = 0;
+  for (const Kernel& k : kernels_) n += static_cast<int>(k.classes.size());
+  return n;
+}
+
+int DevicePlan::maxBlocks() const {
+  int n = 0;
+  for (const Kernel& k : kernels_) n = std::max(n, k.nBlocks);
+  return n;
+}
+
+StatusOr<std::vector<std::vector<uint64_t>>> Harness::Trace(
+    const std::vector<std::vector<SlotPtrs>>& slots) {
+  JR_REQUIRE(int(devPlans_.size()) == topo_.nRanks, Code::kInvalidUsage,
+             "the harness has no plans: call build first");
+  JR_REQUIRE(int(slots.size()) == topo_.nRanks, Code::kInvalidArgument, "trace got buffers of ",
+             slots.size(), " ranks, the harness has ", topo_.nRanks);
+  std::vector<Mapped> bufs;
+  std::vector<int64_t> words;
+  Status s = Status::Ok();
+  for (int r = 0; r < topo_.nRanks && s.ok(); ++r) {
+    const DevicePlan& dp = *devPlans_[size_t(r)];
+    if (dp.nLaunches() > 1) {
+      s = Status(Code::kInvalidArgument,
+                 detail::StrCat("a timeline covers one kernel launch; rank ", r, "'s plan has ",
+                                dp.nLaunches(), " (one per element type: trace one type)"));
+      break;
+    }
+    const int64_t n = int64_t(std::max(1, dp.maxBlocks())) * kTraceEvents;
+    StatusOr<Mapped> m = MappedAlloc(n * int64_t(sizeof(uint64_t)));
+    if (!m.ok()) {
+      s = m.status();
+      break;
+    }
+    std::memset(m.value().host, 0, size_t(n) * sizeof(uint64_t));
+    bufs.push_back(m.value());
+    words.push_back(n);
+  }
+  bool launched = false;
+  for (int r = 0; r < topo_.nRanks && s.ok(); ++r) {
+    RankLaunch rl = Rank(r);
+    rl.traceDev = static_cast<uint64_t*>(bufs[size_t(r)].dev);
+    s = devPlans_[size_t(r)]->Launch(rl, slots[size_t(r)]);
+    launched = true;
+  }
+  if (launched) {  // the buffers are freed below: every launched kernel must be done
+    Status synced = Sync();
+    if (s.ok()) s = synced;
+  }
+  std::vector<std::vector<uint64_t>> out;
+  for (size_t r = 0; r < bufs.size(); ++r) {
+    const uint64_t* h = static_cast<const uint64_t*>(bufs[r].host);
+    if (s.ok()) out.emplace_back(h, h + words[r]);
+    MappedFree(bufs[r]);
+  }
+  JR_CHECK(s);
+  return out;
 }
 
 Status Harness::Launch(const std::vector<std::vector<SlotPtrs>>& slots,

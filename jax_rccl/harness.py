@@ -26,6 +26,18 @@ from jax_rccl.planner import Topology
 __all__ = ["available", "gpu_topology", "Harness", "floors", "output_count", "input_count"]
 
 
+# hip/device_conn.h's TraceEvent values.
+TRACE_EVENT_NAMES = {
+    1: "start",
+    2: "work",
+    3: "piece",
+    4: "ready",
+    5: "moved",
+    6: "posted",
+    7: "end",
+}
+
+
 def available() -> bool:
     """Whether this build has the GPU runtime and a GPU answers."""
     gpu = getattr(_jax_rccl, "gpu", None)
@@ -155,6 +167,32 @@ class Harness:
     def time_launches(self, slots, warmup: int = 5, iters: int = 20) -> float:
         """Microseconds per launch of every rank (host loop, synchronized at the end)."""
         return float(self._h.time_launches(slots, warmup, iters))
+
+    def trace(self, slots) -> list[list[list[tuple[str, float]]]]:
+        """One launch of every rank with a timeline recorded on the device: per rank, per block
+        (channel), the events in order as (name, microseconds since the earliest block start of
+        any rank). Events: start, work (a work loaded), piece (a FIFO step begins), ready (its
+        waits satisfied), moved (its data moved), posted (its counters posted), end. The plan
+        must be one launch (one element type); at most TRACE_EVENTS events per block."""
+        try:
+            raw = self._h.trace(slots)
+        except Exception:
+            self.failed = True
+            raise
+        per = int(_jax_rccl.gpu.TRACE_EVENTS)
+        words = []
+        for r, rank_words in enumerate(raw):
+            for b in range(len(rank_words) // per):
+                for w in rank_words[b * per : (b + 1) * per]:
+                    if w:
+                        words.append((r, b, w >> 56, w & ((1 << 56) - 1)))
+        t0 = min((t for *_, t in words), default=0)
+        out: list[list[list[tuple[str, float]]]] = [
+            [[] for _ in range(len(rw) // per)] for rw in raw
+        ]
+        for r, b, e, t in words:
+            out[r][b].append((TRACE_EVENT_NAMES.get(e, str(e)), (t - t0) / 1e3))
+        return out
 
     def time_graph(self, slots, iters: int = 20, reps: int = 1) -> float:
         """Microseconds per collective: a graph holding `reps` launches of every rank, replayed

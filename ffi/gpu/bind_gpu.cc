@@ -71,6 +71,7 @@ void BindGpu(nb::module_& m) {
         return nb::bytes(buf.data(), buf.size());
       },
       nb::arg("ptr"), nb::arg("nbytes"));
+  g.attr("TRACE_EVENTS") = gpu::kTraceEvents;  // timeline words per block (Harness.trace)
   g.def(
       "floors",
       [](int64_t copyBytes, int iters) {
@@ -152,6 +153,21 @@ void BindGpu(nb::module_& m) {
             return ValueOrThrow(h.TimeLaunches(ToSlots(slots), warmup, iters));
           },
           nb::arg("slots"), nb::arg("warmup") = 5, nb::arg("iters") = 20)
+      .def(
+          "trace",
+          [](gpu::Harness& h, const SlotList& slots) {
+            std::vector<std::vector<uint64_t>> t = ValueOrThrow(h.Trace(ToSlots(slots)));
+            nb::list out;
+            for (const std::vector<uint64_t>& r : t) {
+              nb::list words;
+              for (uint64_t w : r) words.append(w);
+              out.append(words);
+            }
+            return out;
+          },
+          nb::arg("slots"),
+          "One launch of every rank with a timeline: per rank, kTraceEvents words per block "
+          "(event << 56 | device ns).")
       .def(
           "time_graph",
           [](gpu::Harness& h, const SlotList& slots, int iters, int reps) {

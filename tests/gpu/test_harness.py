@@ -331,3 +331,39 @@ def test_direct_avg_and_repeat(nranks):
     outs = h.run([task], [[x] for x in xs], algorithm="Direct", repeat=20)
     for r in range(nranks):
         np.testing.assert_allclose(outs[r][0], (nranks + 1) / 2.0, rtol=1e-6)
+
+
+@pytest.mark.parametrize("proto", ["LL", "Simple"])
+def test_trace_records_every_piece(proto):
+    """A launch's device timeline: each block starts, loads its work, walks its pieces (begin,
+    ready, moved, posted, in that order and in time order) and ends."""
+    nranks = 2
+    h = get_harness(nranks)
+    task = {"coll": "all_reduce", "count": 2, "dtype": "float32"}
+    h.build([task], algorithm="Ring", protocol=proto)
+    slots = h.buffers()
+    h.time_launches(slots, warmup=3, iters=1)
+    timeline = h.trace(slots)
+    assert len(timeline) == nranks
+    for blocks in timeline:
+        names = [e for e, _ in blocks[0]]
+        times = [t for _, t in blocks[0]]
+        assert names[0] == "start" and names[1] == "work" and names[-1] == "end", names
+        pieces = names[2:-1]
+        # ring all_reduce on 2 ranks: send, recv-reduce-send, recv: 3 pieces of 4 events
+        assert pieces == ["piece", "ready", "moved", "posted"] * 3, names
+        assert times == sorted(times), blocks[0]
+        assert min(times) >= 0.0
+    h.free()
+
+
+def test_trace_refuses_plans_of_several_launches():
+    h = harness.Harness(2, timeout=20.0)
+    tasks = [
+        {"coll": "all_reduce", "count": 8, "dtype": "float32"},
+        {"coll": "all_reduce", "count": 8, "dtype": "int32"},
+    ]
+    h.build(tasks)
+    with pytest.raises(ValueError, match="one kernel launch"):
+        h.trace(h.buffers())
+    h.free()

@@ -2,7 +2,7 @@
 
 The device code runs LL and Simple (no LL128), Ring, Tree, point-to-point and Direct; these
 topologies must never lead the planner elsewhere, and Direct appears only where ranks read each
-other's memory.
+other's memory. Also the harness's host-side reading of a launch's device timeline.
 """
 
 import pytest
@@ -54,3 +54,30 @@ def test_default_channels(nranks):
     assert topo.nchannels == max(16, 64 // nranks)
     assert topo.p2p_nchannels == topo.nchannels
     assert not topo.ll128
+
+
+def test_harness_trace_words_become_named_events(monkeypatch):
+    """Harness.trace turns the device's words (event << 56 | ns) into (name, us since the
+    earliest start) per rank and block, skipping unused words."""
+    import types
+
+    per = 4
+    monkeypatch.setattr(
+        harness, "_jax_rccl", types.SimpleNamespace(gpu=types.SimpleNamespace(TRACE_EVENTS=per))
+    )
+
+    def word(event, ns):
+        return (event << 56) | ns
+
+    raw = [
+        [word(1, 5000), word(3, 6500), word(7, 9000), 0, word(1, 5500), 0, 0, 0],  # 2 blocks
+        [word(1, 4000), word(7, 4250), 0, 0],
+    ]
+    h = harness.Harness.__new__(harness.Harness)
+    h._h = types.SimpleNamespace(trace=lambda slots: raw)
+    h.failed = False
+    out = h.trace([])
+    assert out == [
+        [[("start", 1.0), ("piece", 2.5), ("end", 5.0)], [("start", 1.5)]],
+        [[("start", 0.0), ("end", 0.25)]],
+    ]

@@ -1,0 +1,109 @@
+"""Where one small collective's time goes: a device timeline of one launch on one GPU (harness).
+
+    python -P benchmarks/gpu_trace.py [--ranks 2] [--coll all_reduce] [--bytes 8]
+        [--algorithm Ring] [--protocol LL] [--warmup 20]
+
+After --warmup launches (caches and counters warm), one launch of every rank records, per block,
+when it started, loaded each work, and for each FIFO step (piece) when it began, when its waits
+were satisfied (ready), when its data had moved and when its counters were posted, and when it
+ended (hip/device_conn.h: TraceEvent; the device's nanosecond clock). Prints block 0 of every
+rank (time since the earliest start, gap to the previous event), then the mean of each phase over
+every rank's pieces, next to an empty kernel launch measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+
+from jax_rccl import harness
+
+
+def phases(events: list[tuple[str, float]]) -> dict[str, list[float]]:
+    """Durations of a block's phases (us) from its events."""
+    out: dict[str, list[float]] = {
+        "start -> first piece": [],
+        "piece -> ready (waits)": [],
+        "ready -> moved (data)": [],
+        "moved -> posted (counters)": [],
+        "posted -> next piece": [],
+        "last posted -> end": [],
+        "start -> end (block)": [],
+    }
+    names = [e for e, _ in events]
+    times = [t for _, t in events]
+    pairs = (("piece", "ready"), ("ready", "moved"), ("moved", "posted"))
+    labels = ("piece -> ready (waits)", "ready -> moved (data)", "moved -> posted (counters)")
+    for i in range(1, len(events)):
+        for (a, b), label in zip(pairs, labels, strict=True):
+            if names[i - 1] == a and names[i] == b:
+                out[label].append(times[i] - times[i - 1])
+        if names[i] == "piece" and names[i - 1] == "posted":
+            out["posted -> next piece"].append(times[i] - times[i - 1])
+    if "start" in names and "piece" in names:
+        out["start -> first piece"].append(
+            times[names.index("piece")] - times[names.index("start")]
+        )
+    if "end" in names and "posted" in names:
+        last = len(names) - 1 - names[::-1].index("posted")
+        out["last posted -> end"].append(times[names.index("end")] - times[last])
+    if "start" in names and "end" in names:
+        out["start -> end (block)"].append(times[names.index("end")] - times[names.index("start")])
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument(
+        "--coll",
+        default="all_reduce",
+        choices=["all_reduce", "all_gather", "reduce_scatter", "broadcast"],
+    )
+    ap.add_argument("--bytes", type=int, default=8, help="per rank (all_reduce: the buffer)")
+    ap.add_argument("--algorithm", default="", help="NCCL syntax, e.g. Ring, Tree")
+    ap.add_argument("--protocol", default="", help="NCCL syntax, e.g. LL, Simple")
+    ap.add_argument("--warmup", type=int, default=20)
+    args = ap.parse_args(argv)
+    if not harness.available():
+        print("no GPU build or no GPU: nothing to trace")
+        return 0
+    fl = harness.floors(copy_bytes=1 << 26, iters=5)
+    n = args.ranks
+    h = harness.Harness(n, harness.gpu_topology(n), timeout=60.0)
+    count = max(1, args.bytes // 4)
+    task = {"coll": args.coll, "count": count, "dtype": "float32", "op": "sum"}
+    summary = h.build([task], algorithm=args.algorithm, protocol=args.protocol)[0]
+    slots = h.buffers()
+    h.time_launches(slots, warmup=args.warmup, iters=1)
+    timeline = h.trace(slots)
+    h.free()
+    print(
+        f"# {args.coll} of {count} float32 on {n} ranks of one GPU: {summary['algorithm']} / "
+        f"{summary['protocol']}, {summary['nchannels']} channel(s); empty launch "
+        f"{fl['launch_us']:.2f} us, empty kernel among {fl['graph_reps']} in a graph "
+        f"{fl['graph_kernel_us']:.2f} us"
+    )
+    merged: dict[str, list[float]] = {}
+    for r, blocks in enumerate(timeline):
+        print(f"\n## rank {r}, block 0 (of {len(blocks)})")
+        print(f"{'event':>8} {'t us':>9} {'gap us':>8}")
+        prev = None
+        for name, t in blocks[0]:
+            gap = "" if prev is None else f"{t - prev:8.2f}"
+            print(f"{name:>8} {t:9.2f} {gap:>8}")
+            prev = t
+        for block in blocks:
+            for k, v in phases(block).items():
+                merged.setdefault(k, []).extend(v)
+    print("\n## phases, mean over every rank's blocks (us)")
+    for k, v in merged.items():
+        if v:
+            print(f"{k:>28} {statistics.mean(v):8.2f}  (n = {len(v)}, max {max(v):.2f})")
+    sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
