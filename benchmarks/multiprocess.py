@@ -3,6 +3,7 @@ loopback with JAX_RCCL_TRANSPORT=socket) next to jax.lax.psum (JAX's CPU collect
 the same run, and MPI (mpi4py Allreduce, mpi4jax) where it is installed.
 
     .venv/bin/python -P benchmarks/multiprocess.py [--nprocs 4] [--max-mb 64] [--no-mpi]
+        [--donate] [--heap-buffers]
 
 The parent starts `--nprocs` JAX processes of one CPU device each (jax.distributed on a local
 port); each times float32 all-reduces of 1 KB .. `--max-mb` MB with both libraries, size by
@@ -202,6 +203,11 @@ def collect(text: str, into: dict) -> None:
             into[key] = max(into.get(key, 0.0), r["s"])  # the slowest process
 
 
+# --heap-buffers: glibc keeps large blocks in the heap instead of mapping fresh pages for each
+# (JAX allocates every call's output; fresh pages fault in one by one), for every worker alike.
+HEAP_ENV = {"MALLOC_MMAP_THRESHOLD_": str(256 << 20), "MALLOC_TRIM_THRESHOLD_": str(1 << 30)}
+
+
 def run_jax(args, results, libs: str, label: str = "", extra_env=None) -> None:
     port = free_port()
     procs = []
@@ -211,6 +217,7 @@ def run_jax(args, results, libs: str, label: str = "", extra_env=None) -> None:
             XLA_FLAGS="--xla_force_host_platform_device_count=1",
             JAX_PLATFORMS="cpu",
             JAX_RCCL_TIMEOUT="120",
+            **(HEAP_ENV if args.heap_buffers else {}),
             **(extra_env or {}),
         )
         cmd = [
@@ -272,6 +279,7 @@ def run_mpi(args, results) -> str:
         OMPI_MCA_btl="self,vader",
         OMPI_ALLOW_RUN_AS_ROOT="1",
         OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+        **(HEAP_ENV if args.heap_buffers else {}),
     )
     try:
         r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
@@ -316,6 +324,12 @@ def main(argv=None) -> int:
         help="JAX libraries donate their input and feed each result to the next call (no fresh "
         "output buffer per call, as a training loop that donates its state)",
     )
+    ap.add_argument(
+        "--heap-buffers",
+        action="store_true",
+        help="every worker runs with glibc's MALLOC_MMAP_THRESHOLD_/MALLOC_TRIM_THRESHOLD_ raised, "
+        "so large buffers are reused from the heap instead of mapped fresh and faulted in",
+    )
     args = ap.parse_args(argv)
     if args.role == "jax":
         jax_worker(args)
@@ -346,6 +360,8 @@ def main(argv=None) -> int:
     print(
         f"all-reduce (sum, float32), {args.nprocs} processes x 1 CPU device, one host, "
         f"{os.cpu_count()} cores; time per call (slowest process, best of {args.reps} loops)"
+        + ("; --donate" if args.donate else "")
+        + ("; --heap-buffers (large blocks reused from the heap)" if args.heap_buffers else "")
     )
     head = ["size"] + libs + [f"{lib}/{libs[0]}" for lib in libs[1:]]
     rows = []
