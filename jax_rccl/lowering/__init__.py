@@ -16,6 +16,7 @@ per-device premul scalar (premul 2) raises NotImplementedError.
 from __future__ import annotations
 
 import itertools
+import weakref
 from functools import partial
 
 import numpy as np
@@ -168,15 +169,16 @@ def lower_collective(
 # run in program order on every device, as XLA runs its own. No token and no side effect: JAX's
 # fast dispatch path stays. (An optimization barrier is not enough: XLA's CPU pipeline removes it.)
 
-# The latest jax_rccl call lowered: (its module's lowering context, block, value). A block compares
-# equal by address, and a later module may reuse a freed block's address: the value is used only
-# within the same lowering context, which this reference keeps alive until the next call.
+# The latest jax_rccl call lowered: (a weak reference to its module, block, value). A block
+# compares equal by address, and a later module may reuse a freed block's address: the value is
+# used only while the same module is being lowered.
 _last_call: list = []
 
 
 def _after_previous_call(ctx, operands):
     block = ir.InsertionPoint.current.block
-    if _last_call and _last_call[0][0] is ctx.module_context and _last_call[0][1] == block:
+    module = ctx.module_context.module
+    if _last_call and _last_call[0][0]() is module and _last_call[0][1] == block:
         prev = _last_call[0][2]
         idx = ir.DenseI64ArrayAttr.get
         one = hlo.SliceOp(prev, idx([0]), idx([1]), idx([1])).result
@@ -185,7 +187,8 @@ def _after_previous_call(ctx, operands):
 
 
 def _remember_call(ctx, value):
-    _last_call[:] = [(ctx.module_context, ir.InsertionPoint.current.block, value)]
+    module = weakref.ref(ctx.module_context.module)
+    _last_call[:] = [(module, ir.InsertionPoint.current.block, value)]
 
 
 # --- per-primitive rules: parameters -> the helper ------------------------------------------
