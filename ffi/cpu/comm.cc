@@ -25,10 +25,13 @@ TopologyView CpuTopology(int nRanks, const Params& params) {
   t.nChannels = params.nchannels > 0 ? static_cast<int>(params.nchannels) : 2;
   t.p2pnChannels = 2;
   t.p2pnChannelsPerPeer = 1;
-  // RCCL's defaults: LL 256 KiB (DEFAULT_LL_BUFFSIZE), LL128 448 KiB, Simple 4 MiB.
+  // RCCL's LL and LL128 defaults (DEFAULT_LL_BUFFSIZE 256 KiB, 448 KiB). Simple: 1 MiB (128 KiB
+  // steps) rather than RCCL's 4 MiB: on a host, a ring across processes pipelines only when a
+  // rank's chunk spans several steps; 4 processes on 2 cores, 4 MB all-reduce: 2.0 ms against
+  // 2.5-3.0 ms with 4 MiB (benchmarks/multiprocess.py). Ranks of one process use Direct.
   t.buffSizes[static_cast<int>(Proto::kLL)] = 262144;
   t.buffSizes[static_cast<int>(Proto::kLL128)] = 458752;
-  t.buffSizes[static_cast<int>(Proto::kSimple)] = 4194304;
+  t.buffSizes[static_cast<int>(Proto::kSimple)] = 1048576;
   t.p2pChunkSize = 524288;
   t.workFifoDepth = static_cast<int>(params.work_fifo_depth);
   t.directPeers = true;
