@@ -116,13 +116,13 @@ constexpr int kInlineSlots = 24;
 // (TraceEvent, top 8 bits) and the device clock in ns (low 56 bits); unused words stay 0.
 constexpr int kTraceEvents = 64;
 enum TraceEvent : uint32_t {
-  kTraceStart = 1,      // the block began
-  kTraceWork = 2,       // a work was loaded into shared memory
-  kTracePiece = 3,      // a piece began (thread 0, before its waits)
-  kTraceReady = 4,      // the piece's waits were satisfied
-  kTraceMoved = 5,      // the piece's data moved (after the block's barrier)
-  kTracePosted = 6,     // the piece's counters were posted
-  kTraceEnd = 7,        // the block finished its works
+  kTraceStart = 1,   // the block began
+  kTraceWork = 2,    // a work was loaded into shared memory
+  kTracePiece = 3,   // a piece began (thread 0, before its waits)
+  kTraceReady = 4,   // the piece's waits were satisfied
+  kTraceMoved = 5,   // the piece's data moved (after the block's barrier)
+  kTracePosted = 6,  // the piece's counters were posted
+  kTraceEnd = 7,     // the block finished its works
 };
 
 // Threads per block of a launch: the plan's count, raised to kMinLaunchThreads on NVIDIA (its

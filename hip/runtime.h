@@ -53,8 +53,8 @@ struct RankLaunch {
   DevStatus* statusDev = nullptr;     // this rank's status word (mapped)
   int32_t* abortDev = nullptr;        // the communicator's abort word (mapped)
   uint64_t timeoutNs = 0;
-  bool systemFence = false;  // a peer on another device or in another process
-  void* stream = nullptr;    // hipStream_t / cudaStream_t
+  bool systemFence = false;      // a peer on another device or in another process
+  void* stream = nullptr;        // hipStream_t / cudaStream_t
   uint64_t* traceDev = nullptr;  // a timeline buffer [blocks][kTraceEvents], or null
 };
 
@@ -132,7 +132,8 @@ class Harness {
                              int reps = 1);
   // One launch of every rank with a timeline: per rank, per block of its (single-class) launch,
   // kTraceEvents words (TraceEvent << 56 | device ns), 0 where unused.
-  StatusOr<std::vector<std::vector<uint64_t>>> Trace(const std::vector<std::vector<SlotPtrs>>& slots);
+  StatusOr<std::vector<std::vector<uint64_t>>> Trace(
+      const std::vector<std::vector<SlotPtrs>>& slots);
   // Microseconds per launch of every rank, `iters` launches after `warmup`.
   StatusOr<double> TimeLaunches(const std::vector<std::vector<SlotPtrs>>& slots, int warmup,
                                 int iters);
