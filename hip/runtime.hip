@@ -468,45 +468,43 @@ StatusOr<std::vector<std::vector<uint64_t>>> Harness::Trace(
              "the harness has no plans: call build first");
   JR_REQUIRE(int(slots.size()) == topo_.nRanks, Code::kInvalidArgument, "trace got buffers of ",
              slots.size(), " ranks, the harness has ", topo_.nRanks);
+  for (int r = 0; r < topo_.nRanks; ++r) {
+    const DevicePlan& dp = *devPlans_[size_t(r)];
+    JR_REQUIRE(dp.nLaunches() <= 1, Code::kInvalidArgument,
+               "a timeline covers one kernel launch; rank ", r, "'s plan has ", dp.nLaunches(),
+               " (one per element type: trace one type)");
+  }
   std::vector<Mapped> bufs;
   std::vector<int64_t> words;
-  Status s = Status::Ok();
-  for (int r = 0; r < topo_.nRanks && s.ok(); ++r) {
-    const DevicePlan& dp = *devPlans_[size_t(r)];
-    if (dp.nLaunches() > 1) {
-      s = Status(Code::kInvalidArgument,
-                 detail::StrCat("a timeline covers one kernel launch; rank ", r, "'s plan has ",
-                                dp.nLaunches(), " (one per element type: trace one type)"));
-      break;
-    }
-    const int64_t n = int64_t(std::max(1, dp.maxBlocks())) * kTraceEvents;
-    StatusOr<Mapped> m = MappedAlloc(n * int64_t(sizeof(uint64_t)));
-    if (!m.ok()) {
-      s = m.status();
-      break;
-    }
-    std::memset(m.value().host, 0, size_t(n) * sizeof(uint64_t));
-    bufs.push_back(m.value());
-    words.push_back(n);
-  }
   bool launched = false;
-  for (int r = 0; r < topo_.nRanks && s.ok(); ++r) {
-    RankLaunch rl = Rank(r);
-    rl.traceDev = static_cast<uint64_t*>(bufs[size_t(r)].dev);
-    s = devPlans_[size_t(r)]->Launch(rl, slots[size_t(r)]);
-    launched = true;
-  }
-  if (launched) {  // the buffers are freed below: every launched kernel must be done
-    Status synced = Sync();
-    if (s.ok()) s = synced;
-  }
+  // Allocates every rank's buffer and launches; the caller below syncs whatever was launched
+  // before it frees the buffers.
+  auto allocAndLaunch = [&]() -> Status {
+    for (int r = 0; r < topo_.nRanks; ++r) {
+      const int64_t n = int64_t(std::max(1, devPlans_[size_t(r)]->maxBlocks())) * kTraceEvents;
+      JR_ASSIGN_OR_RETURN(Mapped m, MappedAlloc(n * int64_t(sizeof(uint64_t))));
+      std::memset(m.host, 0, size_t(n) * sizeof(uint64_t));
+      bufs.push_back(m);
+      words.push_back(n);
+    }
+    for (int r = 0; r < topo_.nRanks; ++r) {
+      RankLaunch rl = Rank(r);
+      rl.traceDev = static_cast<uint64_t*>(bufs[size_t(r)].dev);
+      launched = true;
+      JR_CHECK(devPlans_[size_t(r)]->Launch(rl, slots[size_t(r)]));
+    }
+    return Status::Ok();
+  };
+  const Status started = allocAndLaunch();
+  const Status synced = launched ? Sync() : Status::Ok();
   std::vector<std::vector<uint64_t>> out;
   for (size_t r = 0; r < bufs.size(); ++r) {
     const uint64_t* h = static_cast<const uint64_t*>(bufs[r].host);
-    if (s.ok()) out.emplace_back(h, h + words[r]);
+    out.emplace_back(h, h + words[r]);
     MappedFree(bufs[r]);
   }
-  JR_CHECK(s);
+  JR_CHECK(started);
+  JR_CHECK(synced);
   return out;
 }
 
