@@ -11,20 +11,11 @@ namespace ffi = xla::ffi;
 
 const char* KindName(Kind k) {
   switch (k) {
-    case Kind::kAllReduce:
-      return "all_reduce";
-    case Kind::kAllGather:
-      return "all_gather";
-    case Kind::kReduceScatter:
-      return "reduce_scatter";
-    case Kind::kBroadcast:
-      return "broadcast";
-    case Kind::kReduce:
-      return "reduce";
-    case Kind::kAllToAll:
-      return "all_to_all";
-    case Kind::kPpermute:
-      return "ppermute";
+#define JAX_RCCL_KIND_NAME(name, kind) \
+  case Kind::k##kind:                  \
+    return name;
+    JAX_RCCL_FFI_KINDS(JAX_RCCL_KIND_NAME)
+#undef JAX_RCCL_KIND_NAME
   }
   return "?";
 }

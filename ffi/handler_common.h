@@ -5,6 +5,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <exception>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -18,15 +20,21 @@
 
 namespace jax_rccl {
 
-enum class Kind : int {
-  kAllReduce = 0,
-  kAllGather,
-  kReduceScatter,
-  kBroadcast,
-  kReduce,
-  kAllToAll,
-  kPpermute,
-};
+// Every collective kind, once: (its FFI target's name after "jax_rccl_", its Kind enumerator
+// without the k). The enum, KindName and both platforms' instantiate handlers and target tables
+// expand it.
+#define JAX_RCCL_FFI_KINDS(X)        \
+  X("all_reduce", AllReduce)         \
+  X("all_gather", AllGather)         \
+  X("reduce_scatter", ReduceScatter) \
+  X("broadcast", Broadcast)          \
+  X("reduce", Reduce)                \
+  X("all_to_all", AllToAll)          \
+  X("ppermute", Ppermute)
+
+#define JAX_RCCL_KIND_ENUMERATOR(name, kind) k##kind,
+enum class Kind : int { JAX_RCCL_FFI_KINDS(JAX_RCCL_KIND_ENUMERATOR) };
+#undef JAX_RCCL_KIND_ENUMERATOR
 
 const char* KindName(Kind k);
 bool Reduces(Kind k);
@@ -64,6 +72,39 @@ Status ParseCallAttrs(Kind kind, xla::ffi::Span<const int64_t> groups, int64_t g
                       xla::ffi::Span<const int64_t> perm, std::string_view algorithm,
                       std::string_view protocol, int64_t callSite, std::string_view name,
                       CallAttrs* out);
+
+// An FFI instantiate entry's body: `make()` returns StatusOr<std::unique_ptr<State>>; a failed
+// Status becomes its ffi::Error, an exception an internal error prefixed with `who`.
+template <typename State, typename Make>
+xla::ffi::ErrorOr<std::unique_ptr<State>> GuardInstantiate(const char* who, Make&& make) {
+  try {
+    StatusOr<std::unique_ptr<State>> st = make();
+    if (!st.ok()) return xla::ffi::Unexpected(ToFfiError(st.status()));
+    return st.take();
+  } catch (const std::exception& e) {
+    return xla::ffi::Unexpected(xla::ffi::Error::Internal(std::string(who) + ": " + e.what()));
+  } catch (...) {
+    return xla::ffi::Unexpected(
+        xla::ffi::Error::Internal(std::string(who) + ": unknown exception"));
+  }
+}
+
+// An FFI execute entry's body: `run()` returns a Status; a failure (or an exception, an internal
+// error prefixed with `who`) bumps `*errors` and becomes its ffi::Error.
+template <typename Counter, typename Run>
+xla::ffi::Error GuardExecute(const char* who, Counter* errors, Run&& run) {
+  try {
+    Status s = run();
+    if (!s.ok()) errors->fetch_add(1);
+    return ToFfiError(s);
+  } catch (const std::exception& e) {
+    errors->fetch_add(1);
+    return xla::ffi::Error::Internal(std::string(who) + ": " + e.what());
+  } catch (...) {
+    errors->fetch_add(1);
+    return xla::ffi::Error::Internal(std::string(who) + ": unknown exception");
+  }
+}
 
 // The instantiate binding of every target (the attributes in the contract's order).
 inline auto InstantiateAttrs() {

@@ -290,34 +290,20 @@ ffi::ErrorOr<std::unique_ptr<CpuState>> InstantiateFor(
     ffi::Span<const int64_t> groups, int64_t groupSize, int32_t op, int32_t premul,
     double premulValue, int64_t root, ffi::Span<const int64_t> perm, std::string_view algorithm,
     std::string_view protocol, int64_t callSite, std::string_view name) {
-  try {
+  return GuardInstantiate<CpuState>("jax_rccl instantiate", [&] {
     StatusOr<std::unique_ptr<CpuState>> st =
         MakeState(K, groups, groupSize, op, premul, premulValue, root, perm, algorithm, protocol,
                   callSite, name);
-    if (!st.ok()) return ffi::Unexpected(ToFfiError(st.status()));
-    Stats().instantiations.fetch_add(1);
-    return st.take();
-  } catch (const std::exception& e) {
-    return ffi::Unexpected(ffi::Error::Internal(std::string("jax_rccl instantiate: ") + e.what()));
-  } catch (...) {
-    return ffi::Unexpected(ffi::Error::Internal("jax_rccl instantiate: unknown exception"));
-  }
+    if (st.ok()) Stats().instantiations.fetch_add(1);
+    return st;
+  });
 }
 
 ffi::Error ExecuteEntry(int32_t device, ffi::RunId runId, CpuState* st, ffi::RemainingArgs args,
                         ffi::RemainingRets rets) {
-  try {
-    if (st == nullptr) return ffi::Error::Internal("jax_rccl execute: no state (not instantiated)");
-    Status s = Execute(*st, device, runId.run_id, args, rets);
-    if (!s.ok()) Stats().errors.fetch_add(1);
-    return ToFfiError(s);
-  } catch (const std::exception& e) {
-    Stats().errors.fetch_add(1);
-    return ffi::Error::Internal(std::string("jax_rccl execute: ") + e.what());
-  } catch (...) {
-    Stats().errors.fetch_add(1);
-    return ffi::Error::Internal("jax_rccl execute: unknown exception");
-  }
+  if (st == nullptr) return ffi::Error::Internal("jax_rccl execute: no state (not instantiated)");
+  return GuardExecute("jax_rccl execute", &Stats().errors,
+                      [&] { return Execute(*st, device, runId.run_id, args, rets); });
 }
 
 }  // namespace
@@ -334,17 +320,11 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(jax_rccl_cpu_execute, jax_rccl::cpu::ExecuteEntry,
                                   .RemainingArgs()
                                   .RemainingRets());
 
-#define JAX_RCCL_CPU_INSTANTIATE(kind)                                                  \
+#define JAX_RCCL_CPU_INSTANTIATE(name, kind)                                            \
   XLA_FFI_DEFINE_HANDLER_SYMBOL(jax_rccl_cpu_instantiate_##kind,                        \
                                 jax_rccl::cpu::InstantiateFor<jax_rccl::Kind::k##kind>, \
-                                jax_rccl::InstantiateAttrs())
-JAX_RCCL_CPU_INSTANTIATE(AllReduce);
-JAX_RCCL_CPU_INSTANTIATE(AllGather);
-JAX_RCCL_CPU_INSTANTIATE(ReduceScatter);
-JAX_RCCL_CPU_INSTANTIATE(Broadcast);
-JAX_RCCL_CPU_INSTANTIATE(Reduce);
-JAX_RCCL_CPU_INSTANTIATE(AllToAll);
-JAX_RCCL_CPU_INSTANTIATE(Ppermute);
+                                jax_rccl::InstantiateAttrs());
+JAX_RCCL_FFI_KINDS(JAX_RCCL_CPU_INSTANTIATE)
 #undef JAX_RCCL_CPU_INSTANTIATE
 
 namespace jax_rccl {
@@ -354,14 +334,8 @@ const std::vector<FfiTarget>& CpuFfiTargets() {
   static const std::vector<FfiTarget> targets = {
 #define JAX_RCCL_CPU_TARGET(name, kind)                                        \
   {"jax_rccl_" name, reinterpret_cast<void*>(jax_rccl_cpu_instantiate_##kind), \
-   reinterpret_cast<void*>(jax_rccl_cpu_execute)}
-      JAX_RCCL_CPU_TARGET("all_reduce", AllReduce),
-      JAX_RCCL_CPU_TARGET("all_gather", AllGather),
-      JAX_RCCL_CPU_TARGET("reduce_scatter", ReduceScatter),
-      JAX_RCCL_CPU_TARGET("broadcast", Broadcast),
-      JAX_RCCL_CPU_TARGET("reduce", Reduce),
-      JAX_RCCL_CPU_TARGET("all_to_all", AllToAll),
-      JAX_RCCL_CPU_TARGET("ppermute", Ppermute),
+   reinterpret_cast<void*>(jax_rccl_cpu_execute)},
+      JAX_RCCL_FFI_KINDS(JAX_RCCL_CPU_TARGET)
 #undef JAX_RCCL_CPU_TARGET
   };
   return targets;

@@ -236,6 +236,25 @@ uint64_t SlotOf(int64_t callSite) {
 }
 }  // namespace
 
+void FingerprintRecord::Store(int64_t site, const ShmFingerprint& fp) {
+  callSite = site;
+  coll = fp.coll;
+  send = fp.send;
+  recv = fp.recv;
+  const size_t len = std::min(fp.text.size(), size_t(kShmFpTextBytes - 1));
+  std::memcpy(text, fp.text.data(), len);
+  text[len] = '\0';
+}
+
+ShmFingerprint FingerprintRecord::Load() const {
+  ShmFingerprint fp;
+  fp.coll = coll;
+  fp.send = send;
+  fp.recv = recv;
+  fp.text.assign(text, strnlen(text, kShmFpTextBytes));
+  return fp;
+}
+
 bool ShmGroup::PostFingerprint(int rank, int64_t callSite, const ShmFingerprint& fp) {
   ShmHeader* h = Header(rank);
   if (h == nullptr) return false;
@@ -243,15 +262,9 @@ bool ShmGroup::PostFingerprint(int rank, int64_t callSite, const ShmFingerprint&
   for (int i = 0; i < kShmFpEntries; ++i) {
     ShmFpEntry& e = h->table[(start + i) % kShmFpEntries];
     const uint32_t s = e.state.load(std::memory_order_acquire);
-    if (s == 2 && e.callSite == callSite) return true;  // posted before
+    if (s == 2 && e.rec.callSite == callSite) return true;  // posted before
     if (s != 0) continue;
-    e.callSite = callSite;
-    e.coll = fp.coll;
-    e.send = fp.send;
-    e.recv = fp.recv;
-    const size_t len = std::min(fp.text.size(), size_t(kShmFpTextBytes - 1));
-    std::memcpy(e.text, fp.text.data(), len);
-    e.text[len] = '\0';
+    e.rec.Store(callSite, fp);
     e.state.store(2, std::memory_order_release);
     return true;
   }
@@ -266,11 +279,8 @@ int ShmGroup::FindFingerprint(int rank, int64_t callSite, ShmFingerprint* out) c
   for (int i = 0; i < kShmFpEntries; ++i) {
     const ShmFpEntry& e = h->table[(start + i) % kShmFpEntries];
     if (e.state.load(std::memory_order_acquire) != 2) break;
-    if (e.callSite != callSite) continue;
-    out->coll = e.coll;
-    out->send = e.send;
-    out->recv = e.recv;
-    out->text.assign(e.text, strnlen(e.text, kShmFpTextBytes));
+    if (e.rec.callSite != callSite) continue;
+    *out = e.rec.Load();
     return 1;
   }
   return h->tableFull.load(std::memory_order_acquire) != 0 ? -1 : 0;

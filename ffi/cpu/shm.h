@@ -32,13 +32,27 @@ constexpr int kShmMaxProcessWords = 16;                // "mapped" bits for 1024
 constexpr int kShmFpEntries = 256;                     // call sites a segment remembers
 constexpr int kShmFpTextBytes = 200;
 
+// What one rank posted for a call site.
+struct ShmFingerprint {
+  uint64_t coll = 0, send = 0, recv = 0;
+  std::string text;
+};
+
+// A rank's fingerprint for one call site as a fixed-size record: a segment's table entry, the
+// payload of a socket's fingerprint frame.
+struct FingerprintRecord {
+  int64_t callSite;
+  uint64_t coll, send, recv;   // the rank's call fingerprint (comm.h: CallFingerprint)
+  char text[kShmFpTextBytes];  // a short text of the rank's tasks, NUL-terminated
+  void Store(int64_t site, const ShmFingerprint& fp);  // text cut to fit
+  ShmFingerprint Load() const;
+};
+
 // One rank's entry for one call site: written once by the rank (state 0 -> 2 with release).
 struct alignas(64) ShmFpEntry {
   std::atomic<uint32_t> state;  // 0 empty, 2 ready
   uint32_t pad;
-  int64_t callSite;
-  uint64_t coll, send, recv;   // the rank's call fingerprint (comm.h: CallFingerprint)
-  char text[kShmFpTextBytes];  // a short text of the rank's tasks, NUL-terminated
+  FingerprintRecord rec;
 };
 
 struct ShmHeader {
@@ -49,12 +63,6 @@ struct ShmHeader {
   std::atomic<uint32_t> tableFull;  // set when the owner could not post an entry
   ShmFpEntry table[kShmFpEntries];
   std::atomic<uint32_t> failed;  // set by a process whose communicator of this group failed
-};
-
-// What one rank posted for a call site.
-struct ShmFingerprint {
-  uint64_t coll = 0, send = 0, recv = 0;
-  std::string text;
 };
 
 // The segments of one group, as seen from this process.

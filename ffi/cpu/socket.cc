@@ -44,12 +44,6 @@ struct FrameHeader {
 };
 static_assert(sizeof(FrameHeader) == 32, "frame header");
 
-struct FingerprintWire {
-  int64_t callSite;
-  uint64_t coll, send, recv;
-  char text[kShmFpTextBytes];
-};
-
 std::string ErrnoText(int e) {
   return detail::StrCat(std::strerror(e), " (errno ", e, ")");
 }
@@ -228,7 +222,7 @@ struct SocketLink {
   FrameHeader recvHdr{};
   int64_t hdrGot = 0;
   int64_t payloadGot = 0;
-  FingerprintWire fpIn{};
+  FingerprintRecord fpIn{};
 };
 
 SocketLinks::SocketLinks(std::string session, uint64_t group, const GroupPlacement& placement,
@@ -523,24 +517,31 @@ bool SocketLinks::PumpRecv(SocketLink& lk, bool* wantRead) {
                                       placement_.process[size_t(lk.remote)],
                                       " exited or its communicator failed"));
   };
-  while (true) {
-    if (lk.hdrGot < hdr) {
-      const ssize_t k = recv(lk.fd, reinterpret_cast<char*>(&lk.recvHdr) + lk.hdrGot,
-                             size_t(hdr - lk.hdrGot), MSG_DONTWAIT);
+  // Reads into dst[*got, want) without blocking: true once complete; false when the socket has
+  // nothing more now (*wantRead) or closed or failed (reported).
+  auto readInto = [&](char* dst, int64_t want, int64_t* got) {
+    while (*got < want) {
+      const ssize_t k = recv(lk.fd, dst + *got, size_t(want - *got), MSG_DONTWAIT);
       if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
         *wantRead = true;
-        return progressed;
+        return false;
       }
       if (k < 0 && errno == EINTR) continue;
       if (k <= 0) {
         closed(k);
-        return progressed;
+        return false;
       }
-      lk.hdrGot += k;
+      *got += k;
       progressed = true;
-      if (lk.hdrGot < hdr) continue;
+    }
+    return true;
+  };
+  while (true) {
+    if (lk.hdrGot < hdr) {
+      if (!readInto(reinterpret_cast<char*>(&lk.recvHdr), hdr, &lk.hdrGot)) return progressed;
       const FrameHeader& h = lk.recvHdr;
-      const bool okFp = h.type == kFrameFingerprint && h.bytes == int64_t(sizeof(FingerprintWire));
+      const bool okFp =
+          h.type == kFrameFingerprint && h.bytes == int64_t(sizeof(FingerprintRecord));
       const bool okData = h.type == kFrameData && h.channel == lk.channel && h.from == lk.remote &&
                           h.to == lk.local && h.step == lk.received && h.bytes >= 0 &&
                           h.bytes <= lk.in->slotBytes;
@@ -563,21 +564,7 @@ bool SocketLinks::PumpRecv(SocketLink& lk, bool* wantRead) {
     } else {
       dst = reinterpret_cast<char*>(&lk.fpIn);
     }
-    while (lk.payloadGot < h.bytes) {
-      const ssize_t k =
-          recv(lk.fd, dst + lk.payloadGot, size_t(h.bytes - lk.payloadGot), MSG_DONTWAIT);
-      if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-        *wantRead = true;
-        return progressed;
-      }
-      if (k < 0 && errno == EINTR) continue;
-      if (k <= 0) {
-        closed(k);
-        return progressed;
-      }
-      lk.payloadGot += k;
-      progressed = true;
-    }
+    if (!readInto(dst, h.bytes, &lk.payloadGot)) return progressed;
     if (h.type == kFrameData) {
       lk.in->slotSizes[lk.received % kSteps] = h.bytes;
       lk.received += 1;
@@ -585,13 +572,8 @@ bool SocketLinks::PumpRecv(SocketLink& lk, bool* wantRead) {
       tr_->Ring(lk.local);
       framesReceived_.fetch_add(1, std::memory_order_relaxed);
     } else {
-      ShmFingerprint fp;
-      fp.coll = lk.fpIn.coll;
-      fp.send = lk.fpIn.send;
-      fp.recv = lk.fpIn.recv;
-      fp.text.assign(lk.fpIn.text, strnlen(lk.fpIn.text, kShmFpTextBytes));
       std::lock_guard<std::mutex> lock(mu_);
-      fingerprints_[std::make_pair(int(h.from), lk.fpIn.callSite)] = std::move(fp);
+      fingerprints_[std::make_pair(int(h.from), lk.fpIn.callSite)] = lk.fpIn.Load();
     }
     lk.hdrGot = 0;
     progressed = true;
@@ -658,14 +640,9 @@ void SocketLinks::PostFingerprint(int rank, int64_t callSite, const ShmFingerpri
   FrameHeader h{};
   h.type = kFrameFingerprint;
   h.from = rank;
-  h.bytes = sizeof(FingerprintWire);
-  FingerprintWire w{};
-  w.callSite = callSite;
-  w.coll = fp.coll;
-  w.send = fp.send;
-  w.recv = fp.recv;
-  const size_t len = std::min(fp.text.size(), size_t(kShmFpTextBytes - 1));
-  std::memcpy(w.text, fp.text.data(), len);
+  h.bytes = sizeof(FingerprintRecord);
+  FingerprintRecord w{};
+  w.Store(callSite, fp);
   std::string frame(reinterpret_cast<const char*>(&h), sizeof(h));
   frame.append(reinterpret_cast<const char*>(&w), sizeof(w));
   {

@@ -275,37 +275,22 @@ ffi::ErrorOr<std::unique_ptr<GpuState>> InstantiateFor(
     ffi::Span<const int64_t> groups, int64_t groupSize, int32_t op, int32_t premul,
     double premulValue, int64_t root, ffi::Span<const int64_t> perm, std::string_view algorithm,
     std::string_view protocol, int64_t callSite, std::string_view name) {
-  try {
+  return GuardInstantiate<GpuState>("jax_rccl GPU instantiate", [&] {
     StatusOr<std::unique_ptr<GpuState>> st =
         MakeState(K, groups, groupSize, op, premul, premulValue, root, perm, algorithm, protocol,
                   callSite, name);
-    if (!st.ok()) return ffi::Unexpected(ToFfiError(st.status()));
-    cpu::Stats().instantiations.fetch_add(1);
-    return st.take();
-  } catch (const std::exception& e) {
-    return ffi::Unexpected(
-        ffi::Error::Internal(std::string("jax_rccl GPU instantiate: ") + e.what()));
-  } catch (...) {
-    return ffi::Unexpected(ffi::Error::Internal("jax_rccl GPU instantiate: unknown exception"));
-  }
+    if (st.ok()) cpu::Stats().instantiations.fetch_add(1);
+    return st;
+  });
 }
 
 ffi::Error ExecuteEntry(void* stream, int32_t ordinal, GpuState* st, ffi::RemainingArgs args,
                         ffi::RemainingRets rets) {
-  try {
-    if (st == nullptr) {
-      return ffi::Error::Internal("jax_rccl GPU execute: no state (not instantiated)");
-    }
-    Status s = Execute(*st, stream, ordinal, args, rets);
-    if (!s.ok()) cpu::Stats().errors.fetch_add(1);
-    return ToFfiError(s);
-  } catch (const std::exception& e) {
-    cpu::Stats().errors.fetch_add(1);
-    return ffi::Error::Internal(std::string("jax_rccl GPU execute: ") + e.what());
-  } catch (...) {
-    cpu::Stats().errors.fetch_add(1);
-    return ffi::Error::Internal("jax_rccl GPU execute: unknown exception");
+  if (st == nullptr) {
+    return ffi::Error::Internal("jax_rccl GPU execute: no state (not instantiated)");
   }
+  return GuardExecute("jax_rccl GPU execute", &cpu::Stats().errors,
+                      [&] { return Execute(*st, stream, ordinal, args, rets); });
 }
 
 }  // namespace
@@ -323,17 +308,11 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(jax_rccl_gpu_execute, jax_rccl::gpu::ExecuteEntry,
                                   .RemainingRets(),
                               {xla::ffi::Traits::kCmdBufferCompatible});
 
-#define JAX_RCCL_GPU_INSTANTIATE(kind)                                                  \
+#define JAX_RCCL_GPU_INSTANTIATE(name, kind)                                            \
   XLA_FFI_DEFINE_HANDLER_SYMBOL(jax_rccl_gpu_instantiate_##kind,                        \
                                 jax_rccl::gpu::InstantiateFor<jax_rccl::Kind::k##kind>, \
-                                jax_rccl::InstantiateAttrs())
-JAX_RCCL_GPU_INSTANTIATE(AllReduce);
-JAX_RCCL_GPU_INSTANTIATE(AllGather);
-JAX_RCCL_GPU_INSTANTIATE(ReduceScatter);
-JAX_RCCL_GPU_INSTANTIATE(Broadcast);
-JAX_RCCL_GPU_INSTANTIATE(Reduce);
-JAX_RCCL_GPU_INSTANTIATE(AllToAll);
-JAX_RCCL_GPU_INSTANTIATE(Ppermute);
+                                jax_rccl::InstantiateAttrs());
+JAX_RCCL_FFI_KINDS(JAX_RCCL_GPU_INSTANTIATE)
 #undef JAX_RCCL_GPU_INSTANTIATE
 
 namespace jax_rccl {
@@ -343,14 +322,8 @@ const std::vector<cpu::FfiTarget>& GpuFfiTargets() {
   static const std::vector<cpu::FfiTarget> targets = {
 #define JAX_RCCL_GPU_TARGET(name, kind)                                        \
   {"jax_rccl_" name, reinterpret_cast<void*>(jax_rccl_gpu_instantiate_##kind), \
-   reinterpret_cast<void*>(jax_rccl_gpu_execute)}
-      JAX_RCCL_GPU_TARGET("all_reduce", AllReduce),
-      JAX_RCCL_GPU_TARGET("all_gather", AllGather),
-      JAX_RCCL_GPU_TARGET("reduce_scatter", ReduceScatter),
-      JAX_RCCL_GPU_TARGET("broadcast", Broadcast),
-      JAX_RCCL_GPU_TARGET("reduce", Reduce),
-      JAX_RCCL_GPU_TARGET("all_to_all", AllToAll),
-      JAX_RCCL_GPU_TARGET("ppermute", Ppermute),
+   reinterpret_cast<void*>(jax_rccl_gpu_execute)},
+      JAX_RCCL_FFI_KINDS(JAX_RCCL_GPU_TARGET)
 #undef JAX_RCCL_GPU_TARGET
   };
   return targets;
