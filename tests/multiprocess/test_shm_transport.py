@@ -66,6 +66,28 @@ def case_tasks(coll: str, count: int, n: int, rank: int):
     return [t], None
 
 
+def time_all_reduce(native, world, group, local, args, algorithm, protocol) -> dict:
+    """args["repeat"] float32 all_reduces of args["count"] ones: {"ok": every element == the
+    group size, "seconds": the runtime's time per call}."""
+    count = args["count"]
+    task = [{"coll": "all_reduce", "count": count, "dtype": "float32", "op": "sum"}]
+    inputs = [[np.ones(count, np.float32).tobytes()] for _ in local]
+    outs, secs = native.internal.run_plan_process(
+        world,
+        group,
+        local,
+        task,
+        inputs,
+        timeout_s=60.0,
+        algorithm=algorithm,
+        protocol=protocol,
+        call_site=77,
+        repeat=args["repeat"],
+    )
+    got = np.frombuffer(outs[0][0], np.float32)
+    return {"ok": bool(np.all(got == len(group))), "seconds": secs}
+
+
 def run_cases(native, world, group, local, cases, timeout) -> list[str]:
     """Runs `cases` and returns the failures seen by this process's ranks."""
     n = len(group)
@@ -183,25 +205,7 @@ def worker(args: dict) -> dict:
             time.sleep(1.5)
             run_cases(native, world, group, local, args["cases"], args["timeout"])
         elif mode == "time":
-            count = args["count"]
-            n = len(group)
-            task = [{"coll": "all_reduce", "count": count, "dtype": "float32", "op": "sum"}]
-            inputs = [[np.ones(count, np.float32).tobytes()] for _ in local]
-            outs, secs = native.internal.run_plan_process(
-                world,
-                group,
-                local,
-                task,
-                inputs,
-                timeout_s=60.0,
-                algorithm="Ring",
-                protocol="Simple",
-                call_site=77,
-                repeat=args["repeat"],
-            )
-            got = np.frombuffer(outs[0][0], np.float32)
-            out["ok"] = bool(np.all(got == n))
-            out["seconds"] = secs
+            out.update(time_all_reduce(native, world, group, local, args, "Ring", "Simple"))
         out["pending"] = [
             s for s in os.listdir("/dev/shm") if s.startswith("jrccl.") and args["session"] in s
         ]

@@ -22,7 +22,13 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from test_shm_transport import all_cases, load_native, run_cases, spawn, world_of  # noqa: E402
+from test_shm_transport import (  # noqa: E402
+    all_cases,
+    load_native,
+    run_cases,
+    spawn,
+    world_of,
+)
 
 HERE = os.path.abspath(__file__)
 
@@ -73,28 +79,6 @@ def worker(args: dict) -> dict:
                 time.sleep(1.5)
             t0 = time.monotonic()
             run_cases(native, None, group, local, cases[1:], args["timeout"])
-        elif mode == "time":
-            import numpy as np
-
-            count = args["count"]
-            n = len(group)
-            task = [{"coll": "all_reduce", "count": count, "dtype": "float32", "op": "sum"}]
-            inputs = [[np.ones(count, np.float32).tobytes()] for _ in local]
-            outs, secs = native.internal.run_plan_process(
-                world,
-                group,
-                local,
-                task,
-                inputs,
-                timeout_s=60.0,
-                algorithm=args.get("algo", ""),
-                protocol=args.get("proto", ""),
-                call_site=77,
-                repeat=args["repeat"],
-            )
-            got = np.frombuffer(outs[0][0], np.float32)
-            out["ok"] = bool(np.all(got == n))
-            out["seconds"] = secs
     except Exception as e:  # noqa: BLE001 - reported to the driver
         out["error"] = f"{type(e).__name__}: {e}"
     out["elapsed"] = time.monotonic() - t0
