@@ -104,14 +104,16 @@ def test_independent_collectives_in_one_program():
 
 
 @pytest.mark.needs_world
+@pytest.mark.parametrize("transport", ["shm", "socket"])
 @pytest.mark.parametrize("algo", ["Ring", "Tree"])
-def test_forced_algorithm(algo):
+def test_forced_algorithm(algo, transport):
     res = _ok(
         launch(
             "collectives",
             2,
             2,
             args=(f"--algo={algo}", "--sizes=64,40000", "--chain"),
+            env={"JAX_RCCL_TRANSPORT": transport},
             timeout=90,
             jax_rccl_timeout=TIMEOUT,
         )
@@ -182,23 +184,6 @@ def test_every_collective_over_sockets(nprocs, local):
             nprocs,
             local,
             args=("--chain", "--sizes=64,40000"),
-            env=SOCKET,
-            timeout=90,
-            jax_rccl_timeout=TIMEOUT,
-        )
-    )
-    _no_segments(res)
-
-
-@pytest.mark.needs_world
-@pytest.mark.parametrize("algo", ["Ring", "Tree"])
-def test_forced_algorithm_over_sockets(algo):
-    res = _ok(
-        launch(
-            "collectives",
-            2,
-            2,
-            args=(f"--algo={algo}", "--sizes=64,40000", "--chain"),
             env=SOCKET,
             timeout=90,
             jax_rccl_timeout=TIMEOUT,
