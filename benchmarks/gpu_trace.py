@@ -4,11 +4,11 @@
         [--algorithm Ring] [--protocol LL] [--warmup 20]
 
 After --warmup launches (caches and counters warm), one launch of every rank records, per block,
-when it started, loaded each work, and for each FIFO step (piece) when it began, when its waits
-were satisfied (ready), when its data had moved and when its counters were posted, and when it
-ended (hip/device_conn.h: TraceEvent; the device's nanosecond clock). Prints block 0 of every
-rank (time since the earliest start, gap to the previous event), then the mean of each phase over
-every rank's pieces, next to an empty kernel launch measured in the same run.
+when it started, loaded each work, began its element, and for each FIFO step (piece) when it
+began, when its waits were satisfied (ready), when its data had moved and when its counters were
+posted, and when it ended (hip/device_conn.h: TraceEvent; the device's nanosecond clock). Prints
+block 0 of every rank (time since the earliest start, gap to the previous event), then the mean of
+each phase over every rank's blocks, next to an empty kernel launch measured in the same run.
 """
 
 from __future__ import annotations
@@ -21,35 +21,16 @@ from jax_rccl import harness
 
 
 def phases(events: list[tuple[str, float]]) -> dict[str, list[float]]:
-    """Durations of a block's phases (us) from its events."""
-    out: dict[str, list[float]] = {
-        "start -> first piece": [],
-        "piece -> ready (waits)": [],
-        "ready -> moved (data)": [],
-        "moved -> posted (counters)": [],
-        "posted -> next piece": [],
-        "last posted -> end": [],
-        "start -> end (block)": [],
-    }
+    """Durations of a block's phases (us) from its events: every pair of consecutive events
+    ("piece -> ready": a FIFO step's waits; "ready -> moved": its data; ...), and the block's
+    whole time."""
+    out: dict[str, list[float]] = {}
+    for (a, ta), (b, tb) in zip(events[:-1], events[1:], strict=True):
+        out.setdefault(f"{a} -> {b}", []).append(tb - ta)
     names = [e for e, _ in events]
-    times = [t for _, t in events]
-    pairs = (("piece", "ready"), ("ready", "moved"), ("moved", "posted"))
-    labels = ("piece -> ready (waits)", "ready -> moved (data)", "moved -> posted (counters)")
-    for i in range(1, len(events)):
-        for (a, b), label in zip(pairs, labels, strict=True):
-            if names[i - 1] == a and names[i] == b:
-                out[label].append(times[i] - times[i - 1])
-        if names[i] == "piece" and names[i - 1] == "posted":
-            out["posted -> next piece"].append(times[i] - times[i - 1])
-    if "start" in names and "piece" in names:
-        out["start -> first piece"].append(
-            times[names.index("piece")] - times[names.index("start")]
-        )
-    if "end" in names and "posted" in names:
-        last = len(names) - 1 - names[::-1].index("posted")
-        out["last posted -> end"].append(times[names.index("end")] - times[last])
     if "start" in names and "end" in names:
-        out["start -> end (block)"].append(times[names.index("end")] - times[names.index("start")])
+        t = dict(events)
+        out["start -> end (block)"] = [t["end"] - t["start"]]
     return out
 
 

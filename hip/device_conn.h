@@ -111,6 +111,8 @@ struct DevStatus {
 };
 
 constexpr int kInlineSlots = 24;
+// Tasks a block keeps in shared memory (a launch with more reads them from device memory).
+constexpr int kSharedTasks = 32;
 
 // A launch's timeline (the harness's trace): per block up to kTraceEvents words, each the event
 // (TraceEvent, top 8 bits) and the device clock in ns (low 56 bits); unused words stay 0.
@@ -123,6 +125,7 @@ enum TraceEvent : uint32_t {
   kTraceMoved = 5,   // the piece's data moved (after the block's barrier)
   kTracePosted = 6,  // the piece's counters were posted
   kTraceEnd = 7,     // the block finished its works
+  kTraceElem = 8,    // a work's element began (its task loaded)
 };
 
 // Threads per block of a launch: the plan's count, raised to kMinLaunchThreads on NVIDIA (its

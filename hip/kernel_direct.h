@@ -11,43 +11,136 @@ namespace {
 // ---- Direct (ours): every rank reads its peers' buffers in place ----
 //
 // For ranks that can address each other's memory (ranks of one device; devices with peer
-// access). Each rank publishes its buffers for the element in the spare words of its own (self)
-// connection header of the channel (pad0 = {sequence published, send, recv, op argument},
-// pad1 = {done, sequence}; a send to oneself may use that connection's FIFO, never these words),
-// waits until every peer published the same sequence, moves the data, posts done and waits for
-// every peer's done (so no rank's buffers are reused while a peer still reads or writes them).
-// The sequence is kept across launches, like the FIFO counters.
+// access). An element runs between two barriers, each one store to every peer and one poll per
+// peer of this rank's own memory, all peers at once (thread k of the block handles peer k):
+//   1. rank r writes its buffers (send, recv, op argument) and then the element's sequence into
+//      its box in every peer k's region, and waits until every peer's box in its own region shows
+//      the same sequence (every input is ready, every output may be written);
+//   2. the block moves the data: reads the peers' inputs in place, writes the outputs;
+//   3. rank r posts done (the sequence) into its box in every peer's region and waits for every
+//      peer's done in its own (no rank's buffers are reused while a peer still reads or writes
+//      them).
+// Rank r's box in rank k's region, for a channel, is the spare words (indices below kSendPad) of
+// the connection header (channel, from r) there; a send to oneself may use the self connection's
+// FIFO, never these words. Only rank r writes its boxes, and every poll reads local memory, so
+// across devices only stores cross the link. The sequence is kept in rank r's own self box, across
+// launches like the FIFO counters.
 constexpr int kMaxDirectRanks = 64;
+constexpr int kBoxSeq = 1;    // pad0: the sequence published (stored last)
+constexpr int kBoxSend = 2;   // pad0: the owner's send buffer
+constexpr int kBoxRecv = 3;   // pad0: the owner's recv buffer
+constexpr int kBoxArg = 4;    // pad0: the owner's op argument
+constexpr int kBoxDone = 1;   // pad1: the sequence done
+constexpr int kBoxCount = 2;  // pad1, in the owner's self box only: its last sequence
+static_assert(kBoxArg < kSendPad && kBoxCount < kSendPad, "Direct's words lie below kSendPad");
+
 struct DirectShared {
   const char* src[kMaxDirectRanks];
   char* dst[kMaxDirectRanks];
   uint64_t arg[kMaxDirectRanks];
-  int64_t n;  // elements (reduce) or bytes (copy) per source
-  int nsrc, ndst;
-  int copyPairs;  // 1: copy src[k] -> dst[k] for every k (no reduction)
 };
 
-__device__ inline ConnHeader* SelfConn(const KernelArgs& a, int ch, int k) {
-  return reinterpret_cast<ConnHeader*>(a.regions[k] + RegionLayout::HeaderOffset(a.geo, ch, k));
+// The box of rank `from` in rank `at`'s region for channel `ch`.
+__device__ inline ConnHeader* DirectBox(const KernelArgs& a, int ch, int at, int from) {
+  return reinterpret_cast<ConnHeader*>(a.regions[at] + RegionLayout::HeaderOffset(a.geo, ch, from));
 }
 
-// Reduces ds.nsrc sources (source k through PreOp with its owner's argument) into every one of
-// ds.ndst destinations (through PostOp); 16-byte packs when every pointer allows.
+// What the element moves, the same on every thread: `n` elements (reduce) or bytes (copy) per
+// source; sources [s0, s0 + nsrc) and destinations [d0, d0 + ndst) of DirectShared; copyPairs:
+// copy src[k] -> dst[k] for each source k instead of reducing; `lo`: this rank's first unit of
+// the element's [0, workCount) (all_reduce, reduce).
+struct DirectShape {
+  int64_t n = 0, lo = 0;
+  int s0 = 0, nsrc = 0, d0 = 0, ndst = 0;
+  bool copyPairs = false;
+};
+
+__device__ inline DirectShape DirectShapeOf(const WorkElemColl& e, const DevTask& t, int r, int n) {
+  const int64_t us = t.unitSize, wc = int64_t(e.workCount);
+  DirectShape s;
+  switch (Coll(t.coll)) {
+    case Coll::kAllReduce:
+    case Coll::kReduce: {
+      // This rank's share of [0, wc): near-equal sub-slices aligned to 64 bytes.
+      const int64_t align = us >= 64 ? 1 : 64 / us;
+      const int64_t per = ProgDivUp(ProgDivUp(wc, n), align) * align;
+      s.lo = ProgMin(wc, per * r);
+      s.n = ProgMin(wc, per * (r + 1)) - s.lo;
+      s.nsrc = n;
+      s.d0 = Coll(t.coll) == Coll::kReduce ? int(e.root) : 0;
+      s.ndst = Coll(t.coll) == Coll::kReduce ? 1 : n;
+      break;
+    }
+    case Coll::kReduceScatter:
+      s.n = wc;
+      s.nsrc = n;
+      s.d0 = r;
+      s.ndst = 1;
+      break;
+    case Coll::kAllGather:
+      s.n = wc * us;
+      s.copyPairs = true;
+      s.nsrc = n;
+      break;
+    case Coll::kBroadcast:
+      s.n = wc * us;
+      s.copyPairs = true;
+      s.s0 = int(e.root);
+      s.nsrc = 1;
+      break;
+    default:
+      break;
+  }
+  return s;
+}
+
+// Source and destination k of element `e` for this rank (r), from rank k's buffers.
+__device__ inline void DirectPointers(const WorkElemColl& e, const DevTask& t, const DirectShape& s,
+                                      int r, int k, const char* sendK, char* recvK, char* recvMine,
+                                      const char** src, char** dst) {
+  const int64_t us = t.unitSize, wo = int64_t(e.workOffset), count = int64_t(e.count);
+  switch (Coll(t.coll)) {
+    case Coll::kAllReduce:
+    case Coll::kReduce:
+      *src = sendK + (wo + s.lo) * us;
+      *dst = recvK + (wo + s.lo) * us;
+      break;
+    case Coll::kReduceScatter:
+      *src = sendK + (int64_t(r) * count + wo) * us;
+      *dst = recvMine + wo * us;
+      break;
+    case Coll::kAllGather:
+      *src = sendK + wo * us;
+      *dst = recvMine + (int64_t(k) * count + wo) * us;
+      break;
+    case Coll::kBroadcast:
+      *src = sendK + wo * us;
+      *dst = recvMine + wo * us;
+      break;
+    default:
+      *src = nullptr;
+      *dst = nullptr;
+      break;
+  }
+}
+
+// Reduces sources [0, nsrc) (source k through PreOp with its owner's argument) into destinations
+// [d0, d0 + ndst) (through PostOp); 16-byte packs when every pointer allows.
 template <typename F>
-__device__ void DirectReduceLoop(const F& fn, const DirectShared& ds) {
+__device__ void DirectReduceLoop(const F& fn, const DirectShared& ds, const DirectShape& s) {
   using T = typename F::Elem;
   using Tr = ElemTraits<T>;
   using Acc = typename F::Acc;
   constexpr int kEpp = 16 / sizeof(T);
   const int tid = threadIdx.x, nt = blockDim.x;
   uintptr_t mis = 0;
-  for (int k = 0; k < ds.nsrc; ++k) mis |= uintptr_t(ds.src[k]);
-  for (int j = 0; j < ds.ndst; ++j) mis |= uintptr_t(ds.dst[j]);
-  const int64_t n = ds.n;
+  for (int k = 0; k < s.nsrc; ++k) mis |= uintptr_t(ds.src[k]);
+  for (int j = 0; j < s.ndst; ++j) mis |= uintptr_t(ds.dst[s.d0 + j]);
+  const int64_t n = s.n;
   const int64_t nPacks = (mis & 15) == 0 ? n / kEpp : 0;
   for (int64_t i = tid; i < nPacks; i += nt) {
     Acc acc[kEpp];
-    for (int k = 0; k < ds.nsrc; ++k) {
+    for (int k = 0; k < s.nsrc; ++k) {
       Pack16<T> v;
       v.v = LoadCG(reinterpret_cast<const uint4*>(ds.src[k]) + i);
       const F fk(ds.arg[k]);
@@ -61,19 +154,222 @@ __device__ void DirectReduceLoop(const F& fn, const DirectShared& ds) {
     Pack16<T> r;
 #pragma unroll
     for (int e = 0; e < kEpp; ++e) r.e[e] = Tr::Store(F::kHasPostOp ? fn.PostOp(acc[e]) : acc[e]);
-    for (int j = 0; j < ds.ndst; ++j) reinterpret_cast<uint4*>(ds.dst[j])[i] = r.v;
+    for (int j = 0; j < s.ndst; ++j) reinterpret_cast<uint4*>(ds.dst[s.d0 + j])[i] = r.v;
   }
   for (int64_t i = nPacks * kEpp + tid; i < n; i += nt) {
     Acc acc = Acc();
-    for (int k = 0; k < ds.nsrc; ++k) {
+    for (int k = 0; k < s.nsrc; ++k) {
       const F fk(ds.arg[k]);
       Acc x = Tr::Load(reinterpret_cast<const T*>(ds.src[k])[i]);
       if (F::kHasPreOp) x = fk.PreOp(x);
       acc = k == 0 ? x : fn.Reduce(acc, x);
     }
     const T r = Tr::Store(F::kHasPostOp ? fn.PostOp(acc) : acc);
-    for (int j = 0; j < ds.ndst; ++j) reinterpret_cast<T*>(ds.dst[j])[i] = r;
+    for (int j = 0; j < s.ndst; ++j) reinterpret_cast<T*>(ds.dst[s.d0 + j])[i] = r;
   }
+}
+
+// ---- Direct's one-hop path for small elements ----
+//
+// When every message of an element fits one LL step (workCount * unitSize <= half an LL slot),
+// barriers cost more than the data: each rank instead pushes its contribution as LL lines into the
+// FIFO of connection (channel, r -> k) of every peer k that needs it, and reduces or copies what
+// its peers pushed to it. The lines' flags say the data is there, the connections' counters say a
+// slot may be reused (as for a ring's LL step): one hop and no barrier. Reductions run over the
+// ranks in rank order on every rank (each contribution through PreOp and rounded to T, as the
+// sender sends it), so every rank's result is the same bits.
+__device__ inline bool DirectFitsLL(const KernelArgs& a, const WorkElemColl& e, const DevTask& t) {
+  return int64_t(e.workCount) * t.unitSize <= a.geo.stepBytes[kProtoLL] / 2;
+}
+
+// The `wb` (<= 8) bytes at p as one word, zero-padded.
+__device__ inline uint64_t LoadWord(const char* p, int wb) {
+  if (wb == 8 && (uintptr_t(p) & 7) == 0) return LoadCG(reinterpret_cast<const uint64_t*>(p));
+  Word8<uint8_t> w;
+  w.u = 0;
+  for (int i = 0; i < wb; ++i) w.b[i] = static_cast<unsigned char>(p[i]);
+  return w.u;
+}
+__device__ inline void StoreWord(char* p, uint64_t v, int wb) {
+  if (wb == 8 && (uintptr_t(p) & 7) == 0) {
+    *reinterpret_cast<uint64_t*>(p) = v;
+    return;
+  }
+  Word8<uint8_t> w;
+  w.u = v;
+  for (int i = 0; i < wb; ++i) p[i] = static_cast<char>(w.b[i]);
+}
+
+// Waits for the LL line at `line` to carry `flag`; its word in *out.
+__device__ inline bool PollLine(const uint4* line, uint32_t flag, const KernelArgs& a,
+                                uint64_t deadline, int ch, int peer, uint64_t step, uint64_t* out) {
+  uint4 l = LoadVolatile(line);
+  int spins = 0;
+  while (l.y != flag || l.w != flag) {
+    if (++spins == 512) {
+      spins = 0;
+      if (ShouldStop(a, deadline, ch, peer, true, step)) return false;
+    }
+    l = LoadVolatile(line);
+  }
+  *out = uint64_t(l.x) | (uint64_t(l.z) << 32);
+  return true;
+}
+
+// A contribution's word as it travels: every element through PreOp, rounded to T.
+template <typename F>
+__device__ inline uint64_t PreWord(const F& fn, uint64_t u) {
+  if (!F::kHasPreOp) return u;
+  using T = typename F::Elem;
+  using Tr = ElemTraits<T>;
+  Word8<T> v;
+  v.u = u;
+#pragma unroll
+  for (int e = 0; e < int(8 / sizeof(T)); ++e) v.e[e] = Tr::Store(fn.PreOp(Tr::Load(v.e[e])));
+  return v.u;
+}
+
+template <typename F>
+__device__ __noinline__ bool RunDirectLL(const KernelArgs& a, uint64_t deadline, int ch,
+                                         const WorkElemColl& e, const DevTask& t, BlockShared* sh) {
+  using T = typename F::Elem;
+  using Tr = ElemTraits<T>;
+  using Acc = typename F::Acc;
+  constexpr int kEpw = 8 / sizeof(T);
+  __shared__ uint64_t sendStep[kMaxDirectRanks], recvStep[kMaxDirectRanks];
+  const int n = a.nRanks, r = a.rank, tid = threadIdx.x, nt = blockDim.x;
+  const Coll coll = Coll(t.coll);
+  const int root = int(e.root);
+  const int64_t us = t.unitSize, wo = int64_t(e.workOffset), count = int64_t(e.count);
+  const int64_t bytes = int64_t(e.workCount) * us;
+  const int64_t nWords = (bytes + 7) / 8;
+  const bool reduction =
+      coll == Coll::kAllReduce || coll == Coll::kReduceScatter || coll == Coll::kReduce;
+  const bool sends = coll == Coll::kBroadcast ? r == root
+                     : coll == Coll::kReduce  ? r != root
+                                              : true;
+  const bool recvs = coll == Coll::kBroadcast ? r != root
+                     : coll == Coll::kReduce  ? r == root
+                                              : true;
+  auto sendTo = [&](int k) { return k != r && sends && (coll != Coll::kReduce || k == root); };
+  auto recvFrom = [&](int k) { return k != r && recvs && (coll != Coll::kBroadcast || k == root); };
+  const SlotPtrs sp = GetSlot(a, e.slot);
+  const char* send = static_cast<const char*>(sp.send);
+  char* recv = static_cast<char*>(sp.recv);
+  // This rank's data for rank k (k == r: for itself), and where rank k's data lands.
+  auto srcFor = [&](int k) {
+    return send + ((coll == Coll::kReduceScatter ? int64_t(k) * count : 0) + wo) * us;
+  };
+  auto dstFor = [&](int k) {
+    return recv + ((coll == Coll::kAllGather ? int64_t(k) * count : 0) + wo) * us;
+  };
+  // 1. the steps of every connection this element uses; room to send.
+  bool ok = true;
+  if (tid < n) {
+    const int k = tid;
+    if (sendTo(k)) {
+      const uint64_t ss = LoadVolatile64(SendTailMine(a, ch, k));
+      if (ss + 1 > uint64_t(kSteps)) {
+        uint64_t seen;
+        ok = WaitAtLeast(SendHeadMine(a, ch, k), ss + 1 - kSteps, a, deadline, ch, k, false, &seen);
+      }
+      sendStep[k] = ss;
+    }
+    if (recvFrom(k)) recvStep[k] = LoadVolatile64(&RecvConn(a, ch, k)->head);
+  }
+  if (__syncthreads_or(ok ? 0 : 1)) return false;
+  Trace(a, sh, kTraceReady);
+  const F fn(t.opArg);
+  // 2. push this rank's words to every peer that needs them.
+  if (sends) {
+    for (int64_t i = tid; i < n * nWords; i += nt) {
+      const int k = int(i / nWords);
+      const int64_t w = i - int64_t(k) * nWords;
+      if (!sendTo(k)) continue;
+      const int wb = int(ProgMin(int64_t(8), bytes - 8 * w));
+      uint64_t v = LoadWord(srcFor(k) + 8 * w, wb);
+      if (reduction) v = PreWord(fn, v);
+      const uint32_t flag = LLFlag(sendStep[k]);
+      uint4 line;
+      line.x = uint32_t(v);
+      line.y = flag;
+      line.z = uint32_t(v >> 32);
+      line.w = flag;
+      StoreVolatile(reinterpret_cast<uint4*>(SendSlot(a, ch, k, kProtoLL, sendStep[k])) + w, line);
+    }
+  }
+  // 3. take the peers' words: reduce them with this rank's own, or copy them into place (after
+  // every thread's sends: an in-place output overwrites what they read).
+  __syncthreads();
+  if (recvs && reduction) {
+    for (int64_t w = tid; w < nWords && ok; w += nt) {
+      const int wb = int(ProgMin(int64_t(8), bytes - 8 * w));
+      Acc acc[kEpw];
+      bool first = true;
+      for (int k = 0; k < n && ok; ++k) {
+        Word8<T> v;
+        if (k == r) {
+          v.u = PreWord(fn, LoadWord(srcFor(r) + 8 * w, wb));
+        } else if (recvFrom(k)) {
+          const uint4* line =
+              reinterpret_cast<const uint4*>(RecvSlot(a, ch, k, kProtoLL, recvStep[k])) + w;
+          ok = PollLine(line, LLFlag(recvStep[k]), a, deadline, ch, k, recvStep[k], &v.u);
+        } else {
+          continue;
+        }
+#pragma unroll
+        for (int j = 0; j < kEpw; ++j) {
+          const Acc x = Tr::Load(v.e[j]);
+          acc[j] = first ? x : fn.Reduce(acc[j], x);
+        }
+        first = false;
+      }
+      Word8<T> o;
+#pragma unroll
+      for (int j = 0; j < kEpw; ++j) o.e[j] = Tr::Store(F::kHasPostOp ? fn.PostOp(acc[j]) : acc[j]);
+      if (ok) StoreWord(dstFor(r) + 8 * w, o.u, wb);
+    }
+  } else if (recvs) {
+    for (int64_t i = tid; i < n * nWords && ok; i += nt) {
+      const int k = int(i / nWords);
+      const int64_t w = i - int64_t(k) * nWords;
+      const int wb = int(ProgMin(int64_t(8), bytes - 8 * w));
+      if (k == r) {
+        if (coll == Coll::kAllGather && srcFor(r) != dstFor(r)) {
+          StoreWord(dstFor(r) + 8 * w, LoadWord(srcFor(r) + 8 * w, wb), wb);
+        }
+      } else if (recvFrom(k)) {
+        const uint4* line =
+            reinterpret_cast<const uint4*>(RecvSlot(a, ch, k, kProtoLL, recvStep[k])) + w;
+        uint64_t v;
+        ok = PollLine(line, LLFlag(recvStep[k]), a, deadline, ch, k, recvStep[k], &v);
+        if (ok) StoreWord(dstFor(k) + 8 * w, v, wb);
+      }
+    }
+  }
+  if (coll == Coll::kBroadcast && r == root && srcFor(r) != dstFor(r)) {
+    for (int64_t w = tid; w < nWords; w += nt) {
+      const int wb = int(ProgMin(int64_t(8), bytes - 8 * w));
+      StoreWord(dstFor(r) + 8 * w, LoadWord(srcFor(r) + 8 * w, wb), wb);
+    }
+  }
+  if (__syncthreads_or(ok ? 0 : 1)) return false;
+  Trace(a, sh, kTraceMoved);
+  // 4. post the steps; the block's cache of counters (the ring's pieces) is stale now.
+  if (tid < n) {
+    const int k = tid;
+    if (sendTo(k)) {
+      StoreVolatile64(&SendConn(a, ch, k)->tail, sendStep[k] + 1);
+      StoreVolatile64(SendTailMine(a, ch, k), sendStep[k] + 1);
+    }
+    if (recvFrom(k)) {
+      StoreVolatile64(&RecvConn(a, ch, k)->head, recvStep[k] + 1);
+      StoreVolatile64(HeadAtSender(a, ch, k), recvStep[k] + 1);
+    }
+  }
+  if (tid == 0) sh->nConn = 0;
+  Trace(a, sh, kTracePosted);
+  return true;
 }
 
 template <typename F>
@@ -81,121 +377,69 @@ __device__ __noinline__ bool RunDirectElem(const KernelArgs& a, uint64_t deadlin
                                            const WorkElemColl& e, const DevTask& t,
                                            BlockShared* sh) {
   __shared__ DirectShared ds;
-  const int n = a.nRanks, r = a.rank;
-  const int64_t us = t.unitSize;
-  const int64_t wo = int64_t(e.workOffset), wc = int64_t(e.workCount);
-  const int64_t count = int64_t(e.count);
-  if (threadIdx.x == 0) {
-    const SlotPtrs sp = GetSlot(a, e.slot);
-    ConnHeader* me = SelfConn(a, ch, r);
-    const uint64_t seq = LoadVolatile64(&me->pad1[1]) + 1;
-    StoreVolatile64(&me->pad0[1], uint64_t(uintptr_t(sp.send)));
-    StoreVolatile64(&me->pad0[2], uint64_t(uintptr_t(sp.recv)));
-    StoreVolatile64(&me->pad0[3], t.opArg);
+  const int n = a.nRanks, r = a.rank, k = threadIdx.x;
+  Trace(a, sh, kTracePiece);
+  if (n > kMaxDirectRanks) {
+    if (k == 0) Report(a, 2, ch, r, true, 0);
+    return false;
+  }
+  if (DirectFitsLL(a, e, t)) return RunDirectLL<F>(a, deadline, ch, e, t, sh);
+  const SlotPtrs sp = GetSlot(a, e.slot);
+  const DirectShape s = DirectShapeOf(e, t, r, n);
+  uint64_t seq = 0;
+  bool ok = true;
+  if (k < n) {
+    // 1. publish this rank's buffers to peer k; wait for peer k's.
+    seq = LoadVolatile64(&DirectBox(a, ch, r, r)->pad1[kBoxCount]) + 1;
+    ConnHeader* out = DirectBox(a, ch, k, r);
+    StoreVolatile64(&out->pad0[kBoxSend], uint64_t(uintptr_t(sp.send)));
+    StoreVolatile64(&out->pad0[kBoxRecv], uint64_t(uintptr_t(sp.recv)));
+    StoreVolatile64(&out->pad0[kBoxArg], t.opArg);
     Fence(a);
-    StoreVolatile64(&me->pad0[0], seq);
-    bool ok = n <= kMaxDirectRanks;
-    if (!ok) Report(a, 2, ch, r, true, seq);
-    for (int k = 0; k < n && ok; ++k) {
-      ConnHeader* pk = SelfConn(a, ch, k);
-      uint64_t seen;
-      ok = WaitAtLeast(&pk->pad0[0], seq, a, deadline, ch, k, true, &seen);
-      if (!ok) break;
-      ds.src[k] = reinterpret_cast<const char*>(uintptr_t(LoadVolatile64(&pk->pad0[1])));
-      ds.dst[k] = reinterpret_cast<char*>(uintptr_t(LoadVolatile64(&pk->pad0[2])));
-      ds.arg[k] = LoadVolatile64(&pk->pad0[3]);
-    }
-    Fence(a);  // acquire: the peers' buffers are read after their publishes
+    StoreVolatile64(&out->pad0[kBoxSeq], seq);
+    ConnHeader* in = DirectBox(a, ch, r, k);
+    uint64_t seen;
+    ok = WaitAtLeast(&in->pad0[kBoxSeq], seq, a, deadline, ch, k, true, &seen);
     if (ok) {
-      // This rank's share of [0, wc): near-equal sub-slices aligned to 64 bytes.
-      const int64_t align = us >= 64 ? 1 : 64 / us;
-      const int64_t per = ProgDivUp(ProgDivUp(wc, n), align) * align;
-      const int64_t lo = ProgMin(wc, per * r), hi = ProgMin(wc, per * (r + 1));
-      ds.copyPairs = 0;
-      ds.nsrc = n;
-      switch (Coll(t.coll)) {
-        case Coll::kAllReduce:
-        case Coll::kReduce:
-          ds.n = hi - lo;
-          for (int k = 0; k < n; ++k) {
-            ds.src[k] += (wo + lo) * us;
-            ds.dst[k] += (wo + lo) * us;
-          }
-          if (Coll(t.coll) == Coll::kReduce) {
-            ds.dst[0] = ds.dst[int(e.root)];
-            ds.ndst = 1;
-          } else {
-            ds.ndst = n;
-          }
-          break;
-        case Coll::kReduceScatter: {
-          ds.n = wc;
-          char* mine = ds.dst[r] + wo * us;
-          for (int k = 0; k < n; ++k) ds.src[k] += (int64_t(r) * count + wo) * us;
-          ds.dst[0] = mine;
-          ds.ndst = 1;
-          break;
-        }
-        case Coll::kAllGather: {
-          ds.n = wc * us;
-          ds.copyPairs = 1;
-          char* mine = ds.dst[r];
-          for (int k = 0; k < n; ++k) {
-            ds.src[k] += wo * us;
-            ds.dst[k] = mine + (int64_t(k) * count + wo) * us;
-          }
-          break;
-        }
-        case Coll::kBroadcast: {
-          ds.n = wc * us;
-          ds.copyPairs = 1;
-          ds.src[0] = ds.src[int(e.root)] + wo * us;
-          ds.dst[0] = ds.dst[r] + wo * us;
-          ds.nsrc = 1;
-          break;
-        }
-        default:
-          ds.n = 0;
-          ds.nsrc = 0;
-          ds.ndst = 0;
-          break;
-      }
+      Fence(a);  // acquire: peer k's words and buffers are read after its publish
+      const char* sendK =
+          reinterpret_cast<const char*>(uintptr_t(LoadVolatile64(&in->pad0[kBoxSend])));
+      char* recvK = reinterpret_cast<char*>(uintptr_t(LoadVolatile64(&in->pad0[kBoxRecv])));
+      ds.arg[k] = LoadVolatile64(&in->pad0[kBoxArg]);
+      DirectPointers(e, t, s, r, k, sendK, recvK, static_cast<char*>(sp.recv), &ds.src[k],
+                     &ds.dst[k]);
     }
-    sh->rs = seq;
-    sh->ok = ok ? 1 : 0;
   }
-  __syncthreads();
-  if (!sh->ok) return false;
-  if (ds.copyPairs) {
+  if (__syncthreads_or(ok ? 0 : 1)) return false;
+  Trace(a, sh, kTraceReady);
+  // 2. move the data.
+  if (s.copyPairs) {
     const FuncSum<uint8_t> copyFn(0);
-    for (int k = 0; k < ds.nsrc; ++k) {
-      if (ds.src[k] == ds.dst[k] || ds.n == 0) continue;
+    for (int j = s.s0; j < s.s0 + s.nsrc; ++j) {
+      if (ds.src[j] == ds.dst[j] || s.n == 0) continue;
       PieceIo io;
-      io.src = ds.src[k];
-      io.dst = ds.dst[k];
-      SimpleLoop<FuncSum<uint8_t>, false, true>(copyFn, io, ds.n);
+      io.src = ds.src[j];
+      io.dst = ds.dst[j];
+      SimpleLoop<FuncSum<uint8_t>, false, true>(copyFn, io, s.n);
     }
-  } else if (ds.n > 0) {
+  } else if (s.n > 0) {
     const F fn(t.opArg);
-    DirectReduceLoop(fn, ds);
+    DirectReduceLoop(fn, ds, s);
   }
   __syncthreads();
-  if (threadIdx.x == 0) {
-    const uint64_t seq = sh->rs;
-    ConnHeader* me = SelfConn(a, ch, r);
-    Fence(a);
-    StoreVolatile64(&me->pad1[0], seq);
-    bool ok = true;
-    for (int k = 0; k < n && ok; ++k) {
-      uint64_t seen;
-      ok = WaitAtLeast(&SelfConn(a, ch, k)->pad1[0], seq, a, deadline, ch, k, true, &seen);
-    }
+  Trace(a, sh, kTraceMoved);
+  // 3. post done to peer k; wait for peer k's.
+  if (k < n) {
+    Fence(a);  // release: this block's reads and writes come before the post
+    StoreVolatile64(&DirectBox(a, ch, k, r)->pad1[kBoxDone], seq);
+    uint64_t seen;
+    ok = WaitAtLeast(&DirectBox(a, ch, r, k)->pad1[kBoxDone], seq, a, deadline, ch, k, true, &seen);
     Fence(a);  // acquire: this rank's output is complete once every peer posted done
-    StoreVolatile64(&me->pad1[1], seq);
-    sh->ok = ok ? 1 : 0;
+    if (k == 0) StoreVolatile64(&DirectBox(a, ch, r, r)->pad1[kBoxCount], seq);
   }
-  __syncthreads();
-  return sh->ok != 0;
+  const bool failed = __syncthreads_or(ok ? 0 : 1) != 0;
+  Trace(a, sh, kTracePosted);
+  return !failed;
 }
 
 }  // namespace

@@ -36,6 +36,7 @@ namespace {
 template <typename F>
 __device__ __noinline__ bool RunCollElem(const KernelArgs& a, uint64_t deadline, int ch,
                                          const WorkElemColl& e, const DevTask& t, BlockShared* sh) {
+  Trace(a, sh, kTraceElem);
   const Pattern pattern = Pattern(t.pattern);
   if (pattern == Pattern::kDirect) return RunDirectElem<F>(a, deadline, ch, e, t, sh);
   const F fn(t.opArg);
@@ -170,8 +171,16 @@ __device__ __noinline__ bool RunP2pWork(const KernelArgs& a, uint64_t deadline, 
 // connection sees the same sequence of steps on both of its ends.
 template <typename T, int kClass>
 __device__ void CollKernelBody(const KernelArgs& a) {
-  __shared__ Work work;
+  // The work and the launch's tasks (up to kSharedTasks) are copied in 16-byte words, in one pass
+  // for the first work: the arrays are uint4 so that every store is aligned.
+  constexpr int kWorkWords = int(sizeof(Work) / 16);
+  static_assert(sizeof(DevTask) == 16, "a task is one 16-byte word");
+  __shared__ uint4 workWords[kWorkWords];
+  __shared__ uint4 taskWords[kSharedTasks];
   __shared__ BlockShared sh;
+  const Work& work = *reinterpret_cast<const Work*>(workWords);
+  const DevTask* tasks = reinterpret_cast<const DevTask*>(taskWords);
+  const bool tasksShared = a.nSlots <= kSharedTasks;
   const BlockInfo bi = a.blocks[blockIdx.x];
   const uint64_t deadline = NowNs() + a.timeoutNs;
   if (threadIdx.x == 0) {
@@ -181,17 +190,24 @@ __device__ void CollKernelBody(const KernelArgs& a) {
   }
   Trace(a, &sh, kTraceStart);
   int wi = bi.firstWork;
+  int nCopy = kWorkWords + (tasksShared ? a.nSlots : 0);
   while (true) {
     const uint4* from = reinterpret_cast<const uint4*>(a.works + wi);
-    uint4* to = reinterpret_cast<uint4*>(&work);
-    for (int i = threadIdx.x; i < int(sizeof(Work) / 16); i += blockDim.x) to[i] = from[i];
+    for (int i = threadIdx.x; i < nCopy; i += blockDim.x) {
+      if (i < kWorkWords) {
+        workWords[i] = from[i];
+      } else {
+        taskWords[i - kWorkWords] = reinterpret_cast<const uint4*>(a.tasks)[i - kWorkWords];
+      }
+    }
+    nCopy = kWorkWords;
     __syncthreads();
     Trace(a, &sh, kTraceWork);
     bool ok = true;
     if (work.header.type == kWorkTypeColl) {
       const WorkElemColl& e = work.elems[0];
       if (e.isUsed) {
-        const DevTask& t = a.tasks[e.slot];
+        const DevTask& t = tasksShared ? tasks[e.slot] : a.tasks[e.slot];
         const int cls = t.copy ? kCopyClass : int(t.dtype);
         if (cls == kClass) {
           if constexpr (kClass == kCopyClass) {

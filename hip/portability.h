@@ -72,6 +72,8 @@ constexpr hipError_t hipSuccess = cudaSuccess;
 #define hipDeviceCanAccessPeer cudaDeviceCanAccessPeer
 #define hipDeviceEnablePeerAccess cudaDeviceEnablePeerAccess
 #define hipFuncSetAttribute cudaFuncSetAttribute
+#define hipFuncGetAttributes cudaFuncGetAttributes
+#define hipFuncAttributes cudaFuncAttributes
 #define hipLaunchKernelGGL(kernel, grid, block, shmem, stream, ...) \
   kernel<<<(grid), (block), (shmem), (stream)>>>(__VA_ARGS__)
 #define JAX_RCCL_WARP_SIZE 32

@@ -3,7 +3,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <mutex>
+#include <set>
 #include <sstream>
+#include <vector>
 
 #include "hip/portability.h"
 #include "hip/reduce_functors.h"
@@ -99,6 +102,27 @@ void LaunchCopy(const void* from, void* to, int64_t bytes, hipStream_t stream) {
 }
 
 }  // namespace
+
+Status LoadKernels() {
+  static std::mutex mu;
+  static std::set<int> loaded;  // device ordinals
+  int dev = 0;
+  JR_HIP_CHECK(hipGetDevice(&dev));
+  std::lock_guard<std::mutex> lock(mu);
+  if (loaded.count(dev) != 0) return Status::Ok();
+  std::vector<const void*> fns = {reinterpret_cast<const void*>(&FillSlotsKernel),
+                                  reinterpret_cast<const void*>(&CopyKernel),
+                                  reinterpret_cast<const void*>(&CollKernel_copy)};
+#define JR_CASE(name, enumName, T) fns.push_back(reinterpret_cast<const void*>(&CollKernel_##name));
+  JR_DEVICE_DTYPES(JR_CASE)
+#undef JR_CASE
+  for (const void* fn : fns) {
+    hipFuncAttributes attr;
+    JR_HIP_CHECK(hipFuncGetAttributes(&attr, fn));
+  }
+  loaded.insert(dev);
+  return Status::Ok();
+}
 
 Geometry GeometryOf(const TopologyView& topo) {
   Geometry g;
@@ -382,6 +406,7 @@ std::string DescribeStatus(const DevStatus& s) {
 
 StatusOr<std::unique_ptr<Harness>> Harness::Create(const TopologyView& topo, double timeoutS) {
   JR_CHECK(ValidateTopology(topo));
+  JR_CHECK(LoadKernels());
   std::unique_ptr<Harness> h(new Harness());
   h->topo_ = topo;
   h->geo_ = GeometryOf(topo);

@@ -35,6 +35,7 @@ TRACE_EVENT_NAMES = {
     5: "moved",
     6: "posted",
     7: "end",
+    8: "elem",
 }
 
 
@@ -56,10 +57,10 @@ def gpu_topology(
 ) -> Topology:
     """The topology of `nranks` ranks on one GPU: NVLink-class links (the ranks share one
     device's memory), LL and Simple (LL128 off), RCCL's 4 MiB Simple buffers, and `nchannels`
-    channels (default: 64 blocks in all, at least 16 per rank). `direct`: the ranks read each
-    other's buffers (the Direct algorithm is available to the planner)."""
+    channels (default: 128 blocks in all, about one per SM of an H200, at least 16 per rank).
+    `direct`: the ranks read each other's buffers (the Direct algorithm is available)."""
     if nchannels is None:
-        nchannels = max(16, 64 // max(1, nranks))
+        nchannels = max(16, 128 // max(1, nranks))
     return Topology(
         nranks=nranks,
         arch=arch,
@@ -171,7 +172,8 @@ class Harness:
     def trace(self, slots) -> list[list[list[tuple[str, float]]]]:
         """One launch of every rank with a timeline recorded on the device: per rank, per block
         (channel), the events in order as (name, microseconds since the earliest block start of
-        any rank). Events: start, work (a work loaded), piece (a FIFO step begins), ready (its
+        any rank). Events: start, work (a work loaded), elem (its
+        element's run began, the task loaded), piece (a FIFO step begins), ready (its
         waits satisfied), moved (its data moved), posted (its counters posted), end. The plan
         must be one launch (one element type); at most TRACE_EVENTS events per block."""
         try:

@@ -199,7 +199,7 @@ constexpr float kCpuDirectMemBwFactor = 1.0f;  // calibrate: benchmarks/cpu_coll
 // the kernels post and poll in the connection regions (a few microseconds each with the launch
 // around them), and the bandwidth is the device's memory, which a ring spends twice over (FIFO
 // writes and reads besides the buffers): Direct moves half the bytes of a ring per byte reduced.
-constexpr float kGpuDirectBarrierUs = 8.0f;    // calibrate: benchmarks/gpu_collectives.py
+constexpr float kGpuDirectBarrierUs = 2.0f;    // calibrate: benchmarks/gpu_collectives.py
 constexpr float kGpuDirectMemBwFactor = 4.0f;  // calibrate: benchmarks/gpu_collectives.py
 struct DirectTraffic {
   float fixed;    // bytes moved per byte of nBytes, independent of the rank count

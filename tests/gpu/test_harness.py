@@ -322,10 +322,11 @@ def test_direct(nranks, coll, dtype):
 
 
 @pytest.mark.parametrize("nranks", [2, 8])
-def test_direct_avg_and_repeat(nranks):
-    """PreMulSum through Direct (each rank's own scalar), 20 launches in a row."""
+@pytest.mark.parametrize("count", [5, 300001])
+def test_direct_avg_and_repeat(nranks, count):
+    """PreMulSum through Direct (each rank's own scalar), 20 launches in a row; 5 elements take
+    the one-hop path (each contribution scaled by its sender), 300001 the barriers."""
     h = get_harness(nranks)
-    count = 300001
     xs = [np.full(count, float(r + 1), np.float32) for r in range(nranks)]
     task = {"coll": "all_reduce", "count": count, "dtype": "float32", "op": "avg"}
     outs = h.run([task], [[x] for x in xs], algorithm="Direct", repeat=20)
@@ -333,10 +334,39 @@ def test_direct_avg_and_repeat(nranks):
         np.testing.assert_allclose(outs[r][0], (nranks + 1) / 2.0, rtol=1e-6)
 
 
+_FIRST_LAUNCH = """
+import sys
+import numpy as np
+from jax_rccl import harness
+h = harness.Harness(2, timeout=10.0)
+tasks = [{"coll": "all_reduce", "count": 100, "dtype": d, "op": "sum"}
+         for d in ("float32", "int32", "float16", "bfloat16")]
+tasks.append({"coll": "all_gather", "count": 33, "dtype": "bfloat16"})
+ins = [[np.ones(100, harness._np_dtype(t["dtype"])) if t["coll"] == "all_reduce"
+        else np.ones(33, harness._np_dtype("bfloat16")) for t in tasks] for _ in range(2)]
+outs = h.run(tasks, ins)
+assert all(float(o[0]) == 2.0 for o in outs[0][:4]), outs[0]
+print("OK")
+"""
+
+
+def test_first_launch_of_a_process_loads_every_kernel():
+    """A process's first launch using kernels of several classes: each class's kernel is loaded
+    before any rank launches (a kernel loaded lazily at its first launch can wait for a rank's
+    kernel that spins on a peer not launched yet, a hang until the timeout)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", _FIRST_LAUNCH], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0 and "OK" in done.stdout, done.stdout + done.stderr
+
+
 @pytest.mark.parametrize("proto", ["LL", "Simple"])
 def test_trace_records_every_piece(proto):
-    """A launch's device timeline: each block starts, loads its work, walks its pieces (begin,
-    ready, moved, posted, in that order and in time order) and ends."""
+    """A launch's device timeline: each block starts, loads its work, begins its element, walks
+    its pieces (begin, ready, moved, posted, in that order and in time order) and ends."""
     nranks = 2
     h = get_harness(nranks)
     task = {"coll": "all_reduce", "count": 2, "dtype": "float32"}
@@ -348,12 +378,28 @@ def test_trace_records_every_piece(proto):
     for blocks in timeline:
         names = [e for e, _ in blocks[0]]
         times = [t for _, t in blocks[0]]
-        assert names[0] == "start" and names[1] == "work" and names[-1] == "end", names
-        pieces = names[2:-1]
+        assert names[:3] == ["start", "work", "elem"] and names[-1] == "end", names
+        pieces = names[3:-1]
         # ring all_reduce on 2 ranks: send, recv-reduce-send, recv: 3 pieces of 4 events
         assert pieces == ["piece", "ready", "moved", "posted"] * 3, names
         assert times == sorted(times), blocks[0]
         assert min(times) >= 0.0
+    h.free()
+
+
+@pytest.mark.parametrize("nranks", [2, 8])
+def test_trace_of_direct_shows_its_barriers(nranks):
+    """Direct's element: begin (piece), every peer published (ready), data moved, every peer
+    done (posted), on every rank."""
+    h = get_harness(nranks)
+    task = {"coll": "all_reduce", "count": 2, "dtype": "float32"}
+    h.build([task], algorithm="Direct")
+    slots = h.buffers()
+    h.time_launches(slots, warmup=3, iters=1)
+    timeline = h.trace(slots)
+    for blocks in timeline:
+        names = [e for e, _ in blocks[0]]
+        assert names == ["start", "work", "elem", "piece", "ready", "moved", "posted", "end"]
     h.free()
 
 

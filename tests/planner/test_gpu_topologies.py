@@ -36,10 +36,13 @@ def test_protocols_and_algorithms_the_kernels_run(nranks, direct, coll):
 
 
 @pytest.mark.parametrize("nranks", [2, 8])
-def test_direct_takes_large_sizes_where_peers_are_readable(nranks):
+def test_direct_takes_every_size_where_peers_are_readable(nranks):
+    """Two barriers beat a ring's 2(n - 1) LL hops at small sizes, and half a ring's memory
+    traffic at large ones (benchmarks/gpu_collectives.py); without Direct, LL takes the small."""
     topo = harness.gpu_topology(nranks)
-    assert choice(topo, "all_reduce", 1 << 28)["algorithm"] == "direct"
-    assert choice(topo, "all_reduce", 8)["protocol"] == "ll"
+    for nbytes in (8, 1 << 16, 1 << 28):
+        assert choice(topo, "all_reduce", nbytes)["algorithm"] == "direct", nbytes
+    assert choice(harness.gpu_topology(nranks, direct=False), "all_reduce", 8)["protocol"] == "ll"
 
 
 def test_forcing_ll128_falls_back_on_gpu_topologies():
@@ -51,7 +54,7 @@ def test_forcing_ll128_falls_back_on_gpu_topologies():
 @pytest.mark.parametrize("nranks", [1, 3, 16])
 def test_default_channels(nranks):
     topo = harness.gpu_topology(nranks)
-    assert topo.nchannels == max(16, 64 // nranks)
+    assert topo.nchannels == max(16, 128 // nranks)
     assert topo.p2p_nchannels == topo.nchannels
     assert not topo.ll128
 
