@@ -29,12 +29,12 @@ bool DeviceHasDtype(DataType dtype);
 // "CUDA sm_90" / "HIP gfx90a": what the device library was built for.
 std::string DeviceBuildInfo();
 
-// Loads every kernel a multi-rank launch uses on the current device (once per device). CUDA loads
-// a kernel at its first launch by default (CUDA_MODULE_LOADING=LAZY), and that load may wait for
-// the kernels already running: a rank's kernel spinning on a peer whose launch is the one loading
-// would hang until the timeout. Called by Harness::Create and by a communicator's first use of a
-// device, before any launch.
-Status LoadKernels();
+// Loads the kernels of `classes` (kCopyClass or a DataType's value) and the launch helpers on the
+// current device, each once per device; DevicePlan::Upload calls it, so a plan's kernels are
+// loaded before its first launch. CUDA loads a kernel at its first launch by default
+// (CUDA_MODULE_LOADING=LAZY), and that load may wait for the kernels already running: a rank's
+// kernel spinning on a peer whose launch is the one loading would hang until the timeout.
+Status LoadKernels(const std::vector<int>& classes);
 
 // Device memory on the current device.
 StatusOr<void*> DeviceAlloc(int64_t bytes);

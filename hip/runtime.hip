@@ -6,6 +6,7 @@
 #include <mutex>
 #include <set>
 #include <sstream>
+#include <utility>
 #include <vector>
 
 #include "hip/portability.h"
@@ -103,24 +104,31 @@ void LaunchCopy(const void* from, void* to, int64_t bytes, hipStream_t stream) {
 
 }  // namespace
 
-Status LoadKernels() {
+Status LoadKernels(const std::vector<int>& classes) {
   static std::mutex mu;
-  static std::set<int> loaded;  // device ordinals
+  static std::set<std::pair<int, int>> loaded;  // (device ordinal, class); class -1: the helpers
   int dev = 0;
   JR_HIP_CHECK(hipGetDevice(&dev));
   std::lock_guard<std::mutex> lock(mu);
-  if (loaded.count(dev) != 0) return Status::Ok();
-  std::vector<const void*> fns = {reinterpret_cast<const void*>(&FillSlotsKernel),
-                                  reinterpret_cast<const void*>(&CopyKernel),
-                                  reinterpret_cast<const void*>(&CollKernel_copy)};
-#define JR_CASE(name, enumName, T) fns.push_back(reinterpret_cast<const void*>(&CollKernel_##name));
-  JR_DEVICE_DTYPES(JR_CASE)
-#undef JR_CASE
-  for (const void* fn : fns) {
-    hipFuncAttributes attr;
-    JR_HIP_CHECK(hipFuncGetAttributes(&attr, fn));
+  std::vector<int> todo = {-1};
+  todo.insert(todo.end(), classes.begin(), classes.end());
+  for (int cls : todo) {
+    if (loaded.count({dev, cls}) != 0) continue;
+    std::vector<const void*> fns;
+    if (cls == -1) {
+      fns = {reinterpret_cast<const void*>(&FillSlotsKernel),
+             reinterpret_cast<const void*>(&CopyKernel)};
+    } else {
+      CollKernelFn fn = KernelOfClass(cls);
+      JR_REQUIRE(fn != nullptr, Code::kUnsupported, "no device kernel for class ", cls);
+      fns = {reinterpret_cast<const void*>(fn)};
+    }
+    for (const void* fn : fns) {
+      hipFuncAttributes attr;
+      JR_HIP_CHECK(hipFuncGetAttributes(&attr, fn));
+    }
+    loaded.insert({dev, cls});
   }
-  loaded.insert(dev);
   return Status::Ok();
 }
 
@@ -307,6 +315,7 @@ StatusOr<std::unique_ptr<DevicePlan>> DevicePlan::Upload(const Plan& plan, const
     }
     std::sort(k.classes.begin(), k.classes.end());
     if (k.classes.empty()) k.classes.push_back(kCopyClass);  // walks the works; moves nothing
+    JR_CHECK(LoadKernels(k.classes));
     k.nBlocks = static_cast<int>(blocks.size());
     k.nThreads = std::max(kMinLaunchThreads, std::min(kp.threadPerBlock, kMaxLaunchThreads));
     JR_ASSIGN_OR_RETURN(void* w, DeviceAlloc(int64_t(works.size() * sizeof(Work))));
@@ -406,7 +415,6 @@ std::string DescribeStatus(const DevStatus& s) {
 
 StatusOr<std::unique_ptr<Harness>> Harness::Create(const TopologyView& topo, double timeoutS) {
   JR_CHECK(ValidateTopology(topo));
-  JR_CHECK(LoadKernels());
   std::unique_ptr<Harness> h(new Harness());
   h->topo_ = topo;
   h->geo_ = GeometryOf(topo);

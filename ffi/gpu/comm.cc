@@ -175,7 +175,6 @@ Status GpuComm::Join(int rank, const std::string& who) {
   RelaxedCapture relaxed;
   DeviceGuard guard(ordinal(rank));
   JR_CHECK(guard.status());
-  JR_CHECK(LoadKernels());
   if (rs.region == nullptr) {
     StatusOr<void*> region = AllocRegion(geo_);
     if (!region.ok()) return Fail(region.status());
