@@ -74,6 +74,9 @@ constexpr hipError_t hipSuccess = cudaSuccess;
 #define hipFuncSetAttribute cudaFuncSetAttribute
 #define hipFuncGetAttributes cudaFuncGetAttributes
 #define hipFuncAttributes cudaFuncAttributes
+#define hipDeviceGetLimit cudaDeviceGetLimit
+#define hipDeviceSetLimit cudaDeviceSetLimit
+#define hipLimitStackSize cudaLimitStackSize
 #define hipLaunchKernelGGL(kernel, grid, block, shmem, stream, ...) \
   kernel<<<(grid), (block), (shmem), (stream)>>>(__VA_ARGS__)
 #define JAX_RCCL_WARP_SIZE 32

@@ -33,7 +33,9 @@ std::string DeviceBuildInfo();
 // current device, each once per device; DevicePlan::Upload calls it, so a plan's kernels are
 // loaded before its first launch. CUDA loads a kernel at its first launch by default
 // (CUDA_MODULE_LOADING=LAZY), and that load may wait for the kernels already running: a rank's
-// kernel spinning on a peer whose launch is the one loading would hang until the timeout.
+// kernel spinning on a peer whose launch is the one loading would hang until the timeout. Raises
+// the device's stack limit to the kernels' local memory for the same reason (a launch needing
+// more than the device holds waits for every running kernel while the driver reallocates it).
 Status LoadKernels(const std::vector<int>& classes);
 
 // Device memory on the current device.

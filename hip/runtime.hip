@@ -110,6 +110,7 @@ Status LoadKernels(const std::vector<int>& classes) {
   int dev = 0;
   JR_HIP_CHECK(hipGetDevice(&dev));
   std::lock_guard<std::mutex> lock(mu);
+  size_t stack = 0;  // the largest local memory per thread of the kernels loaded now
   std::vector<int> todo = {-1};
   todo.insert(todo.end(), classes.begin(), classes.end());
   for (int cls : todo) {
@@ -126,9 +127,16 @@ Status LoadKernels(const std::vector<int>& classes) {
     for (const void* fn : fns) {
       hipFuncAttributes attr;
       JR_HIP_CHECK(hipFuncGetAttributes(&attr, fn));
+      stack = std::max(stack, size_t(attr.localSizeBytes));
     }
     loaded.insert({dev, cls});
   }
+  // A launch whose kernel needs more local memory per thread than the device holds makes the
+  // driver reallocate it, and that waits for every running kernel: a rank spinning on a peer whose
+  // launch is the one waiting would hang. The stack limit reserves it now, before any launch.
+  size_t cur = 0;
+  JR_HIP_CHECK(hipDeviceGetLimit(&cur, hipLimitStackSize));
+  if (stack > cur) JR_HIP_CHECK(hipDeviceSetLimit(hipLimitStackSize, stack));
   return Status::Ok();
 }
 
