@@ -171,15 +171,19 @@ __device__ void DirectReduceLoop(const F& fn, const DirectShared& ds, const Dire
 
 // ---- Direct's one-hop path for small elements ----
 //
-// When every message of an element fits one LL step (workCount * unitSize <= half an LL slot),
-// barriers cost more than the data: each rank instead pushes its contribution as LL lines into the
-// FIFO of connection (channel, r -> k) of every peer k that needs it, and reduces or copies what
-// its peers pushed to it. The lines' flags say the data is there, the connections' counters say a
-// slot may be reused (as for a ring's LL step): one hop and no barrier. Reductions run over the
-// ranks in rank order on every rank (each contribution through PreOp and rounded to T, as the
-// sender sends it), so every rank's result is the same bits.
+// When an element is small, barriers cost more than the data: each rank instead pushes its
+// contribution as LL lines into the FIFO of connection (channel, r -> k) of every peer k that needs
+// it, and reduces or copies what its peers pushed to it. The lines' flags say the data is there,
+// the connections' counters say a slot may be reused (as for a ring's LL step): one hop and no
+// barrier. Reductions run over the ranks in rank order on every rank (each contribution through
+// PreOp and rounded to T, as the sender sends it), so every rank's result is the same bits. Small:
+// the message fits one LL step (half an LL slot), and a rank pushes at most kDirectLLBytes in all
+// (the one-hop path's cost grows with the bytes times the peers; on one H200 it beats the barriers
+// up to about 8 KiB: benchmarks/gpu_collectives.py, docs/benchmarks.md).
+constexpr int64_t kDirectLLBytes = 8192;
 __device__ inline bool DirectFitsLL(const KernelArgs& a, const WorkElemColl& e, const DevTask& t) {
-  return int64_t(e.workCount) * t.unitSize <= a.geo.stepBytes[kProtoLL] / 2;
+  const int64_t bytes = int64_t(e.workCount) * t.unitSize;
+  return bytes <= a.geo.stepBytes[kProtoLL] / 2 && bytes * (a.nRanks - 1) <= kDirectLLBytes;
 }
 
 // The `wb` (<= 8) bytes at p as one word, zero-padded.
