@@ -23,6 +23,13 @@ if command -v nvcc >/dev/null 2>&1 && [ -x .venv/bin/pip ]; then
   JAX_RCCL_GPU=cuda JAX_RCCL_DEVICE_QUICK=ON .venv/bin/pip wheel -q --no-build-isolation --no-deps \
     -w "$out/wheel" . --config-settings=build-dir="$out/build-cuda"
   echo "built the CUDA extension (JAX_RCCL_DEVICE_QUICK=ON)"
+  # The default build targets sm_90 (not nvcc's own default, which a GPU would have to JIT).
+  if ! grep -q "sm_90" "$out/build-cuda/build.ninja" 2>/dev/null && \
+     ! grep -rqs "sm_90" "$out/build-cuda/CMakeFiles"; then
+    echo "the CUDA build does not target sm_90" >&2
+    exit 1
+  fi
+  echo "the CUDA build targets sm_90"
 else
   echo "nvcc or .venv not found: skipped the CUDA extension build"
 fi
