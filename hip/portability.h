@@ -12,6 +12,12 @@
 #define JAX_RCCL_AMD 1
 // Kernel arguments live in memory on AMD: taking their address costs nothing.
 #define JR_GRID_CONSTANT
+// hipLimitStackSize: ROCm 6 and later.
+#if defined(HIP_VERSION_MAJOR) && HIP_VERSION_MAJOR >= 6
+#define JR_HAS_STACK_LIMIT 1
+#else
+#define JR_HAS_STACK_LIMIT 0
+#endif
 #else
 #include <cuda_runtime.h>
 
@@ -74,6 +80,7 @@ constexpr hipError_t hipSuccess = cudaSuccess;
 #define hipFuncSetAttribute cudaFuncSetAttribute
 #define hipFuncGetAttributes cudaFuncGetAttributes
 #define hipFuncAttributes cudaFuncAttributes
+#define JR_HAS_STACK_LIMIT 1
 #define hipDeviceGetLimit cudaDeviceGetLimit
 #define hipDeviceSetLimit cudaDeviceSetLimit
 #define hipLimitStackSize cudaLimitStackSize

@@ -134,9 +134,13 @@ Status LoadKernels(const std::vector<int>& classes) {
   // A launch whose kernel needs more local memory per thread than the device holds makes the
   // driver reallocate it, and that waits for every running kernel: a rank spinning on a peer whose
   // launch is the one waiting would hang. The stack limit reserves it now, before any launch.
+#if JR_HAS_STACK_LIMIT
   size_t cur = 0;
   JR_HIP_CHECK(hipDeviceGetLimit(&cur, hipLimitStackSize));
   if (stack > cur) JR_HIP_CHECK(hipDeviceSetLimit(hipLimitStackSize, stack));
+#else
+  (void)stack;  // a HIP without hipLimitStackSize: its runtime sizes scratch per launch
+#endif
   return Status::Ok();
 }
 
