@@ -186,40 +186,6 @@ __device__ inline bool DirectFitsLL(const KernelArgs& a, const WorkElemColl& e, 
   return bytes <= a.geo.stepBytes[kProtoLL] / 2 && bytes * (a.nRanks - 1) <= kDirectLLBytes;
 }
 
-// The `wb` (<= 8) bytes at p as one word, zero-padded.
-__device__ inline uint64_t LoadWord(const char* p, int wb) {
-  if (wb == 8 && (uintptr_t(p) & 7) == 0) return LoadCG(reinterpret_cast<const uint64_t*>(p));
-  Word8<uint8_t> w;
-  w.u = 0;
-  for (int i = 0; i < wb; ++i) w.b[i] = static_cast<unsigned char>(p[i]);
-  return w.u;
-}
-__device__ inline void StoreWord(char* p, uint64_t v, int wb) {
-  if (wb == 8 && (uintptr_t(p) & 7) == 0) {
-    *reinterpret_cast<uint64_t*>(p) = v;
-    return;
-  }
-  Word8<uint8_t> w;
-  w.u = v;
-  for (int i = 0; i < wb; ++i) p[i] = static_cast<char>(w.b[i]);
-}
-
-// Waits for the LL line at `line` to carry `flag`; its word in *out.
-__device__ inline bool PollLine(const uint4* line, uint32_t flag, const KernelArgs& a,
-                                uint64_t deadline, int ch, int peer, uint64_t step, uint64_t* out) {
-  uint4 l = LoadVolatile(line);
-  int spins = 0;
-  while (l.y != flag || l.w != flag) {
-    if (++spins == 512) {
-      spins = 0;
-      if (ShouldStop(a, deadline, ch, peer, true, step)) return false;
-    }
-    l = LoadVolatile(line);
-  }
-  *out = uint64_t(l.x) | (uint64_t(l.z) << 32);
-  return true;
-}
-
 // A contribution's word as it travels: every element through PreOp, rounded to T.
 template <typename F>
 __device__ inline uint64_t PreWord(const F& fn, uint64_t u) {
@@ -293,13 +259,8 @@ __device__ __noinline__ bool RunDirectLL(const KernelArgs& a, uint64_t deadline,
       const int wb = int(ProgMin(int64_t(8), bytes - 8 * w));
       uint64_t v = LoadWord(srcFor(k) + 8 * w, wb);
       if (reduction) v = PreWord(fn, v);
-      const uint32_t flag = LLFlag(sendStep[k]);
-      uint4 line;
-      line.x = uint32_t(v);
-      line.y = flag;
-      line.z = uint32_t(v >> 32);
-      line.w = flag;
-      StoreVolatile(reinterpret_cast<uint4*>(SendSlot(a, ch, k, kProtoLL, sendStep[k])) + w, line);
+      StoreVolatile(reinterpret_cast<uint4*>(SendSlot(a, ch, k, kProtoLL, sendStep[k])) + w,
+                    LLLine(v, LLFlag(sendStep[k])));
     }
   }
   // 3. take the peers' words: reduce them with this rank's own, or copy them into place (after

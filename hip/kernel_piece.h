@@ -215,6 +215,53 @@ __device__ __noinline__ void SimpleLoop(const F& fn, const PieceIo& io, int64_t 
   }
 }
 
+// ---- LL words and lines (the ring's LL steps and Direct's one-hop path) ----
+
+// The `wb` (<= 8) bytes at p as one word, zero-padded.
+__device__ inline uint64_t LoadWord(const char* p, int wb) {
+  if (wb == 8 && (uintptr_t(p) & 7) == 0) return LoadCG(reinterpret_cast<const uint64_t*>(p));
+  Word8<uint8_t> w;
+  w.u = 0;
+  for (int i = 0; i < wb; ++i) w.b[i] = static_cast<unsigned char>(p[i]);
+  return w.u;
+}
+// The first `wb` (<= 8) bytes of word v at p.
+__device__ inline void StoreWord(char* p, uint64_t v, int wb) {
+  if (wb == 8 && (uintptr_t(p) & 7) == 0) {
+    *reinterpret_cast<uint64_t*>(p) = v;
+    return;
+  }
+  Word8<uint8_t> w;
+  w.u = v;
+  for (int i = 0; i < wb; ++i) p[i] = static_cast<char>(w.b[i]);
+}
+
+// Word v as an LL line: {lo, flag, hi, flag}, stored in one access.
+__device__ inline uint4 LLLine(uint64_t v, uint32_t flag) {
+  uint4 line;
+  line.x = uint32_t(v);
+  line.y = flag;
+  line.z = uint32_t(v >> 32);
+  line.w = flag;
+  return line;
+}
+
+// Waits for the LL line at `line` to carry `flag` (a timeout reports `step`); its word in *out.
+__device__ inline bool PollLine(const uint4* line, uint32_t flag, const KernelArgs& a,
+                                uint64_t deadline, int ch, int peer, uint64_t step, uint64_t* out) {
+  uint4 l = LoadVolatile(line);
+  int spins = 0;
+  while (l.y != flag || l.w != flag) {
+    if (++spins == 512) {
+      spins = 0;
+      if (ShouldStop(a, deadline, ch, peer, true, step)) return false;
+    }
+    l = LoadVolatile(line);
+  }
+  *out = uint64_t(l.x) | (uint64_t(l.z) << 32);
+  return true;
+}
+
 // LL: word w of the piece (bytes [8w, 8w + 8)) travels in line w: {lo, flag, hi, flag}.
 template <typename F, bool kIn, bool kSrc>
 __device__ __noinline__ bool LLLoop(const F& fn, const PieceIo& io, int64_t n, uint32_t inFlag,
@@ -230,48 +277,15 @@ __device__ __noinline__ bool LLLoop(const F& fn, const PieceIo& io, int64_t n, u
   for (int64_t w = tid; w < nWords; w += nt) {
     const int wb = int(bytes - 8 * w < 8 ? bytes - 8 * w : 8);
     Word8<T> s, r, v;
-    s.u = 0;
+    s.u = kSrc ? LoadWord(io.src + 8 * w, wb) : 0;
     r.u = 0;
-    if (kSrc) {
-      const char* p = io.src + 8 * w;
-      if (wb == 8 && (uintptr_t(p) & 7) == 0) {
-        s.u = LoadCG(reinterpret_cast<const uint64_t*>(p));
-      } else {
-        for (int k = 0; k < wb; ++k) s.b[k] = static_cast<unsigned char>(p[k]);
-      }
-    }
-    if (kIn) {
-      uint4 line = LoadVolatile(inL + w);
-      int spins = 0;
-      while (line.y != inFlag || line.w != inFlag) {
-        if (++spins == 512) {
-          spins = 0;
-          if (ShouldStop(a, deadline, ch, peer, true, inFlag - 1)) return false;
-        }
-        line = LoadVolatile(inL + w);
-      }
-      r.u = uint64_t(line.x) | (uint64_t(line.z) << 32);
-    }
+    if (kIn && !PollLine(inL + w, inFlag, a, deadline, ch, peer, inFlag - 1, &r.u)) return false;
 #pragma unroll
     for (int k = 0; k < kEpw; ++k) {
       v.e[k] = Combine<F, kIn, kSrc>(fn, r.e[k], s.e[k], io.pre, io.post);
     }
-    if (io.dst != nullptr) {
-      char* p = io.dst + 8 * w;
-      if (wb == 8 && (uintptr_t(p) & 7) == 0) {
-        *reinterpret_cast<uint64_t*>(p) = v.u;
-      } else {
-        for (int k = 0; k < wb; ++k) p[k] = static_cast<char>(v.b[k]);
-      }
-    }
-    if (outL != nullptr) {
-      uint4 line;
-      line.x = uint32_t(v.u);
-      line.y = outFlag;
-      line.z = uint32_t(v.u >> 32);
-      line.w = outFlag;
-      StoreVolatile(outL + w, line);
-    }
+    if (io.dst != nullptr) StoreWord(io.dst + 8 * w, v.u, wb);
+    if (outL != nullptr) StoreVolatile(outL + w, LLLine(v.u, outFlag));
   }
   return true;
 }
