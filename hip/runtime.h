@@ -31,11 +31,11 @@ std::string DeviceBuildInfo();
 
 // Loads the kernels of `classes` (kCopyClass or a DataType's value) and the launch helpers on the
 // current device, each once per device; DevicePlan::Upload calls it, so a plan's kernels are
-// loaded before its first launch. CUDA loads a kernel at its first launch by default
-// (CUDA_MODULE_LOADING=LAZY), and that load may wait for the kernels already running: a rank's
-// kernel spinning on a peer whose launch is the one loading would hang until the timeout. Raises
-// the device's stack limit to the kernels' local memory for the same reason (a launch needing
-// more than the device holds waits for every running kernel while the driver reallocates it).
+// loaded before its first launch (CUDA loads a kernel at its first launch by default, which holds
+// back the launches behind it while peers' kernels already spin). Raises the device's stack limit
+// to the kernels' local memory: a launch needing more than the device holds waits for every
+// running kernel while the driver reallocates it, and a rank spinning on a peer whose launch is the
+// one waiting would hang until the timeout.
 Status LoadKernels(const std::vector<int>& classes);
 
 // Device memory on the current device.
