@@ -172,10 +172,10 @@ class Harness:
     def trace(self, slots) -> list[list[list[tuple[str, float]]]]:
         """One launch of every rank with a timeline recorded on the device: per rank, per block
         (channel), the events in order as (name, microseconds since the earliest block start of
-        any rank). Events: start, work (a work loaded), elem (its
-        element's run began, the task loaded), piece (a FIFO step begins), ready (its
-        waits satisfied), moved (its data moved), posted (its counters posted), end. The plan
-        must be one launch (one element type); at most TRACE_EVENTS events per block."""
+        any rank). Events: start, work (a work loaded), elem (its element began), piece (a FIFO
+        step begins; Direct: its first barrier), ready (its waits satisfied), moved (its data
+        moved), posted (its counters posted), end. The plan must be one launch (one element
+        type); at most TRACE_EVENTS events per block."""
         try:
             raw = self._h.trace(slots)
         except Exception:

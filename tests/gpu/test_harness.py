@@ -335,7 +335,6 @@ def test_direct_avg_and_repeat(nranks, count):
 
 
 _FIRST_LAUNCH = """
-import sys
 import numpy as np
 from jax_rccl import harness
 h = harness.Harness(2, timeout=10.0)
@@ -345,15 +344,18 @@ tasks.append({"coll": "all_gather", "count": 33, "dtype": "bfloat16"})
 ins = [[np.ones(100, harness._np_dtype(t["dtype"])) if t["coll"] == "all_reduce"
         else np.ones(33, harness._np_dtype("bfloat16")) for t in tasks] for _ in range(2)]
 outs = h.run(tasks, ins)
-assert all(float(o[0]) == 2.0 for o in outs[0][:4]), outs[0]
+for row in outs:
+    assert all(np.all(o.astype(np.float32) == 2.0) for o in row[:4]), row
+    assert np.all(row[4].astype(np.float32) == 1.0) and row[4].size == 66, row[4]
 print("OK")
 """
 
 
 def test_first_launch_of_a_process_loads_every_kernel():
-    """A process's first launch using kernels of several classes: each class's kernel is loaded
-    before any rank launches (a kernel loaded lazily at its first launch can wait for a rank's
-    kernel that spins on a peer not launched yet, a hang until the timeout)."""
+    """A process's first launch using kernels of several classes: their kernels are loaded and
+    the device's stack limit raised at upload, before any rank launches (a launch needing more
+    local memory than the device holds waits for every running kernel, among them a rank's
+    kernel spinning on a peer not launched yet: a hang until the timeout)."""
     import subprocess
     import sys
 
