@@ -41,6 +41,8 @@ struct alignas(128) ConnHeader {
   uint64_t pad1[15];
 };
 static_assert(sizeof(ConnHeader) == 256, "ConnHeader is 256 bytes");
+// The pad index of a sender's words (hip/kernel_piece.h: SendTailMine); Direct uses those below.
+constexpr int kSendPad = 8;
 
 struct RegionLayout {
   static constexpr int64_t kHeaderBytes = sizeof(ConnHeader);

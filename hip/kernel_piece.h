@@ -40,7 +40,6 @@ __device__ inline char* SendSlot(const KernelArgs& a, int ch, int peer, int prot
 // uses the pads of the header from a rank to itself, indices below 8): its own copy of the tail it
 // sent, and the head the peer consumed, which the peer writes there. Every counter a rank polls or
 // reloads is then in its own memory; across GPUs only stores cross the link.
-constexpr int kSendPad = 8;
 __device__ inline uint64_t* SendTailMine(const KernelArgs& a, int ch, int peer) {
   return &RecvConn(a, ch, peer)->pad0[kSendPad];
 }

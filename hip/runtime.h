@@ -41,6 +41,10 @@ Status LoadKernels(const std::vector<int>& classes);
 // Device memory on the current device.
 StatusOr<void*> DeviceAlloc(int64_t bytes);
 void DeviceFree(void* p);
+// Synchronous copies: complete on the device when they return. (A copy from pageable memory may
+// return once the data is staged, before its DMA lands; the launch that reads the data runs on
+// XLA's stream, which does not wait for the null stream. CopyToDevice therefore waits for the null
+// stream too.)
 Status CopyToDevice(void* dst, const void* src, int64_t bytes);
 Status CopyToHost(void* dst, const void* src, int64_t bytes);
 // A zeroed region of `RegionLayout::Bytes(geo)` bytes.

@@ -189,7 +189,12 @@ void DeviceFree(void* p) {
 }
 
 Status CopyToDevice(void* dst, const void* src, int64_t bytes) {
-  if (bytes > 0) JR_HIP_CHECK(hipMemcpy(dst, src, size_t(bytes), hipMemcpyHostToDevice));
+  if (bytes <= 0) return Status::Ok();
+  JR_HIP_CHECK(hipMemcpy(dst, src, size_t(bytes), hipMemcpyHostToDevice));
+  // The DMA of a pageable source may still be in flight: a kernel on a non-blocking stream could
+  // read the old contents (seen as wrong results when several processes share one GPU under MPS,
+  // whose copies delay ours).
+  JR_HIP_CHECK(hipStreamSynchronize(nullptr));
   return Status::Ok();
 }
 

@@ -2,6 +2,7 @@
 // the one-GPU multi-rank harness, device buffers for it, and the floors. Buffers are device
 // pointers passed as integers; jax_rccl/harness.py wraps them for tests and benchmarks.
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/array.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
@@ -202,6 +203,19 @@ void BindGpu(nb::module_& m) {
       "The GPU state type: {name: {'type_id': capsule, 'type_info': capsule}}.");
   g.def("set_local_devices", &gpu::SetLocalDevices, nb::arg("devices"),
         "The local GPUs as [(device ordinal, global device id)] (from jax.local_devices()).");
+  g.def(
+      "connection_counters",
+      [](const std::vector<int64_t>& devices, int rank) {
+        gpu::GpuComm* comm = gpu::FindComm(devices);
+        if (comm == nullptr) throw nb::value_error("no GPU communicator for these devices");
+        if (rank < 0 || rank >= comm->nRanks()) throw nb::value_error("rank out of range");
+        StatusOr<std::vector<std::array<int64_t, 6>>> c = comm->Counters(rank);
+        if (!c.ok()) throw std::runtime_error(c.status().ToString());
+        return c.value();
+      },
+      nb::arg("devices"), nb::arg("rank"),
+      "A rank's connection counters, from its own region: [(channel, peer, tail, head, send "
+      "tail, send head)] (tail/head: the connection peer -> rank; send: rank -> peer).");
   g.def("communicators", &gpu::CommCount, "How many GPU communicators this process holds.");
 }
 

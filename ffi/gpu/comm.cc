@@ -339,6 +339,25 @@ Status GpuComm::Check(int rank, const std::string& who) {
                                             "; the communicator is unusable from now on")));
 }
 
+StatusOr<std::vector<std::array<int64_t, 6>>> GpuComm::Counters(int rank) const {
+  std::vector<std::array<int64_t, 6>> out;
+  const RankState& rs = ranks_[static_cast<size_t>(rank)];
+  if (nRanks() == 1 || !rs.joined.load(std::memory_order_acquire)) return out;
+  const int64_t bytes = RegionLayout::HeaderOffset(geo_, geo_.nChannels, 0);
+  std::vector<ConnHeader> h(static_cast<size_t>(bytes) / sizeof(ConnHeader));
+  DeviceGuard guard(ordinal(rank));
+  JR_CHECK(guard.status());
+  JR_CHECK(CopyToHost(h.data(), rs.region, bytes));
+  for (int c = 0; c < geo_.nChannels; ++c) {
+    for (int p = 0; p < nRanks(); ++p) {
+      const ConnHeader& x = h[static_cast<size_t>(RegionLayout::ConnIndex(geo_, c, p))];
+      out.push_back({c, p, int64_t(x.tail), int64_t(x.head), int64_t(x.pad0[kSendPad]),
+                     int64_t(x.pad1[kSendPad])});
+    }
+  }
+  return out;
+}
+
 RankLaunch GpuComm::Launch(int rank, void* stream) const {
   RankLaunch rl;
   rl.rank = rank;
@@ -405,6 +424,13 @@ StatusOr<GpuComm*> GetOrCreateComm(const std::vector<int64_t>& devices, const Pa
   reg.comms.emplace(devices, std::move(comm));
   cpu::Stats().communicators.fetch_add(1);
   return p;
+}
+
+GpuComm* FindComm(const std::vector<int64_t>& devices) {
+  CommRegistry& reg = Registry();
+  std::lock_guard<std::mutex> lock(reg.mu);
+  auto it = reg.comms.find(devices);
+  return it == reg.comms.end() ? nullptr : it->second.get();
 }
 
 int64_t CommCount() {

@@ -21,6 +21,7 @@
 // global device ids and back; Python sets it at registration from jax.local_devices().
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -87,6 +88,11 @@ class GpuComm {
   // What a launch of `rank` on `stream` needs (after Join).
   RankLaunch Launch(int rank, void* stream) const;
 
+  // Rank `rank`'s connection counters as its own region holds them, for every (channel, peer):
+  // {channel, peer, tail, head} of the connection peer -> rank, then {send tail, send head} of the
+  // connection rank -> peer (hip/kernel_piece.h keeps a sender's side there). Empty before Join.
+  StatusOr<std::vector<std::array<int64_t, 6>>> Counters(int rank) const;
+
   // Marks the communicator failed with `s` (the first failure stays), raises the abort word so
   // kernels in flight stop, wakes ranks waiting to join; returns `s`.
   Status Fail(Status s);
@@ -130,6 +136,8 @@ class GpuComm {
 // several hosts, or several local devices in such a group: kUnsupported.
 StatusOr<GpuComm*> GetOrCreateComm(const std::vector<int64_t>& devices, const Params& params,
                                    const std::string& who);
+// The communicator of `devices` if it exists, else null.
+GpuComm* FindComm(const std::vector<int64_t>& devices);
 // How many GPU communicators exist.
 int64_t CommCount();
 
