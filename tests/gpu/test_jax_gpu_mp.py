@@ -91,6 +91,11 @@ _WORKER = textwrap.dedent(
             np.testing.assert_array_equal(got, blocks[:, mine].reshape(-1), err_msg=where)
             out["checks"] += 2
     out["stats"] = {k: int(v) for k, v in jax_rccl.runtime_stats().items()}
+    from jax_rccl import _jax_rccl
+    ids = [d.id for d in devs]
+    rank = ids.index(jax.local_devices()[0].id)
+    out["rank"] = rank
+    out["counters"] = [list(r) for r in _jax_rccl.gpu.connection_counters(ids, rank)]
     print("RESULT " + json.dumps(out), flush=True)
     """
 )
@@ -164,5 +169,23 @@ def test_processes_with_one_gpu_each(nprocs, share):
         assert r["n"] == nprocs
         assert r["checks"] == 3 * (5 + 3 * 4 + 3 * 2), r
         assert r["stats"]["errors"] == 0
+    # Every connection ends where it began: the steps a sender filled (its own copy) are the steps
+    # its receiver consumed, and the tail the receiver holds (written by the sender).
+    by_rank = {
+        r["rank"]: {(c, p): (t, h, st) for c, p, t, h, st, _ in r["counters"]} for r in results
+    }
+    assert sorted(by_rank) == list(range(nprocs))
+    moved = 0
+    for s in range(nprocs):
+        for r in range(nprocs):
+            if s == r:
+                continue
+            for (c, p), (_, _, sent) in by_rank[s].items():
+                if p != r:
+                    continue
+                tail, head, _ = by_rank[r][(c, s)]
+                assert sent == head == tail, (s, r, c, sent, head, tail)
+                moved += sent
+    assert moved > 0
     leftovers = [f for f in os.listdir("/dev/shm") if f.startswith("jrccl.")]
     assert not leftovers, leftovers
