@@ -129,6 +129,11 @@ __device__ __noinline__ bool RunP2pWork(const KernelArgs& a, uint64_t deadline, 
             const uint4 line = LoadVolatile(
                 reinterpret_cast<const uint4*>(RecvSlot(a, ch, p.recvPeer, proto, rs)));
             ready = line.y == LLFlag(rs);
+          } else if (proto == kProtoLL128 && m > 0) {
+            // The first line's flag word: the upper half of its lane-7 access.
+            const uint4 q = LoadVolatile(
+                reinterpret_cast<const uint4*>(RecvSlot(a, ch, p.recvPeer, proto, rs)) + 7);
+            ready = (uint64_t(q.z) | (uint64_t(q.w) << 32)) == LL128Flag(rs);
           } else {
             ready = LoadVolatile64(&c->tail) > rs;
           }

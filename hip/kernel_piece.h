@@ -289,16 +289,119 @@ __device__ __noinline__ bool LLLoop(const F& fn, const PieceIo& io, int64_t n, u
   return true;
 }
 
+// The flag of LL step `step`: never 0 (the value of lines never written), and, 2^32 - 1 being odd,
+// a flag that comes round again lands in another slot than its last use.
+__device__ inline uint32_t LLFlag(uint64_t step) {
+  return 1u + uint32_t(step % 0xFFFFFFFFull);
+}
+// The flag word of LL128 step `step`: never 0, never repeated.
+__device__ inline uint64_t LL128Flag(uint64_t step) {
+  return step + 1;
+}
+
+// ---- LL128 (NVIDIA only: one warp instruction's 16-byte stores to a 128-byte line land together,
+// and one warp instruction's loads of it see them together) ----
+//
+// A line is 16 words: 15 data words, then the step's flag. Eight consecutive lanes of a warp move
+// one line, lane k its words 2k and 2k + 1 (lane 7: word 14 and the flag), each with one 16-byte
+// access of the same instruction; a receiving group trusts its line once lane 7 sees the flag.
+// Data word w of the piece (bytes [8w, 8w + 8)) is word w % 15 of line w / 15.
+constexpr int kLL128DataWords = 15;
+constexpr int kLL128LineBytes = 128;
+
+template <typename F, bool kIn, bool kSrc>
+__device__ __noinline__ bool LL128Loop(const F& fn, const PieceIo& io, int64_t n, uint64_t inFlag,
+                                       uint64_t outFlag, const KernelArgs& a, uint64_t deadline,
+                                       int ch, int peer) {
+  using T = typename F::Elem;
+  constexpr int kEpw = 8 / sizeof(T);
+  constexpr int kLinesPerWarp = JAX_RCCL_WARP_SIZE / 8;
+  const int64_t bytes = n * int64_t(sizeof(T));
+  const int64_t nWords = (bytes + 7) / 8;
+  const int64_t nLines = (nWords + kLL128DataWords - 1) / kLL128DataWords;
+  const int lane = int(threadIdx.x) % JAX_RCCL_WARP_SIZE, k = lane % 8;
+  const int warp = int(threadIdx.x) / JAX_RCCL_WARP_SIZE;
+  const int nWarps = int(blockDim.x) / JAX_RCCL_WARP_SIZE;
+  const uint4* inL = reinterpret_cast<const uint4*>(io.in);
+  uint4* outL = reinterpret_cast<uint4*>(io.out);
+  // Warp-uniform trip count: every lane of a warp runs every iteration (the votes need them all).
+  for (int64_t base = int64_t(warp) * kLinesPerWarp; base < nLines;
+       base += int64_t(nWarps) * kLinesPerWarp) {
+    const int64_t line = base + lane / 8;
+    const bool active = line < nLines;
+    const int64_t w0 = line * kLL128DataWords + 2 * k, w1 = w0 + 1;
+    const bool has0 = active && w0 < nWords;
+    const bool has1 = active && k != 7 && w1 < nWords;
+    const int wb0 = has0 ? int(bytes - 8 * w0 < 8 ? bytes - 8 * w0 : 8) : 0;
+    const int wb1 = has1 ? int(bytes - 8 * w1 < 8 ? bytes - 8 * w1 : 8) : 0;
+    Word8<T> s0, s1, r0, r1, v0, v1;
+    s0.u = kSrc && has0 ? LoadWord(io.src + 8 * w0, wb0) : 0;
+    s1.u = kSrc && has1 ? LoadWord(io.src + 8 * w1, wb1) : 0;
+    r0.u = 0;
+    r1.u = 0;
+    if (kIn) {
+      int spins = 0;
+      while (true) {
+        int ok = 1;
+        WarpSync();  // the line's eight loads in one instruction
+        if (active) {
+          const uint4 l = LoadVolatile(inL + line * 8 + k);
+          r0.u = uint64_t(l.x) | (uint64_t(l.y) << 32);
+          r1.u = uint64_t(l.z) | (uint64_t(l.w) << 32);
+          if (k == 7) ok = r1.u == inFlag ? 1 : 0;
+        }
+        if (WarpAll(WarpShfl(ok, (lane & ~7) | 7))) break;
+        if (++spins == 512) {
+          spins = 0;
+          int stop = 0;
+          if (lane == 0) stop = ShouldStop(a, deadline, ch, peer, true, inFlag - 1) ? 1 : 0;
+          if (WarpShfl(stop, 0) != 0) return false;
+        }
+      }
+    }
+#pragma unroll
+    for (int e = 0; e < kEpw; ++e) {
+      v0.e[e] = Combine<F, kIn, kSrc>(fn, r0.e[e], s0.e[e], io.pre, io.post);
+      v1.e[e] = Combine<F, kIn, kSrc>(fn, r1.e[e], s1.e[e], io.pre, io.post);
+    }
+    if (outL != nullptr) {
+      const uint64_t hi = k == 7 ? outFlag : v1.u;
+      uint4 o;
+      o.x = uint32_t(v0.u);
+      o.y = uint32_t(v0.u >> 32);
+      o.z = uint32_t(hi);
+      o.w = uint32_t(hi >> 32);
+      WarpSync();  // the line's eight stores in one instruction
+      if (active) StoreVolatile(outL + line * 8 + k, o);
+    }
+    if (io.dst != nullptr) {
+      if (has0) StoreWord(io.dst + 8 * w0, v0.u, wb0);
+      if (has1) StoreWord(io.dst + 8 * w1, v1.u, wb1);
+    }
+  }
+  return true;
+}
+
+// The piece's data: LL and LL128 carry their step's flag in the lines, Simple relies on the
+// counters the caller waited for.
 template <typename F>
-__device__ bool RunPieceData(const F& fn, const PieceIo& io, int64_t n, int proto, uint32_t inFlag,
-                             uint32_t outFlag, const KernelArgs& a, uint64_t deadline, int ch,
+__device__ bool RunPieceData(const F& fn, const PieceIo& io, int64_t n, int proto, uint64_t rs,
+                             uint64_t ss, const KernelArgs& a, uint64_t deadline, int ch,
                              int peer) {
   const bool hasIn = io.in != nullptr, hasSrc = io.src != nullptr;
   if (proto == kProtoLL) {
-    if (hasIn && hasSrc)
-      return LLLoop<F, true, true>(fn, io, n, inFlag, outFlag, a, deadline, ch, peer);
-    if (hasIn) return LLLoop<F, true, false>(fn, io, n, inFlag, outFlag, a, deadline, ch, peer);
-    return LLLoop<F, false, true>(fn, io, n, inFlag, outFlag, a, deadline, ch, peer);
+    const uint32_t inF = LLFlag(rs), outF = LLFlag(ss);
+    if (hasIn && hasSrc) return LLLoop<F, true, true>(fn, io, n, inF, outF, a, deadline, ch, peer);
+    if (hasIn) return LLLoop<F, true, false>(fn, io, n, inF, outF, a, deadline, ch, peer);
+    return LLLoop<F, false, true>(fn, io, n, inF, outF, a, deadline, ch, peer);
+  }
+  if (proto == kProtoLL128) {
+    const uint64_t inF = LL128Flag(rs), outF = LL128Flag(ss);
+    if (hasIn && hasSrc) {
+      return LL128Loop<F, true, true>(fn, io, n, inF, outF, a, deadline, ch, peer);
+    }
+    if (hasIn) return LL128Loop<F, true, false>(fn, io, n, inF, outF, a, deadline, ch, peer);
+    return LL128Loop<F, false, true>(fn, io, n, inF, outF, a, deadline, ch, peer);
   }
   if (hasIn && hasSrc) {
     SimpleLoop<F, true, true>(fn, io, n);
@@ -308,12 +411,6 @@ __device__ bool RunPieceData(const F& fn, const PieceIo& io, int64_t n, int prot
     SimpleLoop<F, false, true>(fn, io, n);
   }
   return true;
-}
-
-// The flag of LL step `step`: never 0 (the value of lines never written), and, 2^32 - 1 being odd,
-// a flag that comes round again lands in another slot than its last use.
-__device__ inline uint32_t LLFlag(uint64_t step) {
-  return 1u + uint32_t(step % 0xFFFFFFFFull);
 }
 
 // Thread 0's view of the connection ends this block uses. The block is the only writer of its
@@ -369,7 +466,9 @@ __device__ inline int ConnSlot(BlockShared* sh, bool send, int peer, const uint6
 
 // Units of one step of `proto` for elements of `unitSize` bytes.
 __device__ inline int64_t StepCap(const KernelArgs& a, int proto, int unitSize) {
-  const int64_t b = proto == kProtoLL ? a.geo.stepBytes[kProtoLL] / 2 : a.geo.stepBytes[proto];
+  int64_t b = a.geo.stepBytes[proto];  // Simple
+  if (proto == kProtoLL) b /= 2;       // half of every line is its flags
+  if (proto == kProtoLL128) b = b / kLL128LineBytes * (kLL128DataWords * 8);
   return b / unitSize;
 }
 
@@ -390,7 +489,7 @@ __device__ bool DoPiece(const F& fn, const KernelArgs& a, uint64_t deadline, int
       ConnHeader* c = RecvConn(a, ch, p.recvPeer);
       i = ConnSlot(sh, false, p.recvPeer, &c->head);
       rs = sh->cStep[i];
-      if (proto != kProtoLL && sh->cSeen[i] < rs + 1) {
+      if (proto == kProtoSimple && sh->cSeen[i] < rs + 1) {
         ok = WaitAtLeast(&c->tail, rs + 1, a, deadline, ch, p.recvPeer, true, &sh->cSeen[i]);
       }
     }
@@ -403,7 +502,7 @@ __device__ bool DoPiece(const F& fn, const KernelArgs& a, uint64_t deadline, int
                          &sh->cSeen[j]);
       }
     }
-    if (recv && proto != kProtoLL) __threadfence();
+    if (recv && proto == kProtoSimple) __threadfence();
     Trace(a, sh, kTraceReady);
     sh->rs = rs;
     sh->ss = ss;
@@ -423,8 +522,7 @@ __device__ bool DoPiece(const F& fn, const KernelArgs& a, uint64_t deadline, int
   const int64_t n = m * unitSize / int64_t(sizeof(typename F::Elem));
   bool ok = true;
   if (n > 0) {
-    ok = RunPieceData(fn, io, n, proto, LLFlag(rs), LLFlag(ss), a, deadline, ch,
-                      recv ? p.recvPeer : p.sendPeer);
+    ok = RunPieceData(fn, io, n, proto, rs, ss, a, deadline, ch, recv ? p.recvPeer : p.sendPeer);
   }
   if (!ok) sh->fail = 1;
   __syncthreads();
@@ -432,7 +530,7 @@ __device__ bool DoPiece(const F& fn, const KernelArgs& a, uint64_t deadline, int
   Trace(a, sh, kTraceMoved);
   if (threadIdx.x == 0) {
     if (send) {
-      if (proto != kProtoLL) Fence(a);
+      if (proto == kProtoSimple) Fence(a);
       StoreVolatile64(&SendConn(a, ch, p.sendPeer)->tail, ss + 1);
       StoreVolatile64(SendTailMine(a, ch, p.sendPeer), ss + 1);
       sh->cStep[j] = ss + 1;

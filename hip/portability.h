@@ -163,6 +163,31 @@ __device__ inline void StoreVolatile(uint4* p, uint4 v) {
 #endif
 }
 
+// Warp-wide lane exchange, vote and reconvergence (every lane of the warp takes part).
+__device__ inline int WarpShfl(int v, int srcLane) {
+#if defined(JAX_RCCL_AMD)
+  return __shfl(v, srcLane);
+#else
+  return __shfl_sync(0xffffffffu, v, srcLane);
+#endif
+}
+__device__ inline bool WarpAll(int pred) {
+#if defined(JAX_RCCL_AMD)
+  return __all(pred) != 0;
+#else
+  return __all_sync(0xffffffffu, pred) != 0;
+#endif
+}
+__device__ inline void WarpSync() {
+#if defined(JAX_RCCL_AMD)
+#if defined(__HIP_DEVICE_COMPILE__)
+  __builtin_amdgcn_wave_barrier();
+#endif
+#else
+  __syncwarp();
+#endif
+}
+
 }  // namespace gpu
 }  // namespace jax_rccl
 #endif

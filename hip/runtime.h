@@ -26,6 +26,9 @@ namespace gpu {
 Geometry GeometryOf(const TopologyView& topo);
 // Whether the device code was compiled with reductions over `dtype`.
 bool DeviceHasDtype(DataType dtype);
+// Whether this build's device code runs LL128 (NVIDIA: one warp instruction's 16-byte stores to a
+// 128-byte line land together; AMD builds: not yet).
+bool DeviceHasLL128();
 // "CUDA sm_90" / "HIP gfx90a": what the device library was built for.
 std::string DeviceBuildInfo();
 

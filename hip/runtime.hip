@@ -152,6 +152,14 @@ Geometry GeometryOf(const TopologyView& topo) {
   return g;
 }
 
+bool DeviceHasLL128() {
+#if defined(JAX_RCCL_AMD)
+  return false;
+#else
+  return true;
+#endif
+}
+
 bool DeviceHasDtype(DataType dtype) {
   switch (dtype) {
 #define JR_CASE(name, enumName, T) \
@@ -276,9 +284,11 @@ StatusOr<std::unique_ptr<DevicePlan>> DevicePlan::Upload(const Plan& plan, const
                  ": a PreMulSum scalar given per device is not supported on GPUs yet");
     }
     if (!plan.oneRank && tp.kernel >= 0 && tp.count > 0) {
-      JR_REQUIRE(tp.proto == Proto::kLL || tp.proto == Proto::kSimple, Code::kUnsupported, "task ",
-                 i, " (", CollName(tp.coll), "): protocol ", ProtoName(tp.proto),
-                 " is not implemented by the device code (LL and Simple are)");
+      JR_REQUIRE(tp.proto == Proto::kLL || tp.proto == Proto::kSimple ||
+                     (tp.proto == Proto::kLL128 && DeviceHasLL128()),
+                 Code::kUnsupported, "task ", i, " (", CollName(tp.coll), "): protocol ",
+                 ProtoName(tp.proto), " is not implemented by this build's device code (",
+                 DeviceHasLL128() ? "LL, LL128 and Simple are" : "LL and Simple are", ")");
       JR_REQUIRE(
           tp.algo == Algo::kRing || tp.algo == Algo::kTree || tp.algo == Algo::kDirect || p2p,
           Code::kUnsupported, "task ", i, " (", CollName(tp.coll), "): algorithm ",

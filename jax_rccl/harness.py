@@ -53,12 +53,19 @@ def available() -> bool:
 
 
 def gpu_topology(
-    nranks: int, *, nchannels: int | None = None, arch: str = "sm90", direct: bool = True
+    nranks: int,
+    *,
+    nchannels: int | None = None,
+    arch: str = "sm90",
+    direct: bool = True,
+    ll128: bool = False,
 ) -> Topology:
     """The topology of `nranks` ranks on one GPU: NVLink-class links (the ranks share one
-    device's memory), LL and Simple (LL128 off), RCCL's 4 MiB Simple buffers, and `nchannels`
-    channels (default: 128 blocks in all, about one per SM of an H200, at least 16 per rank).
-    `direct`: the ranks read each other's buffers (the Direct algorithm is available)."""
+    device's memory), LL and Simple, RCCL's 4 MiB Simple buffers, and `nchannels` channels
+    (default: 128 blocks in all, about one per SM of an H200, at least 16 per rank).
+    `direct`: the ranks read each other's buffers (the Direct algorithm is available).
+    `ll128`: the planner may choose LL128 too (the device code has it where
+    ``has_ll128()`` says so; off by default, as in the JAX handlers)."""
     if nchannels is None:
         nchannels = max(16, 128 // max(1, nranks))
     return Topology(
@@ -71,9 +78,15 @@ def gpu_topology(
         p2p_nchannels_per_peer=2,
         buff_sizes=(262144, 65536, 4 << 20),
         p2p_chunk_size=131072,
-        ll128=False,
+        ll128=ll128,
         direct_peers=direct,
     )
+
+
+def has_ll128() -> bool:
+    """Whether this build's device code runs the LL128 protocol (NVIDIA builds)."""
+    gpu = getattr(_jax_rccl, "gpu", None)
+    return gpu is not None and bool(gpu.has_ll128())
 
 
 def floors(copy_bytes: int = 1 << 30, iters: int = 20) -> dict[str, float]:

@@ -50,6 +50,7 @@ void BindGpu(nb::module_& m) {
         return gpu::DeviceHasDtype(ValueOrThrow(ParseDataType(dtype)));
       },
       nb::arg("dtype"), "Whether the device code reduces over `dtype`.");
+  g.def("has_ll128", &gpu::DeviceHasLL128, "Whether this build's device code runs LL128.");
   g.def(
       "alloc",
       [](int64_t bytes) {

@@ -115,7 +115,9 @@ TopologyView GpuTopology(int nRanks, const Params& params) {
   t.buffSizes[static_cast<int>(Proto::kLL128)] = 65536;
   t.buffSizes[static_cast<int>(Proto::kSimple)] = 4 << 20;  // RCCL's default
   t.p2pChunkSize = 131072;
-  t.ll128Enabled = false;  // the device code has LL and Simple
+  // LL128 where the device code has it (NVIDIA); the handlers leave it to explicit protocol
+  // settings (ffi/gpu/handlers.cc: MakeState).
+  t.ll128Enabled = DeviceHasLL128();
   t.workFifoDepth = static_cast<int>(params.work_fifo_depth);
   t.directPeers = false;
   return t;

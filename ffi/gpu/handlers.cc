@@ -95,6 +95,11 @@ StatusOr<std::unique_ptr<GpuState>> MakeState(Kind kind, ffi::Span<const int64_t
   auto st = std::make_unique<GpuState>();
   JR_CHECK(ParseCallAttrs(kind, groups, groupSize, op, premul, premulValue, root, perm, algorithm,
                           protocol, callSite, name, st.get()));
+  // LL128 runs only where a protocol setting (the call's, else JAX_RCCL_PROTO) is given: the
+  // planner's own choice stays on LL and Simple until LL128's figures are in docs/benchmarks.md.
+  if (protocol.empty() && st->params.proto.empty()) {
+    st->tuning.protoMask &= ~(1u << static_cast<int>(Proto::kLL128));
+  }
   JR_REQUIRE(st->premul != 2, Code::kUnsupported, "jax_rccl '", st->name,
              "': a per-device premul scalar (premul 2) is not supported on GPUs yet; use a "
              "Python number (premul 1) or scale before the collective");

@@ -176,6 +176,87 @@ def test_broadcast_and_reduce(nranks, proto, root):
         same(outs[root][0], reduce_ref(xs, "sum", "float32"))
 
 
+@functools.cache
+def get_ll128_harness(n):
+    return harness.Harness(n, harness.gpu_topology(n, ll128=True), timeout=20.0)
+
+
+def needs_ll128():
+    if not harness.has_ll128():
+        pytest.skip("this build's device code has no LL128 (AMD builds)")
+
+
+def run_ll128(h, task, xs, algorithm=""):
+    """Runs `task` forced onto LL128, after checking the planner really chose it."""
+    plan = h.build([task], algorithm=algorithm, protocol="LL128")
+    if task["count"] > 0:
+        assert plan[0]["protocol"].lower() == "ll128", plan
+    return h.run([task], [[x] for x in xs], algorithm=algorithm, protocol="LL128")
+
+
+@pytest.mark.parametrize("nranks", RANKS)
+@pytest.mark.parametrize("algo", ["Ring", "Tree"])
+@pytest.mark.parametrize(
+    "dtype", ["int8", "uint16", "int32", "int64", "bfloat16", "float32", "float64"]
+)
+def test_ll128_all_reduce(nranks, algo, dtype):
+    """LL128 lines: 15 data words and a flag word each, eight lanes a line; odd sizes end inside a
+    line and inside a word."""
+    needs_ll128()
+    if not has(dtype):
+        pytest.skip(f"{dtype} not in this device build")
+    h = get_ll128_harness(nranks)
+    for count in COUNTS[:4] if QUICK else COUNTS:
+        xs = inputs_for(dtype, nranks, count, seed=11)
+        task = {"coll": "all_reduce", "count": count, "dtype": dtype, "op": "sum"}
+        outs = run_ll128(h, task, xs, algorithm=algo)
+        want = reduce_ref(xs, "sum", dtype)
+        for r in range(nranks):
+            same(outs[r][0], want)
+
+
+@pytest.mark.parametrize("nranks", RANKS)
+@pytest.mark.parametrize("dtype", ["int8", "bfloat16", "float32"])
+def test_ll128_gather_scatter_broadcast_reduce(nranks, dtype):
+    needs_ll128()
+    if not has(dtype):
+        pytest.skip(f"{dtype} not in this device build")
+    h = get_ll128_harness(nranks)
+    for count in (0, 1, 7, 1001, 65536 + 5):
+        xs = inputs_for(dtype, nranks, count, seed=12)
+        outs = run_ll128(h, {"coll": "all_gather", "count": count, "dtype": dtype}, xs)
+        for r in range(nranks):
+            same(outs[r][0], np.concatenate(xs))
+        ys = inputs_for(dtype, nranks, count * nranks, seed=13)
+        rs = {"coll": "reduce_scatter", "count": count, "dtype": dtype, "op": "sum"}
+        outs = run_ll128(h, rs, ys)
+        full = reduce_ref(ys, "sum", dtype)
+        for r in range(nranks):
+            same(outs[r][0], full[r * count : (r + 1) * count])
+        root = 1
+        outs = run_ll128(h, {"coll": "broadcast", "count": count, "dtype": dtype, "root": root}, xs)
+        for r in range(nranks):
+            same(outs[r][0], xs[root])
+        red = {"coll": "reduce", "count": count, "dtype": dtype, "op": "max", "root": root}
+        outs = run_ll128(h, red, xs)
+        same(outs[root][0], reduce_ref(xs, "max", dtype))
+
+
+@pytest.mark.parametrize("nranks", [2, 8])
+def test_protocols_take_turns_on_the_same_connections(nranks):
+    """LL, LL128 and Simple share each connection's counters: alternating them, launch after
+    launch (and LL128 many times over its 8 slots), every result stays right."""
+    needs_ll128()
+    h = get_ll128_harness(nranks)
+    xs = inputs_for("float32", nranks, 300001, seed=14)
+    want = reduce_ref(xs, "sum", "float32")
+    task = {"coll": "all_reduce", "count": 300001, "dtype": "float32", "op": "sum"}
+    for proto in ("LL", "LL128", "Simple", "LL128", "LL", "LL128"):
+        outs = h.run([task], [[x] for x in xs], algorithm="Ring", protocol=proto, repeat=3)
+        for r in range(nranks):
+            same(outs[r][0], want)
+
+
 @pytest.mark.parametrize("nranks", RANKS)
 @pytest.mark.parametrize("shift", [1, -1, 0])
 @pytest.mark.parametrize("count", [0, 5, 3000, 1 << 20])

@@ -23,12 +23,13 @@ def choice(topo, coll, nbytes, **kw):
 
 @pytest.mark.parametrize("nranks", [2, 4, 8])
 @pytest.mark.parametrize("direct", [True, False])
+@pytest.mark.parametrize("ll128", [False, True])
 @pytest.mark.parametrize("coll", COLLS)
-def test_protocols_and_algorithms_the_kernels_run(nranks, direct, coll):
-    topo = harness.gpu_topology(nranks, direct=direct)
+def test_protocols_and_algorithms_the_kernels_run(nranks, direct, ll128, coll):
+    topo = harness.gpu_topology(nranks, direct=direct, ll128=ll128)
     for nbytes in SIZES:
         t = choice(topo, coll, nbytes)
-        assert t["protocol"] in ("ll", "simple"), (nbytes, t)
+        assert t["protocol"] in (("ll", "simple", "ll128") if ll128 else ("ll", "simple")), t
         assert t["algorithm"] in ("ring", "tree", "direct"), (nbytes, t)
         if not direct:
             assert t["algorithm"] != "direct", (nbytes, t)
@@ -49,6 +50,16 @@ def test_forcing_ll128_falls_back_on_gpu_topologies():
     topo = harness.gpu_topology(4)
     t = choice(topo, "all_reduce", 1 << 16, protocol="LL128")
     assert t["protocol"] != "ll128"
+
+
+def test_ll128_when_the_topology_allows_it():
+    """With LL128 allowed (harness.gpu_topology(ll128=True); the JAX handlers allow it only
+    under an explicit protocol setting), forcing it takes it for rings and trees alike."""
+    topo = harness.gpu_topology(4, direct=False, ll128=True)
+    for coll in COLLS:
+        assert choice(topo, coll, 1 << 20, protocol="LL128")["protocol"] == "ll128", coll
+    t = choice(topo, "all_reduce", 1 << 20, protocol="LL128", algorithm="Tree")
+    assert (t["algorithm"], t["protocol"]) == ("tree", "ll128")
 
 
 @pytest.mark.parametrize("nranks", [1, 3, 16])
