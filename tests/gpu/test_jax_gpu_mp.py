@@ -46,9 +46,13 @@ _WORKER = textwrap.dedent(
         y = g(x)
         return np.concatenate([np.asarray(s.data) for s in y.addressable_shards])
 
-    # Every algorithm and protocol: all_reduce under Ring and Tree x LL and Simple, the rest under
-    # Ring x LL and Simple (the planner's choice is one of these anyway).
+    # Every algorithm and protocol: all_reduce under Ring and Tree x LL and Simple (and LL128 where
+    # the build has it), the rest under Ring x the same protocols (point-to-point: LL or Simple).
     CONFIGS = [(None, None), ("Ring", "LL"), ("Ring", "Simple"), ("Tree", "LL"), ("Tree", "Simple")]
+    from jax_rccl import _jax_rccl
+    if _jax_rccl.gpu.has_ll128():  # taken only when asked for
+        CONFIGS += [("Ring", "LL128"), ("Tree", "LL128")]
+    out["configs"] = CONFIGS
     for count in (1, 1000, 65536):
         x = global_array(count, lambda i: (i % 7) - 3)
         full = (np.arange(n * count) % 7 - 3).astype(np.float32).reshape(n, count)
@@ -91,7 +95,6 @@ _WORKER = textwrap.dedent(
             np.testing.assert_array_equal(got, blocks[:, mine].reshape(-1), err_msg=where)
             out["checks"] += 2
     out["stats"] = {k: int(v) for k, v in jax_rccl.runtime_stats().items()}
-    from jax_rccl import _jax_rccl
     ids = [d.id for d in devs]
     rank = ids.index(jax.local_devices()[0].id)
     out["rank"] = rank
@@ -167,7 +170,9 @@ def test_processes_with_one_gpu_each(nprocs, share):
         results.append(json.loads(line[len("RESULT ") :]))
     for r in results:
         assert r["n"] == nprocs
-        assert r["checks"] == 3 * (5 + 3 * 4 + 3 * 2), r
+        # Per count: a psum under every config, six more checks under the non-Tree ones.
+        per_count = sum(1 if algo == "Tree" else 7 for algo, _ in r["configs"])
+        assert r["checks"] == 3 * per_count, r
         assert r["stats"]["errors"] == 0
     # Every connection ends where it began: the steps a sender filled (its own copy) are the steps
     # its receiver consumed, and the tail the receiver holds (written by the sender).
