@@ -70,7 +70,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--graph-max-bytes", default="1M", help="also time graph replays up to this")
     ap.add_argument("--nchannels", type=int, default=0, help="0: the harness default")
     ap.add_argument("--algorithm", default="", help="NCCL syntax, e.g. Ring, Direct, ^Direct")
-    ap.add_argument("--protocol", default="", help="NCCL syntax, e.g. LL, Simple")
+    ap.add_argument(
+        "--protocol", default="", help="NCCL syntax, e.g. LL, Simple, LL128 (allows LL128)"
+    )
     args = ap.parse_args(argv)
     if not harness.available():
         print("no GPU build or no GPU: nothing to measure")
@@ -86,7 +88,11 @@ def main(argv: list[str] | None = None) -> int:
     gmax = parse_size(args.graph_max_bytes)
     for n in [int(x) for x in args.ranks.split(",")]:
         h = harness.Harness(
-            n, harness.gpu_topology(n, nchannels=args.nchannels or None), timeout=60.0
+            n,
+            harness.gpu_topology(
+                n, nchannels=args.nchannels or None, ll128="LL128" in args.protocol.upper()
+            ),
+            timeout=60.0,
         )
         for coll in args.colls.split(","):
             print(f"\n## {coll}, {n} ranks on one GPU, float32 sum")

@@ -52,7 +52,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     fl = harness.floors(copy_bytes=1 << 26, iters=5)
     n = args.ranks
-    h = harness.Harness(n, harness.gpu_topology(n), timeout=60.0)
+    ll128 = "LL128" in args.protocol.upper()  # a protocol setting naming LL128 allows it
+    h = harness.Harness(n, harness.gpu_topology(n, ll128=ll128), timeout=60.0)
     count = max(1, args.bytes // 4)
     task = {"coll": args.coll, "count": count, "dtype": "float32", "op": "sum"}
     summary = h.build([task], algorithm=args.algorithm, protocol=args.protocol)[0]
