@@ -256,7 +256,7 @@ __device__ __noinline__ bool RunDirectLL(const KernelArgs& a, uint64_t deadline,
       const int k = int(i / nWords);
       const int64_t w = i - int64_t(k) * nWords;
       if (!sendTo(k)) continue;
-      const int wb = int(ProgMin(int64_t(8), bytes - 8 * w));
+      const int wb = WordBytes(bytes, w);
       uint64_t v = LoadWord(srcFor(k) + 8 * w, wb);
       if (reduction) v = PreWord(fn, v);
       StoreVolatile(reinterpret_cast<uint4*>(SendSlot(a, ch, k, kProtoLL, sendStep[k])) + w,
@@ -268,7 +268,7 @@ __device__ __noinline__ bool RunDirectLL(const KernelArgs& a, uint64_t deadline,
   __syncthreads();
   if (recvs && reduction) {
     for (int64_t w = tid; w < nWords && ok; w += nt) {
-      const int wb = int(ProgMin(int64_t(8), bytes - 8 * w));
+      const int wb = WordBytes(bytes, w);
       Acc acc[kEpw];
       bool first = true;
       for (int k = 0; k < n && ok; ++k) {
@@ -298,7 +298,7 @@ __device__ __noinline__ bool RunDirectLL(const KernelArgs& a, uint64_t deadline,
     for (int64_t i = tid; i < n * nWords && ok; i += nt) {
       const int k = int(i / nWords);
       const int64_t w = i - int64_t(k) * nWords;
-      const int wb = int(ProgMin(int64_t(8), bytes - 8 * w));
+      const int wb = WordBytes(bytes, w);
       if (k == r) {
         if (coll == Coll::kAllGather && srcFor(r) != dstFor(r)) {
           StoreWord(dstFor(r) + 8 * w, LoadWord(srcFor(r) + 8 * w, wb), wb);
@@ -314,7 +314,7 @@ __device__ __noinline__ bool RunDirectLL(const KernelArgs& a, uint64_t deadline,
   }
   if (coll == Coll::kBroadcast && r == root && srcFor(r) != dstFor(r)) {
     for (int64_t w = tid; w < nWords; w += nt) {
-      const int wb = int(ProgMin(int64_t(8), bytes - 8 * w));
+      const int wb = WordBytes(bytes, w);
       StoreWord(dstFor(r) + 8 * w, LoadWord(srcFor(r) + 8 * w, wb), wb);
     }
   }

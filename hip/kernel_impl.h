@@ -133,7 +133,7 @@ __device__ __noinline__ bool RunP2pWork(const KernelArgs& a, uint64_t deadline, 
             // The first line's flag word: the upper half of its lane-7 access.
             const uint4 q = LoadVolatile(
                 reinterpret_cast<const uint4*>(RecvSlot(a, ch, p.recvPeer, proto, rs)) + 7);
-            ready = (uint64_t(q.z) | (uint64_t(q.w) << 32)) == LL128Flag(rs);
+            ready = HiWord(q) == LL128Flag(rs);
           } else {
             ready = LoadVolatile64(&c->tail) > rs;
           }

@@ -235,6 +235,27 @@ __device__ inline void StoreWord(char* p, uint64_t v, int wb) {
   for (int i = 0; i < wb; ++i) p[i] = static_cast<char>(w.b[i]);
 }
 
+// Bytes of word w (bytes [8w, 8w + 8)) inside a piece of `bytes`: 8, or fewer for the last word.
+__device__ inline int WordBytes(int64_t bytes, int64_t w) {
+  return int(bytes - 8 * w < 8 ? bytes - 8 * w : 8);
+}
+
+// A 16-byte access as two words (LL128: a lane's two words; the flag lane's second is the flag).
+__device__ inline uint64_t LoWord(const uint4& q) {
+  return uint64_t(q.x) | (uint64_t(q.y) << 32);
+}
+__device__ inline uint64_t HiWord(const uint4& q) {
+  return uint64_t(q.z) | (uint64_t(q.w) << 32);
+}
+__device__ inline uint4 TwoWords(uint64_t lo, uint64_t hi) {
+  uint4 q;
+  q.x = uint32_t(lo);
+  q.y = uint32_t(lo >> 32);
+  q.z = uint32_t(hi);
+  q.w = uint32_t(hi >> 32);
+  return q;
+}
+
 // Word v as an LL line: {lo, flag, hi, flag}, stored in one access.
 __device__ inline uint4 LLLine(uint64_t v, uint32_t flag) {
   uint4 line;
@@ -274,7 +295,7 @@ __device__ __noinline__ bool LLLoop(const F& fn, const PieceIo& io, int64_t n, u
   const uint4* inL = reinterpret_cast<const uint4*>(io.in);
   uint4* outL = reinterpret_cast<uint4*>(io.out);
   for (int64_t w = tid; w < nWords; w += nt) {
-    const int wb = int(bytes - 8 * w < 8 ? bytes - 8 * w : 8);
+    const int wb = WordBytes(bytes, w);
     Word8<T> s, r, v;
     s.u = kSrc ? LoadWord(io.src + 8 * w, wb) : 0;
     r.u = 0;
@@ -332,8 +353,8 @@ __device__ __noinline__ bool LL128Loop(const F& fn, const PieceIo& io, int64_t n
     const int64_t w0 = line * kLL128DataWords + 2 * k, w1 = w0 + 1;
     const bool has0 = active && w0 < nWords;
     const bool has1 = active && k != 7 && w1 < nWords;
-    const int wb0 = has0 ? int(bytes - 8 * w0 < 8 ? bytes - 8 * w0 : 8) : 0;
-    const int wb1 = has1 ? int(bytes - 8 * w1 < 8 ? bytes - 8 * w1 : 8) : 0;
+    const int wb0 = has0 ? WordBytes(bytes, w0) : 0;
+    const int wb1 = has1 ? WordBytes(bytes, w1) : 0;
     Word8<T> s0, s1, r0, r1, v0, v1;
     s0.u = kSrc && has0 ? LoadWord(io.src + 8 * w0, wb0) : 0;
     s1.u = kSrc && has1 ? LoadWord(io.src + 8 * w1, wb1) : 0;
@@ -346,8 +367,8 @@ __device__ __noinline__ bool LL128Loop(const F& fn, const PieceIo& io, int64_t n
         WarpSync();  // the line's eight loads in one instruction
         if (active) {
           const uint4 l = LoadVolatile(inL + line * 8 + k);
-          r0.u = uint64_t(l.x) | (uint64_t(l.y) << 32);
-          r1.u = uint64_t(l.z) | (uint64_t(l.w) << 32);
+          r0.u = LoWord(l);
+          r1.u = HiWord(l);
           if (k == 7) ok = r1.u == inFlag ? 1 : 0;
         }
         if (WarpAll(WarpShfl(ok, (lane & ~7) | 7))) break;
@@ -365,12 +386,7 @@ __device__ __noinline__ bool LL128Loop(const F& fn, const PieceIo& io, int64_t n
       v1.e[e] = Combine<F, kIn, kSrc>(fn, r1.e[e], s1.e[e], io.pre, io.post);
     }
     if (outL != nullptr) {
-      const uint64_t hi = k == 7 ? outFlag : v1.u;
-      uint4 o;
-      o.x = uint32_t(v0.u);
-      o.y = uint32_t(v0.u >> 32);
-      o.z = uint32_t(hi);
-      o.w = uint32_t(hi >> 32);
+      const uint4 o = TwoWords(v0.u, k == 7 ? outFlag : v1.u);
       WarpSync();  // the line's eight stores in one instruction
       if (active) StoreVolatile(outL + line * 8 + k, o);
     }
@@ -382,35 +398,37 @@ __device__ __noinline__ bool LL128Loop(const F& fn, const PieceIo& io, int64_t n
   return true;
 }
 
+// Calls body(BoolTag<kIn>, BoolTag<kSrc>) with the piece's operands as compile-time flags: a
+// received slot and a source, the slot only, or the source only.
+template <bool B>
+struct BoolTag {
+  static constexpr bool value = B;
+};
+template <typename Body>
+__device__ inline bool ByOperands(const PieceIo& io, Body body) {
+  if (io.in != nullptr && io.src != nullptr) return body(BoolTag<true>{}, BoolTag<true>{});
+  if (io.in != nullptr) return body(BoolTag<true>{}, BoolTag<false>{});
+  return body(BoolTag<false>{}, BoolTag<true>{});
+}
+
 // The piece's data: LL and LL128 carry their step's flag in the lines, Simple relies on the
 // counters the caller waited for.
 template <typename F>
 __device__ bool RunPieceData(const F& fn, const PieceIo& io, int64_t n, int proto, uint64_t rs,
                              uint64_t ss, const KernelArgs& a, uint64_t deadline, int ch,
                              int peer) {
-  const bool hasIn = io.in != nullptr, hasSrc = io.src != nullptr;
-  if (proto == kProtoLL) {
-    const uint32_t inF = LLFlag(rs), outF = LLFlag(ss);
-    if (hasIn && hasSrc) return LLLoop<F, true, true>(fn, io, n, inF, outF, a, deadline, ch, peer);
-    if (hasIn) return LLLoop<F, true, false>(fn, io, n, inF, outF, a, deadline, ch, peer);
-    return LLLoop<F, false, true>(fn, io, n, inF, outF, a, deadline, ch, peer);
-  }
-  if (proto == kProtoLL128) {
-    const uint64_t inF = LL128Flag(rs), outF = LL128Flag(ss);
-    if (hasIn && hasSrc) {
-      return LL128Loop<F, true, true>(fn, io, n, inF, outF, a, deadline, ch, peer);
+  return ByOperands(io, [&](auto in, auto src) {
+    constexpr bool kIn = decltype(in)::value, kSrc = decltype(src)::value;
+    if (proto == kProtoLL) {
+      return LLLoop<F, kIn, kSrc>(fn, io, n, LLFlag(rs), LLFlag(ss), a, deadline, ch, peer);
     }
-    if (hasIn) return LL128Loop<F, true, false>(fn, io, n, inF, outF, a, deadline, ch, peer);
-    return LL128Loop<F, false, true>(fn, io, n, inF, outF, a, deadline, ch, peer);
-  }
-  if (hasIn && hasSrc) {
-    SimpleLoop<F, true, true>(fn, io, n);
-  } else if (hasIn) {
-    SimpleLoop<F, true, false>(fn, io, n);
-  } else {
-    SimpleLoop<F, false, true>(fn, io, n);
-  }
-  return true;
+    if (proto == kProtoLL128) {
+      return LL128Loop<F, kIn, kSrc>(fn, io, n, LL128Flag(rs), LL128Flag(ss), a, deadline, ch,
+                                     peer);
+    }
+    SimpleLoop<F, kIn, kSrc>(fn, io, n);
+    return true;
+  });
 }
 
 // Thread 0's view of the connection ends this block uses. The block is the only writer of its
