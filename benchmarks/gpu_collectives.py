@@ -73,7 +73,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--protocol", default="", help="NCCL syntax, e.g. LL, Simple, LL128 (allows LL128)"
     )
+    ap.add_argument(
+        "--buff-sizes",
+        default="",
+        help="connection buffer bytes per protocol, LL,LL128,Simple (default: the JAX handlers')",
+    )
     args = ap.parse_args(argv)
+    buff = tuple(parse_size(x) for x in args.buff_sizes.split(",")) if args.buff_sizes else None
+    if buff is not None and len(buff) != 3:
+        ap.error(f"--buff-sizes takes 3 sizes (LL,LL128,Simple), got {args.buff_sizes!r}")
     if not harness.available():
         print("no GPU build or no GPU: nothing to measure")
         return 0
@@ -90,7 +98,10 @@ def main(argv: list[str] | None = None) -> int:
         h = harness.Harness(
             n,
             harness.gpu_topology(
-                n, nchannels=args.nchannels or None, ll128="LL128" in args.protocol.upper()
+                n,
+                nchannels=args.nchannels or None,
+                ll128="LL128" in args.protocol.upper(),
+                buff_sizes=buff,
             ),
             timeout=60.0,
         )

@@ -352,6 +352,7 @@ PlanRequest MakeRequest(const nb::dict& topology, const nb::list& tasks, int ran
 }
 
 void BindPlanner(nb::module_& m) {
+  m.attr("gpu_buff_sizes") = nb::make_tuple(kGpuBuffSizes[0], kGpuBuffSizes[1], kGpuBuffSizes[2]);
   nb::class_<Plan>(m, "NativePlan")
       .def("to_dict", &PlanToDict)
       .def_prop_ro("nkernels", [](const Plan& p) { return p.kernels.size(); })

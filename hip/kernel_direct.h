@@ -138,23 +138,39 @@ __device__ void DirectReduceLoop(const F& fn, const DirectShared& ds, const Dire
   for (int j = 0; j < s.ndst; ++j) mis |= uintptr_t(ds.dst[s.d0 + j]);
   const int64_t n = s.n;
   const int64_t nPacks = (mis & 15) == 0 ? n / kEpp : 0;
-  for (int64_t i = tid; i < nPacks; i += nt) {
-    Acc acc[kEpp];
+  // kUnroll packs per thread: each source's kUnroll loads are in flight together.
+  for (int64_t base = tid; base < nPacks; base += int64_t(kUnroll) * nt) {
+    Acc acc[kUnroll][kEpp];
     for (int k = 0; k < s.nsrc; ++k) {
-      Pack16<T> v;
-      v.v = LoadCG(reinterpret_cast<const uint4*>(ds.src[k]) + i);
+      const uint4* src4 = reinterpret_cast<const uint4*>(ds.src[k]);
+      Pack16<T> v[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t i = base + int64_t(u) * nt;
+        v[u].v = i < nPacks ? LoadCG(src4 + i) : make_uint4(0, 0, 0, 0);
+      }
       const F fk(ds.arg[k]);
 #pragma unroll
-      for (int e = 0; e < kEpp; ++e) {
-        Acc x = Tr::Load(v.e[e]);
-        if (F::kHasPreOp) x = fk.PreOp(x);
-        acc[e] = k == 0 ? x : fn.Reduce(acc[e], x);
+      for (int u = 0; u < kUnroll; ++u) {
+#pragma unroll
+        for (int e = 0; e < kEpp; ++e) {
+          Acc x = Tr::Load(v[u].e[e]);
+          if (F::kHasPreOp) x = fk.PreOp(x);
+          acc[u][e] = k == 0 ? x : fn.Reduce(acc[u][e], x);
+        }
       }
     }
-    Pack16<T> r;
 #pragma unroll
-    for (int e = 0; e < kEpp; ++e) r.e[e] = Tr::Store(F::kHasPostOp ? fn.PostOp(acc[e]) : acc[e]);
-    for (int j = 0; j < s.ndst; ++j) reinterpret_cast<uint4*>(ds.dst[s.d0 + j])[i] = r.v;
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t i = base + int64_t(u) * nt;
+      if (i >= nPacks) continue;
+      Pack16<T> r;
+#pragma unroll
+      for (int e = 0; e < kEpp; ++e) {
+        r.e[e] = Tr::Store(F::kHasPostOp ? fn.PostOp(acc[u][e]) : acc[u][e]);
+      }
+      for (int j = 0; j < s.ndst; ++j) reinterpret_cast<uint4*>(ds.dst[s.d0 + j])[i] = r.v;
+    }
   }
   for (int64_t i = nPacks * kEpp + tid; i < n; i += nt) {
     Acc acc = Acc();

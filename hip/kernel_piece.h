@@ -330,13 +330,19 @@ __device__ inline uint64_t LL128Flag(uint64_t step) {
 constexpr int kLL128DataWords = 15;
 constexpr int kLL128LineBytes = 128;
 
+// A warp moves kLL128Unroll groups of four lines per iteration: every load of a group is issued
+// before any flag is checked, so that many lines per lane are in flight.
+constexpr int kLL128Unroll = 4;
+
 template <typename F, bool kIn, bool kSrc>
 __device__ __noinline__ bool LL128Loop(const F& fn, const PieceIo& io, int64_t n, uint64_t inFlag,
                                        uint64_t outFlag, const KernelArgs& a, uint64_t deadline,
                                        int ch, int peer) {
   using T = typename F::Elem;
   constexpr int kEpw = 8 / sizeof(T);
-  constexpr int kLinesPerWarp = JAX_RCCL_WARP_SIZE / 8;
+  constexpr int kU = kLL128Unroll;
+  constexpr int kLinesPerAccess = JAX_RCCL_WARP_SIZE / 8;
+  constexpr int kLinesPerWarp = kLinesPerAccess * kU;
   const int64_t bytes = n * int64_t(sizeof(T));
   const int64_t nWords = (bytes + 7) / 8;
   const int64_t nLines = (nWords + kLL128DataWords - 1) / kLL128DataWords;
@@ -348,28 +354,36 @@ __device__ __noinline__ bool LL128Loop(const F& fn, const PieceIo& io, int64_t n
   // Warp-uniform trip count: every lane of a warp runs every iteration (the votes need them all).
   for (int64_t base = int64_t(warp) * kLinesPerWarp; base < nLines;
        base += int64_t(nWarps) * kLinesPerWarp) {
-    const int64_t line = base + lane / 8;
-    const bool active = line < nLines;
-    const int64_t w0 = line * kLL128DataWords + 2 * k, w1 = w0 + 1;
-    const bool has0 = active && w0 < nWords;
-    const bool has1 = active && k != 7 && w1 < nWords;
-    const int wb0 = has0 ? WordBytes(bytes, w0) : 0;
-    const int wb1 = has1 ? WordBytes(bytes, w1) : 0;
-    Word8<T> s0, s1, r0, r1, v0, v1;
-    s0.u = kSrc && has0 ? LoadWord(io.src + 8 * w0, wb0) : 0;
-    s1.u = kSrc && has1 ? LoadWord(io.src + 8 * w1, wb1) : 0;
-    r0.u = 0;
-    r1.u = 0;
+    Word8<T> s0[kU], s1[kU], r0[kU], r1[kU];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int64_t line = base + u * kLinesPerAccess + lane / 8;
+      const int64_t w0 = line * kLL128DataWords + 2 * k, w1 = w0 + 1;
+      const bool has0 = line < nLines && w0 < nWords;
+      const bool has1 = line < nLines && k != 7 && w1 < nWords;
+      s0[u].u = kSrc && has0 ? LoadWord(io.src + 8 * w0, WordBytes(bytes, w0)) : 0;
+      s1[u].u = kSrc && has1 ? LoadWord(io.src + 8 * w1, WordBytes(bytes, w1)) : 0;
+      r0[u].u = 0;
+      r1[u].u = 0;
+    }
     if (kIn) {
       int spins = 0;
       while (true) {
         int ok = 1;
-        WarpSync();  // the line's eight loads in one instruction
-        if (active) {
-          const uint4 l = LoadVolatile(inL + line * 8 + k);
-          r0.u = LoWord(l);
-          r1.u = HiWord(l);
-          if (k == 7) ok = r1.u == inFlag ? 1 : 0;
+        WarpSync();  // each line's eight loads in one instruction
+#pragma unroll
+        for (int u = 0; u < kU; ++u) {
+          const int64_t line = base + u * kLinesPerAccess + lane / 8;
+          if (line < nLines) {
+            const uint4 l = LoadVolatile(inL + line * 8 + k);
+            r0[u].u = LoWord(l);
+            r1[u].u = HiWord(l);
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < kU; ++u) {
+          const int64_t line = base + u * kLinesPerAccess + lane / 8;
+          if (k == 7 && line < nLines && r1[u].u != inFlag) ok = 0;
         }
         if (WarpAll(WarpShfl(ok, (lane & ~7) | 7))) break;
         if (++spins == 512) {
@@ -380,19 +394,34 @@ __device__ __noinline__ bool LL128Loop(const F& fn, const PieceIo& io, int64_t n
         }
       }
     }
+    Word8<T> v0[kU], v1[kU];
 #pragma unroll
-    for (int e = 0; e < kEpw; ++e) {
-      v0.e[e] = Combine<F, kIn, kSrc>(fn, r0.e[e], s0.e[e], io.pre, io.post);
-      v1.e[e] = Combine<F, kIn, kSrc>(fn, r1.e[e], s1.e[e], io.pre, io.post);
+    for (int u = 0; u < kU; ++u) {
+#pragma unroll
+      for (int e = 0; e < kEpw; ++e) {
+        v0[u].e[e] = Combine<F, kIn, kSrc>(fn, r0[u].e[e], s0[u].e[e], io.pre, io.post);
+        v1[u].e[e] = Combine<F, kIn, kSrc>(fn, r1[u].e[e], s1[u].e[e], io.pre, io.post);
+      }
     }
     if (outL != nullptr) {
-      const uint4 o = TwoWords(v0.u, k == 7 ? outFlag : v1.u);
-      WarpSync();  // the line's eight stores in one instruction
-      if (active) StoreVolatile(outL + line * 8 + k, o);
+      WarpSync();  // each line's eight stores in one instruction
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        const int64_t line = base + u * kLinesPerAccess + lane / 8;
+        if (line < nLines)
+          StoreVolatile(outL + line * 8 + k, TwoWords(v0[u].u, k == 7 ? outFlag : v1[u].u));
+      }
     }
     if (io.dst != nullptr) {
-      if (has0) StoreWord(io.dst + 8 * w0, v0.u, wb0);
-      if (has1) StoreWord(io.dst + 8 * w1, v1.u, wb1);
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        const int64_t line = base + u * kLinesPerAccess + lane / 8;
+        const int64_t w0 = line * kLL128DataWords + 2 * k, w1 = w0 + 1;
+        if (line < nLines && w0 < nWords) StoreWord(io.dst + 8 * w0, v0[u].u, WordBytes(bytes, w0));
+        if (line < nLines && k != 7 && w1 < nWords) {
+          StoreWord(io.dst + 8 * w1, v1[u].u, WordBytes(bytes, w1));
+        }
+      }
     }
   }
   return true;

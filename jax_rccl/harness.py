@@ -59,13 +59,16 @@ def gpu_topology(
     arch: str = "sm90",
     direct: bool = True,
     ll128: bool = False,
+    buff_sizes: tuple[int, int, int] | None = None,
 ) -> Topology:
     """The topology of `nranks` ranks on one GPU: NVLink-class links (the ranks share one
     device's memory), LL and Simple, RCCL's 4 MiB Simple buffers, and `nchannels` channels
     (default: 128 blocks in all, about one per SM of an H200, at least 16 per rank).
     `direct`: the ranks read each other's buffers (the Direct algorithm is available).
     `ll128`: the planner may choose LL128 too (the device code has it where
-    ``has_ll128()`` says so; off by default, as in the JAX handlers)."""
+    ``has_ll128()`` says so; off by default, as in the JAX handlers).
+    `buff_sizes`: connection buffer bytes per protocol (LL, LL128, Simple), each a multiple of
+    8 (the FIFO's steps); default: those of the JAX handlers."""
     if nchannels is None:
         nchannels = max(16, 128 // max(1, nranks))
     return Topology(
@@ -76,7 +79,7 @@ def gpu_topology(
         nchannels=nchannels,
         p2p_nchannels=nchannels,
         p2p_nchannels_per_peer=2,
-        buff_sizes=(262144, 65536, 4 << 20),
+        buff_sizes=tuple(buff_sizes) if buff_sizes is not None else tuple(_jax_rccl.gpu_buff_sizes),
         p2p_chunk_size=131072,
         ll128=ll128,
         direct_peers=direct,

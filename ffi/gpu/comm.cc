@@ -111,9 +111,7 @@ TopologyView GpuTopology(int nRanks, const Params& params) {
   while (p2p * 2 <= ch) p2p *= 2;
   t.p2pnChannels = p2p;
   t.p2pnChannelsPerPeer = std::min(2, p2p);
-  t.buffSizes[static_cast<int>(Proto::kLL)] = 262144;
-  t.buffSizes[static_cast<int>(Proto::kLL128)] = 65536;
-  t.buffSizes[static_cast<int>(Proto::kSimple)] = 4 << 20;  // RCCL's default
+  for (int p = 0; p < kNumProtos; ++p) t.buffSizes[p] = kGpuBuffSizes[p];
   t.p2pChunkSize = 131072;
   // LL128 where the device code has it (NVIDIA); the handlers leave it to explicit protocol
   // settings (ffi/gpu/handlers.cc: MakeState).
