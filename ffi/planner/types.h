@@ -92,8 +92,8 @@ enum class Proto : int8_t { kUndef = -1, kLL = 0, kLL128 = 1, kSimple = 2 };
 constexpr int kNumProtos = 3;
 
 // Connection buffer bytes per protocol (LL, LL128, Simple) of the GPU communicators (and the
-// one-GPU harness's default): RCCL's LL and Simple sizes; LL128's is ours (see docs/benchmarks.md).
-constexpr int64_t kGpuBuffSizes[kNumProtos] = {262144, 65536, 4 << 20};
+// one-GPU harness's default): RCCL's sizes.
+constexpr int64_t kGpuBuffSizes[kNumProtos] = {262144, 458752, 4 << 20};
 
 enum class Pattern : int8_t {
   kRing = 0,
