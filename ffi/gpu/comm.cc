@@ -102,7 +102,7 @@ TopologyView GpuTopology(int nRanks, const Params& params) {
   t.bwIntra = 30.0f;  // GB/s per channel (the cost model's NVLink-class figure)
   // Channels: each is one block streaming its share, and a block's rate bounds a channel's (two
   // H200s over NV18: 16 channels gave 140 GB/s busbw at 128 MB, 32 gave 181). A region holds a
-  // connection from every rank on every channel (nChannels x nRanks x 4.3 MiB), so groups of more
+  // connection from every rank on every channel (nChannels x nRanks x 4.7 MiB), so groups of more
   // than 4 ranks keep 16.
   const int ch = params.nchannels > 0 ? static_cast<int>(std::min<int64_t>(params.nchannels, 32))
                                       : (nRanks <= 4 ? 32 : 16);
