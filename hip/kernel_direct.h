@@ -125,11 +125,9 @@ __device__ inline void DirectPointers(const WorkElemColl& e, const DevTask& t, c
 }
 
 // Reduces sources [0, nsrc) (source k through PreOp with its owner's argument) into destinations
-// [d0, d0 + ndst) (through PostOp); 16-byte packs when every pointer allows, kU packs per thread
-// with each source's kU loads in flight together.
-template <typename F, int kU>
-__device__ __noinline__ void DirectReduceLoop(const F& fn, const DirectShared& ds,
-                                              const DirectShape& s) {
+// [d0, d0 + ndst) (through PostOp); 16-byte packs when every pointer allows.
+template <typename F>
+__device__ void DirectReduceLoop(const F& fn, const DirectShared& ds, const DirectShape& s) {
   using T = typename F::Elem;
   using Tr = ElemTraits<T>;
   using Acc = typename F::Acc;
@@ -140,19 +138,20 @@ __device__ __noinline__ void DirectReduceLoop(const F& fn, const DirectShared& d
   for (int j = 0; j < s.ndst; ++j) mis |= uintptr_t(ds.dst[s.d0 + j]);
   const int64_t n = s.n;
   const int64_t nPacks = (mis & 15) == 0 ? n / kEpp : 0;
-  for (int64_t base = tid; base < nPacks; base += int64_t(kU) * nt) {
-    Acc acc[kU][kEpp];
+  // kUnroll packs per thread: each source's kUnroll loads are in flight together.
+  for (int64_t base = tid; base < nPacks; base += int64_t(kUnroll) * nt) {
+    Acc acc[kUnroll][kEpp];
     for (int k = 0; k < s.nsrc; ++k) {
       const uint4* src4 = reinterpret_cast<const uint4*>(ds.src[k]);
-      Pack16<T> v[kU];
+      Pack16<T> v[kUnroll];
 #pragma unroll
-      for (int u = 0; u < kU; ++u) {
+      for (int u = 0; u < kUnroll; ++u) {
         const int64_t i = base + int64_t(u) * nt;
         v[u].v = i < nPacks ? LoadCG(src4 + i) : make_uint4(0, 0, 0, 0);
       }
       const F fk(ds.arg[k]);
 #pragma unroll
-      for (int u = 0; u < kU; ++u) {
+      for (int u = 0; u < kUnroll; ++u) {
 #pragma unroll
         for (int e = 0; e < kEpp; ++e) {
           Acc x = Tr::Load(v[u].e[e]);
@@ -162,7 +161,7 @@ __device__ __noinline__ void DirectReduceLoop(const F& fn, const DirectShared& d
       }
     }
 #pragma unroll
-    for (int u = 0; u < kU; ++u) {
+    for (int u = 0; u < kUnroll; ++u) {
       const int64_t i = base + int64_t(u) * nt;
       if (i >= nPacks) continue;
       Pack16<T> r;
@@ -406,14 +405,7 @@ __device__ __noinline__ bool RunDirectElem(const KernelArgs& a, uint64_t deadlin
     }
   } else if (s.n > 0) {
     const F fn(t.opArg);
-    // Two sources: kUnroll packs per thread (on one H200 the 2-rank all_reduce went from 57 to
-    // 65% of the HBM floor at 128 MB); more sources keep that many loads in flight one pack at a
-    // time, where the unrolled loop measured slower (docs/benchmarks.md).
-    if (s.nsrc <= 2) {
-      DirectReduceLoop<F, kUnroll>(fn, ds, s);
-    } else {
-      DirectReduceLoop<F, 1>(fn, ds, s);
-    }
+    DirectReduceLoop(fn, ds, s);
   }
   __syncthreads();
   Trace(a, sh, kTraceMoved);
