@@ -1,8 +1,8 @@
 """The planner's choices on the GPU topologies the runtime uses (jax_rccl.harness.gpu_topology).
 
-The device code runs LL and Simple (no LL128), Ring, Tree, point-to-point and Direct; these
-topologies must never lead the planner elsewhere, and Direct appears only where ranks read each
-other's memory. Also the harness's host-side reading of a launch's device timeline.
+The device code runs LL and Simple (and LL128 on NVIDIA, where the topology allows it), Ring,
+Tree, point-to-point and Direct; these topologies must never lead the planner elsewhere, and
+Direct appears only where ranks read each other's memory. Also the harness's host-side reading of a launch's device timeline.
 """
 
 import pytest
@@ -68,6 +68,25 @@ def test_default_channels(nranks):
     assert topo.nchannels == max(16, 128 // nranks)
     assert topo.p2p_nchannels == topo.nchannels
     assert not topo.ll128
+
+
+def test_buffer_sizes_are_the_runtimes_and_can_be_changed():
+    """The harness's default FIFO buffers are the GPU communicators' (one declaration, in C++);
+    each protocol's step is whole 16-byte lines, LL128's whole 128-byte lines."""
+    from jax_rccl import _jax_rccl
+
+    ll, ll128, simple = _jax_rccl.gpu_buff_sizes
+    assert harness.gpu_topology(4).buff_sizes == (ll, ll128, simple)
+    steps = 8
+    assert ll % (steps * 16) == 0 and simple % (steps * 16) == 0
+    assert ll128 % (steps * 128) == 0
+    topo = harness.gpu_topology(2, ll128=True, buff_sizes=(ll, 1 << 20, simple))
+    assert topo.buff_sizes == (ll, 1 << 20, simple)
+    assert choice(topo, "all_reduce", 1 << 20, protocol="LL128")["protocol"] == "ll128"
+    with pytest.raises(ValueError, match="buff_sizes"):
+        harness.gpu_topology(2, buff_sizes=(ll, simple))
+    with pytest.raises(ValueError, match=r"buff_sizes\[ll128\].*multiple of 8"):
+        choice(harness.gpu_topology(2, buff_sizes=(ll, ll128 + 1, simple)), "all_reduce", 1024)
 
 
 def test_harness_trace_words_become_named_events(monkeypatch):
