@@ -2,7 +2,8 @@
 
 The device code runs LL and Simple (and LL128 on NVIDIA, where the topology allows it), Ring,
 Tree, point-to-point and Direct; these topologies must never lead the planner elsewhere, and
-Direct appears only where ranks read each other's memory. Also the harness's host-side reading of a launch's device timeline.
+Direct appears only where ranks read each other's memory. Also the harness's host-side reading
+of a launch's device timeline.
 """
 
 import pytest
