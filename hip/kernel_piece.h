@@ -240,22 +240,6 @@ __device__ inline int WordBytes(int64_t bytes, int64_t w) {
   return int(bytes - 8 * w < 8 ? bytes - 8 * w : 8);
 }
 
-// A 16-byte access as two words (LL128: a lane's two words; the flag lane's second is the flag).
-__device__ inline uint64_t LoWord(const uint4& q) {
-  return uint64_t(q.x) | (uint64_t(q.y) << 32);
-}
-__device__ inline uint64_t HiWord(const uint4& q) {
-  return uint64_t(q.z) | (uint64_t(q.w) << 32);
-}
-__device__ inline uint4 TwoWords(uint64_t lo, uint64_t hi) {
-  uint4 q;
-  q.x = uint32_t(lo);
-  q.y = uint32_t(lo >> 32);
-  q.z = uint32_t(hi);
-  q.w = uint32_t(hi >> 32);
-  return q;
-}
-
 // Word v as an LL line: {lo, flag, hi, flag}, stored in one access.
 __device__ inline uint4 LLLine(uint64_t v, uint32_t flag) {
   uint4 line;

@@ -130,18 +130,29 @@ __device__ inline uint64_t LoadCG(const uint64_t* p) {
 #endif
 }
 
+// A 16-byte access as two words (LL128: a lane's two words; the flag lane's second is the flag).
+__device__ inline uint64_t LoWord(const uint4& q) {
+  return uint64_t(q.x) | (uint64_t(q.y) << 32);
+}
+__device__ inline uint64_t HiWord(const uint4& q) {
+  return uint64_t(q.z) | (uint64_t(q.w) << 32);
+}
+__device__ inline uint4 TwoWords(uint64_t lo, uint64_t hi) {
+  uint4 q;
+  q.x = uint32_t(lo);
+  q.y = uint32_t(lo >> 32);
+  q.z = uint32_t(hi);
+  q.w = uint32_t(hi >> 32);
+  return q;
+}
+
 // A 16-byte load and store that the compiler neither splits across time nor caches (LL lines).
 __device__ inline uint4 LoadVolatile(const uint4* p) {
 #if defined(JAX_RCCL_AMD)
   // Two 8-byte loads: each half (data word + flag word) is read in one access.
   const volatile uint64_t* v = reinterpret_cast<const volatile uint64_t*>(p);
   const uint64_t lo = v[0], hi = v[1];
-  uint4 r;
-  r.x = uint32_t(lo);
-  r.y = uint32_t(lo >> 32);
-  r.z = uint32_t(hi);
-  r.w = uint32_t(hi >> 32);
-  return r;
+  return TwoWords(lo, hi);
 #else
   uint4 r;
   asm volatile("ld.volatile.global.v4.u32 {%0,%1,%2,%3}, [%4];"
@@ -154,8 +165,8 @@ __device__ inline void StoreVolatile(uint4* p, uint4 v) {
 #if defined(JAX_RCCL_AMD)
   // Two 8-byte stores: each half (data word + flag word) lands in one access.
   uint64_t* q = reinterpret_cast<uint64_t*>(p);
-  __builtin_nontemporal_store(uint64_t(v.x) | (uint64_t(v.y) << 32), q);
-  __builtin_nontemporal_store(uint64_t(v.z) | (uint64_t(v.w) << 32), q + 1);
+  __builtin_nontemporal_store(LoWord(v), q);
+  __builtin_nontemporal_store(HiWord(v), q + 1);
 #else
   asm volatile("st.volatile.global.v4.u32 [%0], {%1,%2,%3,%4};" ::"l"(p), "r"(v.x), "r"(v.y),
                "r"(v.z), "r"(v.w)
