@@ -338,13 +338,17 @@ __device__ __noinline__ bool LL128Loop(const F& fn, const PieceIo& io, int64_t n
   // Warp-uniform trip count: every lane of a warp runs every iteration (the votes need them all).
   for (int64_t base = int64_t(warp) * kLinesPerWarp; base < nLines;
        base += int64_t(nWarps) * kLinesPerWarp) {
+    // This lane's line of access u, and whether it exists.
+    int64_t line[kU];
+    bool live[kU];
     Word8<T> s0[kU], s1[kU], r0[kU], r1[kU];
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
-      const int64_t line = base + u * kLinesPerAccess + lane / 8;
-      const int64_t w0 = line * kLL128DataWords + 2 * k, w1 = w0 + 1;
-      const bool has0 = line < nLines && w0 < nWords;
-      const bool has1 = line < nLines && k != 7 && w1 < nWords;
+      line[u] = base + u * kLinesPerAccess + lane / 8;
+      live[u] = line[u] < nLines;
+      const int64_t w0 = line[u] * kLL128DataWords + 2 * k, w1 = w0 + 1;
+      const bool has0 = live[u] && w0 < nWords;
+      const bool has1 = live[u] && k != 7 && w1 < nWords;
       s0[u].u = kSrc && has0 ? LoadWord(io.src + 8 * w0, WordBytes(bytes, w0)) : 0;
       s1[u].u = kSrc && has1 ? LoadWord(io.src + 8 * w1, WordBytes(bytes, w1)) : 0;
       r0[u].u = 0;
@@ -357,17 +361,15 @@ __device__ __noinline__ bool LL128Loop(const F& fn, const PieceIo& io, int64_t n
         WarpSync();  // each line's eight loads in one instruction
 #pragma unroll
         for (int u = 0; u < kU; ++u) {
-          const int64_t line = base + u * kLinesPerAccess + lane / 8;
-          if (line < nLines) {
-            const uint4 l = LoadVolatile(inL + line * 8 + k);
+          if (live[u]) {
+            const uint4 l = LoadVolatile(inL + line[u] * 8 + k);
             r0[u].u = LoWord(l);
             r1[u].u = HiWord(l);
           }
         }
 #pragma unroll
         for (int u = 0; u < kU; ++u) {
-          const int64_t line = base + u * kLinesPerAccess + lane / 8;
-          if (k == 7 && line < nLines && r1[u].u != inFlag) ok = 0;
+          if (k == 7 && live[u] && r1[u].u != inFlag) ok = 0;
         }
         if (WarpAll(WarpShfl(ok, (lane & ~7) | 7))) break;
         if (++spins == 512) {
@@ -391,18 +393,17 @@ __device__ __noinline__ bool LL128Loop(const F& fn, const PieceIo& io, int64_t n
       WarpSync();  // each line's eight stores in one instruction
 #pragma unroll
       for (int u = 0; u < kU; ++u) {
-        const int64_t line = base + u * kLinesPerAccess + lane / 8;
-        if (line < nLines)
-          StoreVolatile(outL + line * 8 + k, TwoWords(v0[u].u, k == 7 ? outFlag : v1[u].u));
+        if (live[u]) {
+          StoreVolatile(outL + line[u] * 8 + k, TwoWords(v0[u].u, k == 7 ? outFlag : v1[u].u));
+        }
       }
     }
     if (io.dst != nullptr) {
 #pragma unroll
       for (int u = 0; u < kU; ++u) {
-        const int64_t line = base + u * kLinesPerAccess + lane / 8;
-        const int64_t w0 = line * kLL128DataWords + 2 * k, w1 = w0 + 1;
-        if (line < nLines && w0 < nWords) StoreWord(io.dst + 8 * w0, v0[u].u, WordBytes(bytes, w0));
-        if (line < nLines && k != 7 && w1 < nWords) {
+        const int64_t w0 = line[u] * kLL128DataWords + 2 * k, w1 = w0 + 1;
+        if (live[u] && w0 < nWords) StoreWord(io.dst + 8 * w0, v0[u].u, WordBytes(bytes, w0));
+        if (live[u] && k != 7 && w1 < nWords) {
           StoreWord(io.dst + 8 * w1, v1[u].u, WordBytes(bytes, w1));
         }
       }
