@@ -139,10 +139,15 @@ def lower_collective(
     operands = _after_previous_call(ctx, operands)
     result_types = [_flat_type(out_avals[i]) for i in live]
     # An all_reduce runs in place (every algorithm reads an element's inputs before it writes
-    # that element): each result may share its operand's buffer. XLA then reuses a dead operand
-    # (a donated input, a temporary such as a gradient) instead of allocating the result, and
-    # copies a live one first.
-    aliases = {j: j for j in range(len(live))} if kind == "all_reduce" else None
+    # that element): each result may share its operand's buffer, so XLA reuses a temporary
+    # operand (a gradient) for the result instead of allocating another buffer. Not for an
+    # operand that is a parameter of the jitted function: XLA never writes into one in place
+    # (a donated parameter is only "may alias"), so it would copy the parameter into a fresh
+    # buffer first, and with donation copy the result back as well; without the alias it
+    # allocates the result (and copies it into a donated parameter once).
+    aliases = None
+    if kind == "all_reduce":
+        aliases = {j: j for j, i in enumerate(live) if not _is_jit_parameter(leaves[i])}
     call = mlir.custom_call(
         f"jax_rccl_{kind}",
         result_types=result_types,
@@ -158,6 +163,33 @@ def lower_collective(
     for i, r in zip(live, call.results, strict=True):
         outs[i] = hlo.reshape(mlir.aval_to_ir_type(ctx.module_context, out_avals[i]), r)
     return outs
+
+
+def _block_argument(value):
+    """`value` as an ir.BlockArgument, or None (the bindings' API differs across jax versions)."""
+    if hasattr(value, "maybe_downcast"):
+        value = value.maybe_downcast()
+        return value if isinstance(value, ir.BlockArgument) else None
+    return ir.BlockArgument(value) if ir.BlockArgument.isinstance(value) else None
+
+
+def _is_jit_parameter(value) -> bool:
+    """Whether `value` is a parameter of the public function being lowered, directly or through
+    the region arguments of shard_map's manual computation. Anything else (a computed value, an
+    argument of a nested private function) counts as a temporary."""
+    for _ in range(64):
+        arg = _block_argument(value)
+        if arg is None:
+            return False
+        parent = arg.owner.owner
+        op = getattr(parent, "operation", parent)
+        if op.name == "func.func":
+            vis = op.attributes["sym_visibility"] if "sym_visibility" in op.attributes else None
+            return vis is None or ir.StringAttr(vis).value == "public"
+        if op.name != "sdy.manual_computation" or arg.arg_number >= len(op.operands):
+            return False
+        value = op.operands[arg.arg_number]
+    return False
 
 
 # --- program order ----------------------------------------------------------------------------
