@@ -11,7 +11,9 @@ size, and prints its figures; a call's time is the slowest process's mean over a
 (best of `--reps` loops). The socket column is a second JAX job of the same processes with
 JAX_RCCL_TRANSPORT=socket; MPI runs as a job under ``mpirun -n <nprocs>``. ``jax_local`` is the
 same jitted shard_map program with a local ``v * 1.0`` in place of the collective: what any JAX
-collective pays around its communication (dispatch, a fresh output buffer).
+collective pays around its communication (dispatch, a fresh output buffer). ``jax_rccl_donated``
+is a third JAX job that donates its input and feeds each result to the next call, so that, like
+MPI's reused buffers, nothing is allocated per call; the last ratio columns set MPI against it.
 """
 
 from __future__ import annotations
@@ -113,7 +115,7 @@ def jax_worker(args) -> None:
             state = [y]
 
             def loop(k, f=f, x=x, state=state):
-                if args.donate:  # each call reduces the last result in place
+                if args.donate:  # each call reduces the last result, no fresh buffer
                     for _ in range(k):
                         state[0] = f(state[0])
                     jax.block_until_ready(state[0])
@@ -208,7 +210,8 @@ def collect(text: str, into: dict) -> None:
 HEAP_ENV = {"MALLOC_MMAP_THRESHOLD_": str(256 << 20), "MALLOC_TRIM_THRESHOLD_": str(1 << 30)}
 
 
-def run_jax(args, results, libs: str, label: str = "", extra_env=None) -> None:
+def run_jax(args, results, libs: str, label: str = "", extra_env=None, donate=None) -> None:
+    donate = args.donate if donate is None else donate
     port = free_port()
     procs = []
     for i in range(args.nprocs):
@@ -232,7 +235,7 @@ def run_jax(args, results, libs: str, label: str = "", extra_env=None) -> None:
             f"--reps={args.reps}",
             f"--libs={libs}",
             f"--label={label}",
-        ] + (["--donate"] if args.donate else [])
+        ] + (["--donate"] if donate else [])
         out = tempfile.TemporaryFile("w+")
         procs.append((subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT), out))
     failed = False
@@ -313,9 +316,10 @@ def main(argv=None) -> int:
     ap.add_argument("--no-mpi", action="store_true")
     ap.add_argument(
         "--libs",
-        default="jax_rccl,jax_rccl_socket,lax_gloo,jax_local",
+        default="jax_rccl,jax_rccl_donated,jax_rccl_socket,lax_gloo,jax_local",
         help="JAX libraries to time (jax_rccl_socket: jax_rccl with JAX_RCCL_TRANSPORT=socket; "
-        "jax_local: the same program with v * 1.0 instead of a collective, JAX's own floor)",
+        "jax_rccl_donated: jax_rccl with --donate, in the same run; jax_local: the same program "
+        "with v * 1.0 instead of a collective, JAX's own floor)",
     )
     ap.add_argument("--label", default="", help=argparse.SUPPRESS)
     ap.add_argument(
@@ -340,7 +344,8 @@ def main(argv=None) -> int:
 
     results: dict = {}
     t0 = time.monotonic()
-    jax_libs = [lib for lib in args.libs.split(",") if lib != "jax_rccl_socket"]
+    extra_jobs = ("jax_rccl_socket", "jax_rccl_donated")
+    jax_libs = [lib for lib in args.libs.split(",") if lib not in extra_jobs]
     if jax_libs:
         run_jax(args, results, ",".join(jax_libs))
     if "jax_rccl_socket" in args.libs.split(","):
@@ -351,6 +356,8 @@ def main(argv=None) -> int:
             label="jax_rccl_socket",
             extra_env={"JAX_RCCL_TRANSPORT": "socket"},
         )
+    if "jax_rccl_donated" in args.libs.split(","):
+        run_jax(args, results, "jax_rccl", label="jax_rccl_donated", donate=True)
     mpi_note = "skipped (--no-mpi)" if args.no_mpi else run_mpi(args, results)
     libs = args.libs.split(",") + (["mpi4py"] if not mpi_note else [])
     if results.get("_mpi4jax"):
@@ -363,12 +370,16 @@ def main(argv=None) -> int:
         + ("; --donate" if args.donate else "")
         + ("; --heap-buffers (large blocks reused from the heap)" if args.heap_buffers else "")
     )
-    head = ["size"] + libs + [f"{lib}/{libs[0]}" for lib in libs[1:]]
+    # Ratios against the first library; and MPI's against the donated (in-place) run, where
+    # neither side allocates per call.
+    pairs = [(lib, libs[0]) for lib in libs[1:]]
+    if "jax_rccl_donated" in libs and libs[0] != "jax_rccl_donated":
+        pairs += [(m, "jax_rccl_donated") for m in ("mpi4py", "mpi4jax") if m in libs]
+    head = ["size"] + libs + [f"{a}/{b}" for a, b in pairs]
     rows = []
     for b in sizes(args.max_mb):
         t = {lib: results.get((lib, b)) for lib in libs}
-        base = t[libs[0]]
-        ratios = [f"{t[lib] / base:.2f}x" if t[lib] and base else "-" for lib in libs[1:]]
+        ratios = [f"{t[a] / t[b]:.2f}x" if t[a] and t[b] else "-" for a, b in pairs]
         rows.append([fmt_size(b)] + [fmt_time(t[lib]) for lib in libs] + ratios)
     widths = [max(len(r[i]) for r in rows + [head]) for i in range(len(head))]
     for r in [head] + rows:

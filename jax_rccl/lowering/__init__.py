@@ -126,7 +126,12 @@ def lower_collective(
         "call_site": np.int64(_next_call_site(ffi)),
         "name": name,
     }
-    operands = [hlo.reshape(_flat_type(in_avals[i]), leaves[i]) for i in live]
+    # all_reduce keeps its leaves' shapes (row-major): a reshape between a parameter and the call
+    # would be a bitcast, across which XLA does not run the call in the parameter's buffer.
+    keep_shape = kind == "all_reduce"
+    operands = [
+        leaves[i] if keep_shape else hlo.reshape(_flat_type(in_avals[i]), leaves[i]) for i in live
+    ]
     if premul == 2:
         for i in live:
             scalar_aval = ctx.avals_in[n_leaves + i]
@@ -137,17 +142,24 @@ def lower_collective(
                 )
             )
     operands = _after_previous_call(ctx, operands)
-    result_types = [_flat_type(out_avals[i]) for i in live]
+    result_types = [
+        mlir.aval_to_ir_type(ctx.module_context, out_avals[i])
+        if keep_shape
+        else _flat_type(out_avals[i])
+        for i in live
+    ]
     # An all_reduce runs in place (every algorithm reads an element's inputs before it writes
     # that element): each result may share its operand's buffer, so XLA reuses a temporary
-    # operand (a gradient) for the result instead of allocating another buffer. Not for an
-    # operand that is a parameter of the jitted function: XLA never writes into one in place
-    # (a donated parameter is only "may alias"), so it would copy the parameter into a fresh
-    # buffer first, and with donation copy the result back as well; without the alias it
-    # allocates the result (and copies it into a donated parameter once).
+    # operand (a gradient) for the result instead of allocating another buffer. Not an argument
+    # of the function being lowered (the jitted function, or shard_map's body, which JAX lowers
+    # as a function of its own before its call site exists): XLA would copy a parameter the
+    # caller keeps into a fresh buffer for the call to overwrite, where without the alias the
+    # call writes a fresh result directly. A donated parameter then costs one copy of the result
+    # into it; where the donation is visible (the jitted function's own arguments) the result
+    # is aliased and nothing is copied.
     aliases = None
     if kind == "all_reduce":
-        aliases = {j: j for j, i in enumerate(live) if not _is_jit_parameter(leaves[i])}
+        aliases = {j: j for j, i in enumerate(live) if not _is_kept_parameter(leaves[i])}
     call = mlir.custom_call(
         f"jax_rccl_{kind}",
         result_types=result_types,
@@ -156,12 +168,16 @@ def lower_collective(
         has_side_effect=False,
         api_version=4,
         operand_output_aliases=aliases,
-        operand_layouts=[(0,)] * len(operands),
-        result_layouts=[(0,)] * len(result_types),
+        operand_layouts=[_row_major(v.type) for v in operands],
+        result_layouts=[_row_major(t) for t in result_types],
     )
     _remember_call(ctx, call.results[0])
     for i, r in zip(live, call.results, strict=True):
-        outs[i] = hlo.reshape(mlir.aval_to_ir_type(ctx.module_context, out_avals[i]), r)
+        outs[i] = (
+            r
+            if keep_shape
+            else hlo.reshape(mlir.aval_to_ir_type(ctx.module_context, out_avals[i]), r)
+        )
     return outs
 
 
@@ -173,10 +189,16 @@ def _block_argument(value):
     return ir.BlockArgument(value) if ir.BlockArgument.isinstance(value) else None
 
 
-def _is_jit_parameter(value) -> bool:
-    """Whether `value` is a parameter of the public function being lowered, directly or through
-    the region arguments of shard_map's manual computation. Anything else (a computed value, an
-    argument of a nested private function) counts as a temporary."""
+def _row_major(t) -> tuple[int, ...]:
+    return tuple(range(ir.RankedTensorType(t).rank - 1, -1, -1))
+
+
+def _is_kept_parameter(value) -> bool:
+    """Whether `value` is an argument of a public function being lowered (the jitted function,
+    shard_map's body) that is not known to be donated, directly or through the region arguments
+    of shard_map's manual computation. Anything else (a computed value, a donated argument, an
+    argument of a nested private function, i.e. of an inner jit) is the program's to
+    overwrite."""
     for _ in range(64):
         arg = _block_argument(value)
         if arg is None:
@@ -184,8 +206,14 @@ def _is_jit_parameter(value) -> bool:
         parent = arg.owner.owner
         op = getattr(parent, "operation", parent)
         if op.name == "func.func":
-            vis = op.attributes["sym_visibility"] if "sym_visibility" in op.attributes else None
-            return vis is None or ir.StringAttr(vis).value == "public"
+            attrs = op.attributes
+            vis = attrs["sym_visibility"] if "sym_visibility" in attrs else None
+            if vis is not None and ir.StringAttr(vis).value != "public":
+                return False
+            if "arg_attrs" not in attrs:
+                return True
+            arg_attrs = ir.DictAttr(ir.ArrayAttr(attrs["arg_attrs"])[arg.arg_number])
+            return not any(k in arg_attrs for k in ("jax.buffer_donor", "tf.aliasing_output"))
         if op.name != "sdy.manual_computation" or arg.arg_number >= len(op.operands):
             return False
         value = op.operands[arg.arg_number]
@@ -212,6 +240,10 @@ def _after_previous_call(ctx, operands):
     module = ctx.module_context.module
     if _last_call and _last_call[0][0]() is module and _last_call[0][1] == block:
         prev = _last_call[0][2]
+        t = ir.RankedTensorType(prev.type)
+        if t.rank != 1:  # an all_reduce result keeps its leaf's shape
+            flat = ir.RankedTensorType.get([int(np.prod(t.shape))], t.element_type)
+            prev = hlo.reshape(flat, prev)
         idx = ir.DenseI64ArrayAttr.get
         one = hlo.SliceOp(prev, idx([0]), idx([1]), idx([1])).result
         return [*operands, one]

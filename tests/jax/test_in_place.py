@@ -121,3 +121,30 @@ def test_gradient_temporaries_through_psum():
     w = jnp.linspace(-1, 1, 257, dtype=jnp.float32)
     xb = jnp.linspace(0, 2, 8 * 257, dtype=jnp.float32).reshape(8, 257)
     np.testing.assert_allclose(np.asarray(f(w, xb)), np.asarray(fl(w, xb)), rtol=1e-6)
+
+
+@pytest.mark.parametrize("donate", [False, True])
+def test_shaped_and_scalar_leaves_keep_their_shapes(donate):
+    mesh = mesh8()
+
+    def f(a, b):
+        s = jnp.sum(a)  # a computed scalar: aliased
+        ra, rb, rs = jax_rccl.psum((a, b * 2, s), "x")
+        return ra, rb, rs[None], jax_rccl.psum(ra, "x")  # ordered after the first call
+
+    def ref(a, b):
+        ra, rb, rs = jax.lax.psum((a, b * 2, jnp.sum(a)), "x")
+        return ra, rb, rs[None], jax.lax.psum(ra, "x")
+
+    spec = P("x")
+    a = jnp.arange(8 * 3 * 5, dtype=jnp.float32).reshape(8 * 3, 5)
+    b = jnp.arange(8 * 2 * 2 * 3, dtype=jnp.int32).reshape(8 * 2, 2, 3)
+    want = jax.jit(jax.shard_map(ref, mesh=mesh, in_specs=spec, out_specs=spec))(a, b)
+    g = jax.jit(
+        jax.shard_map(f, mesh=mesh, in_specs=spec, out_specs=spec),
+        donate_argnums=(0, 1) if donate else (),
+    )
+    got = g(jnp.array(a), jnp.array(b))
+    for x, y in zip(got, want, strict=True):
+        assert x.shape == y.shape and x.dtype == y.dtype
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
