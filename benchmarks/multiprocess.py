@@ -12,8 +12,10 @@ size, and prints its figures; a call's time is the slowest process's mean over a
 JAX_RCCL_TRANSPORT=socket; MPI runs as a job under ``mpirun -n <nprocs>``. ``jax_local`` is the
 same jitted shard_map program with a local ``v * 1.0`` in place of the collective: what any JAX
 collective pays around its communication (dispatch, a fresh output buffer). ``jax_rccl_donated``
-is a third JAX job that donates its input and feeds each result to the next call, so that, like
-MPI's reused buffers, nothing is allocated per call; the last ratio columns set MPI against it.
+is a third JAX job that donates its input and feeds each result to the next call, under
+``jax_rccl.config(in_place=True)``: the all-reduce runs in the donated buffer and, like MPI's
+reused buffers, nothing is allocated or copied per call; the last ratio columns set MPI against
+it.
 """
 
 from __future__ import annotations
@@ -71,6 +73,11 @@ def jax_worker(args) -> None:
 
     import jax_rccl
 
+    if args.donate:
+        # Donated inputs: the all-reduce runs in their buffers (see jax_rccl.config). The
+        # setting is part of the jit key, so it stays on for the whole worker.
+        in_place = jax_rccl.config(in_place=True)
+        in_place.__enter__()
     devs = jax.devices()
     n = len(devs)
     mesh = Mesh(np.array(devs), ("i",))
@@ -326,7 +333,8 @@ def main(argv=None) -> int:
         "--donate",
         action="store_true",
         help="JAX libraries donate their input and feed each result to the next call (no fresh "
-        "output buffer per call, as a training loop that donates its state)",
+        "output buffer per call, as a training loop that donates its state); jax_rccl runs "
+        "under jax_rccl.config(in_place=True)",
     )
     ap.add_argument(
         "--heap-buffers",

@@ -55,14 +55,38 @@ _PROTOCOL = compat.trace_state(
     "runtime's JAX_RCCL_PROTO.",
 )
 
+_IN_PLACE = compat.trace_state(
+    "jax_rccl_config_in_place",
+    "auto",
+    "Whether all_reduce results share their operands' buffers: 'auto' (temporaries and "
+    "arguments known to be donated), 'on' (every operand) or 'off' (none).",
+)
+_IN_PLACE_VALUES = {None: None, True: "on", False: "off", "auto": "auto"}
+
 
 @contextlib.contextmanager
-def config(*, algorithm: str | None = None, protocol: str | None = None):
-    """Force the algorithm and/or protocol of the collectives traced inside this block.
+def config(
+    *,
+    algorithm: str | None = None,
+    protocol: str | None = None,
+    in_place: bool | str | None = None,
+):
+    """Force the algorithm and/or protocol of the collectives traced inside this block, and
+    whether their all-reduces run in their operands' buffers.
 
     Values use NCCL's syntax (``"Ring"``, ``"Tree"``, ``"Ring,Tree"``, ``"^LL128"``); None
-    keeps the enclosing setting, ``""`` defers to JAX_RCCL_ALGO / JAX_RCCL_PROTO. The setting
-    is part of jax.jit's cache key, so a jitted function is retraced under a new setting.
+    keeps the enclosing setting, ``""`` defers to JAX_RCCL_ALGO / JAX_RCCL_PROTO.
+
+    ``in_place`` (psum, pmax, pmin, pmean, all_reduce): ``"auto"`` (the default) lets a
+    result share its operand's buffer when the operand is a temporary of the program (a
+    gradient) and writes a fresh buffer when it is an argument of the function (a shard_map
+    input), since XLA would first copy an argument the caller keeps; ``True`` shares the
+    buffer of every operand, for inputs that are donated (``jax.jit(...,
+    donate_argnums=...)``: reduced where they lie, nothing allocated or copied), ``False``
+    none. Results are the same either way.
+
+    The settings are part of jax.jit's cache key, so a jitted function is retraced under new
+    ones.
     """
     from jax_rccl import _jax_rccl
 
@@ -78,7 +102,13 @@ def config(*, algorithm: str | None = None, protocol: str | None = None):
                 parsers[arg](val)  # unknown names fail here, not at the first call
             except ValueError as e:
                 raise ValueError(f"jax_rccl.config: {e}") from None
+    if not (in_place is None or isinstance(in_place, bool) or in_place == "auto"):
+        raise ValueError(
+            f"jax_rccl.config: in_place must be True, False, 'auto' or None, got {in_place!r}"
+        )
     with contextlib.ExitStack() as stack:
+        if in_place is not None:
+            stack.enter_context(_IN_PLACE(_IN_PLACE_VALUES[in_place]))
         if algorithm is not None:
             stack.enter_context(_ALGORITHM(algorithm))
         if protocol is not None:
@@ -86,8 +116,8 @@ def config(*, algorithm: str | None = None, protocol: str | None = None):
         yield
 
 
-def _tuning() -> tuple[str, str]:
-    return (str(_ALGORITHM.value or ""), str(_PROTOCOL.value or ""))
+def _tuning() -> tuple[str, str, str]:
+    return (str(_ALGORITHM.value or ""), str(_PROTOCOL.value or ""), str(_IN_PLACE.value))
 
 
 # --- argument checks ---------------------------------------------------------------------------

@@ -19,7 +19,8 @@ The public functions in `jax_rccl.api` move axes around these (plain JAX ops, wh
 differentiates and batches itself) and convert dtypes the runtime does not take.
 
 Shared parameters: `axes` (tuple of mesh axis names), `groups` (axis_index_groups as a tuple
-of tuples, or None), `tuning` ((algorithm, protocol) strings, "" = the runtime's env).
+of tuples, or None), `tuning` ((algorithm, protocol, in_place) strings: "" = the runtime's
+env; in_place "auto", "on" or "off", see jax_rccl.config).
 
 Typing of varying manual axes follows jax.lax under shard_map(check_vma=True): reductions
 (all_reduce_p with `invariant`) make the result invariant over `axes`; everything else keeps

@@ -87,7 +87,7 @@ def lower_collective(
     premul_value=0.0,
     root=0,
     perm=(),
-    tuning=("", ""),
+    tuning=("", "", "auto"),
     n_leaves=None,
     sort_groups=False,
     name="",
@@ -112,7 +112,7 @@ def lower_collective(
 
     rg = replica_groups(ctx, axes, groups, sort=sort_groups)
     ffi = _runtime()
-    algorithm, protocol = tuning
+    algorithm, protocol, in_place = (*tuning, "auto")[:3]
     attrs = {
         "replica_groups": np.ascontiguousarray(rg.reshape(-1), dtype=np.int64),
         "group_size": np.int64(rg.shape[1]),
@@ -157,9 +157,16 @@ def lower_collective(
     # call writes a fresh result directly. A donated parameter then costs one copy of the result
     # into it; where the donation is visible (the jitted function's own arguments) the result
     # is aliased and nothing is copied.
+    # jax_rccl.config(in_place=True) aliases every operand (for donated shard_map inputs),
+    # in_place=False none.
     aliases = None
-    if kind == "all_reduce":
-        aliases = {j: j for j, i in enumerate(live) if not _is_kept_parameter(leaves[i])}
+    if kind == "all_reduce" and in_place != "off":
+        aliases = {
+            j: j
+            for j, i in enumerate(live)
+            if in_place == "on" or not _is_kept_parameter(leaves[i])
+        }
+        aliases = aliases or None
     call = mlir.custom_call(
         f"jax_rccl_{kind}",
         result_types=result_types,

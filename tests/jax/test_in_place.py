@@ -148,3 +148,53 @@ def test_shaped_and_scalar_leaves_keep_their_shapes(donate):
     for x, y in zip(got, want, strict=True):
         assert x.shape == y.shape and x.dtype == y.dtype
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_config_in_place_sets_the_aliases():
+    mesh = mesh8()
+
+    def lower(f, *args):
+        g = jax.jit(jax.shard_map(f, mesh=mesh, in_specs=P("x"), out_specs=P("x")))
+        return g.lower(*args).as_text()
+
+    def f(a, b):
+        return jax_rccl.psum((a, b * 3), "x")
+
+    a, b = jnp.ones(16), jnp.ones(32)
+    with jax_rccl.config(in_place=True):
+        assert aliased_operands(lower(f, a, b)) == [0, 1]
+    with jax_rccl.config(in_place=False):
+        assert "output_operand_aliases" not in lower(f, a, b)
+        with jax_rccl.config(in_place="auto"):
+            assert aliased_operands(lower(f, a, b)) == [1]
+    assert aliased_operands(lower(f, a, b)) == [1]
+
+
+@pytest.mark.parametrize("bad", ["on", 1, "yes", 0.5])
+def test_config_in_place_rejects_other_values(bad):
+    with pytest.raises(ValueError, match="in_place must be True, False, 'auto' or None"):
+        with jax_rccl.config(in_place=bad):
+            pass
+
+
+@pytest.mark.parametrize("donate", [False, True])
+def test_in_place_arguments_donated_or_kept(donate):
+    mesh = mesh8()
+    with jax_rccl.config(in_place=True):
+        g = jax.jit(
+            jax.shard_map(
+                lambda v: jax_rccl.pmax(v, "x"), mesh=mesh, in_specs=P("x"), out_specs=P("x")
+            ),
+            donate_argnums=0 if donate else (),
+        )
+        x_host = np.arange(8 * 1000, dtype=np.float32) % 13
+        x = jnp.asarray(x_host)
+        hlo = g.lower(x).compile().as_text()
+        y = g(x)
+    want = np.tile(x_host.reshape(8, 1000).max(0), 8)
+    np.testing.assert_array_equal(np.asarray(y), want)
+    entry = hlo[hlo.index("ENTRY") :]
+    if donate:  # reduced where it lies
+        assert " copy(" not in entry and "copy_fusion" not in entry, entry
+    else:  # XLA copies the argument first; the caller's array is intact
+        np.testing.assert_array_equal(np.asarray(x), x_host)
