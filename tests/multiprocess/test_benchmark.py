@@ -1,0 +1,36 @@
+"""benchmarks/multiprocess.py end to end, small: its JAX workers check every result they time
+(jax_rccl kept and donated in place, the local floor), so a broken benchmark or a wrong in-place
+all-reduce across processes fails here."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.mark.needs_world
+def test_benchmark_runs_and_prints_every_column():
+    cmd = [
+        sys.executable,
+        "-P",
+        os.path.join(ROOT, "benchmarks", "multiprocess.py"),
+        "--nprocs=2",
+        "--max-mb=0.0625",  # 1 KB .. 64 KB
+        "--reps=1",
+        "--no-mpi",
+        "--timeout=120",
+        "--libs=jax_rccl,jax_rccl_donated,jax_local",
+    ]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    lines = r.stdout.splitlines()
+    head = next(ln for ln in lines if ln.lstrip().startswith("size"))
+    for col in ("jax_rccl", "jax_rccl_donated", "jax_local", "jax_rccl_donated/jax_rccl"):
+        assert col in head.split(), head
+    rows = [ln.split() for ln in lines if ln.lstrip()[:1].isdigit()]
+    assert [" ".join(r[:2]) for r in rows] == ["1 KB", "4 KB", "16 KB", "64 KB"], r.stdout
+    for row in rows:
+        assert "-" not in row, row  # every library timed every size
