@@ -58,10 +58,10 @@ _PROTOCOL = compat.trace_state(
 _IN_PLACE = compat.trace_state(
     "jax_rccl_config_in_place",
     "auto",
-    "Whether all_reduce results share their operands' buffers: 'auto' (temporaries and "
-    "arguments known to be donated), 'on' (every operand) or 'off' (none).",
+    "Whether all_reduce results share their operands' buffers (set through "
+    "jax_rccl.config(in_place=...)): 'auto' (temporaries, and the jitted function's own "
+    "arguments where donated), 'on' (every operand) or 'off' (none).",
 )
-_IN_PLACE_VALUES = {None: None, True: "on", False: "off", "auto": "auto"}
 
 
 @contextlib.contextmanager
@@ -79,10 +79,11 @@ def config(
 
     ``in_place`` (psum, pmax, pmin, pmean, all_reduce): ``"auto"`` (the default) lets a
     result share its operand's buffer when the operand is a temporary of the program (a
-    gradient) and writes a fresh buffer when it is an argument of the function (a shard_map
-    input), since XLA would first copy an argument the caller keeps; ``True`` shares the
-    buffer of every operand, for inputs that are donated (``jax.jit(...,
-    donate_argnums=...)``: reduced where they lie, nothing allocated or copied), ``False``
+    gradient) or a donated argument of the jitted function itself (pmap), and writes a fresh
+    buffer for an argument of shard_map's body, whose donation is not visible where jax_rccl
+    lowers it (XLA would copy an argument the caller keeps before the call). ``True`` shares
+    the buffer of every operand, for shard_map inputs that are donated (``jax.jit(...,
+    donate_argnums=...)``: reduced where they lie, nothing allocated or copied); ``False``
     none. Results are the same either way.
 
     The settings are part of jax.jit's cache key, so a jitted function is retraced under new
@@ -102,18 +103,33 @@ def config(
                 parsers[arg](val)  # unknown names fail here, not at the first call
             except ValueError as e:
                 raise ValueError(f"jax_rccl.config: {e}") from None
-    if not (in_place is None or isinstance(in_place, bool) or in_place == "auto"):
-        raise ValueError(
-            f"jax_rccl.config: in_place must be True, False, 'auto' or None, got {in_place!r}"
-        )
+    in_place_mode = _in_place_mode(in_place)
     with contextlib.ExitStack() as stack:
-        if in_place is not None:
-            stack.enter_context(_IN_PLACE(_IN_PLACE_VALUES[in_place]))
+        if in_place_mode is not None:
+            stack.enter_context(_IN_PLACE(in_place_mode))
         if algorithm is not None:
             stack.enter_context(_ALGORITHM(algorithm))
         if protocol is not None:
             stack.enter_context(_PROTOCOL(protocol))
         yield
+
+
+def _in_place_mode(in_place) -> str | None:
+    """config's in_place as the trace state's value ('on', 'off', 'auto'), None to keep."""
+    if in_place is None:
+        return None
+    if isinstance(in_place, (bool, np.bool_)):
+        return "on" if in_place else "off"
+    if isinstance(in_place, str):
+        if in_place == "auto":
+            return "auto"
+        raise ValueError(
+            f"jax_rccl.config: in_place must be True, False, 'auto' or None, got {in_place!r}"
+        )
+    raise TypeError(
+        "jax_rccl.config: in_place must be True, False, 'auto' or None, got "
+        f"{type(in_place).__name__} {in_place!r}"
+    )
 
 
 def _tuning() -> tuple[str, str, str]:

@@ -5,7 +5,10 @@ contract (docs/architecture.md, "The FFI contract"): replica groups of PHYSICAL 
 taken from the shard_map mesh, op, premul, root, perm, algorithm, protocol, a unique call site
 and a name.
 Operands and results travel as 1-D arrays (the primitives already put blocks where the runtime
-wants them, so this is a free reshape). Zero-size leaves never reach the runtime. No tokens,
+wants them, so this is a free reshape), except all_reduce's, which keep their shapes (row-major)
+so that a donated argument reaches the call without a bitcast; all_reduce results alias their
+operands where the program may overwrite them (see `_is_kept_parameter` and
+jax_rccl.config(in_place=...)). Zero-size leaves never reach the runtime. No tokens,
 no side effect: every device runs the same schedule, and JAX keeps its fast dispatch path.
 
 Platforms: cpu; cuda and rocm with the same rule where the installed build has the GPU runtime
@@ -113,6 +116,10 @@ def lower_collective(
     rg = replica_groups(ctx, axes, groups, sort=sort_groups)
     ffi = _runtime()
     algorithm, protocol, in_place = (*tuning, "auto")[:3]
+    if in_place not in ("auto", "on", "off"):
+        raise ValueError(
+            f"jax_rccl: in_place setting must be 'auto', 'on' or 'off', got {in_place!r}"
+        )
     attrs = {
         "replica_groups": np.ascontiguousarray(rg.reshape(-1), dtype=np.int64),
         "group_size": np.int64(rg.shape[1]),
@@ -151,12 +158,12 @@ def lower_collective(
     # An all_reduce runs in place (every algorithm reads an element's inputs before it writes
     # that element): each result may share its operand's buffer, so XLA reuses a temporary
     # operand (a gradient) for the result instead of allocating another buffer. Not an argument
-    # of the function being lowered (the jitted function, or shard_map's body, which JAX lowers
-    # as a function of its own before its call site exists): XLA would copy a parameter the
-    # caller keeps into a fresh buffer for the call to overwrite, where without the alias the
-    # call writes a fresh result directly. A donated parameter then costs one copy of the result
-    # into it; where the donation is visible (the jitted function's own arguments) the result
-    # is aliased and nothing is copied.
+    # of a function being lowered whose donation is unknown (shard_map's body, which JAX lowers
+    # as a function of its own before its call site exists, or a checkpoint body): XLA would
+    # copy an argument the caller keeps into a fresh buffer for the call to overwrite, where
+    # without the alias the call writes a fresh result directly (a donated one then costs one
+    # copy of the result into it). The jitted function's own arguments (pmap) carry their
+    # donation, and a donated one is aliased.
     # jax_rccl.config(in_place=True) aliases every operand (for donated shard_map inputs),
     # in_place=False none.
     aliases = None

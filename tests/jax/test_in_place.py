@@ -170,11 +170,22 @@ def test_config_in_place_sets_the_aliases():
     assert aliased_operands(lower(f, a, b)) == [1]
 
 
-@pytest.mark.parametrize("bad", ["on", 1, "yes", 0.5])
-def test_config_in_place_rejects_other_values(bad):
-    with pytest.raises(ValueError, match="in_place must be True, False, 'auto' or None"):
+@pytest.mark.parametrize(
+    "bad,err", [("on", ValueError), ("yes", ValueError), (1, TypeError), (0.5, TypeError)]
+)
+def test_config_in_place_rejects_other_values(bad, err):
+    with pytest.raises(err, match="in_place must be True, False, 'auto' or None"):
         with jax_rccl.config(in_place=bad):
             pass
+
+
+def test_config_in_place_takes_numpy_bools():
+    mesh = mesh8()
+    g = jax.jit(
+        jax.shard_map(lambda a: jax_rccl.psum(a, "x"), mesh=mesh, in_specs=P("x"), out_specs=P("x"))
+    )
+    with jax_rccl.config(in_place=np.True_):
+        assert aliased_operands(g.lower(jnp.ones(16)).as_text()) == [0]
 
 
 @pytest.mark.parametrize("donate", [False, True])
