@@ -115,7 +115,7 @@ def lower_collective(
 
     rg = replica_groups(ctx, axes, groups, sort=sort_groups)
     ffi = _runtime()
-    algorithm, protocol, in_place = (*tuning, "auto")[:3]
+    algorithm, protocol, in_place = tuning
     if in_place not in ("auto", "on", "off"):
         raise ValueError(
             f"jax_rccl: in_place setting must be 'auto', 'on' or 'off', got {in_place!r}"
