@@ -13,7 +13,6 @@ JAX's global device ids.
 
 from __future__ import annotations
 
-import itertools
 import threading
 
 import jax
@@ -35,7 +34,6 @@ TARGETS = (
 
 _lock = threading.Lock()
 _registered = False
-_call_sites = itertools.count(1)
 
 
 def ensure_registered() -> None:
@@ -125,11 +123,6 @@ def _xla_client():
     except ImportError:  # pragma: no cover - very old or very new jax
         return None
     return xla_client
-
-
-def next_call_site() -> int:
-    """A process-wide unique id for one lowered custom call (keys the runtime's rendezvous)."""
-    return next(_call_sites)
 
 
 def world() -> dict | None:

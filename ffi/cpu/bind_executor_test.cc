@@ -421,7 +421,6 @@ RunResult RunPlanProcess(const std::vector<int64_t>& groupDevices,
           a.collFingerprint = fps[li].coll;
           a.sendHash = fps[li].send;
           a.recvHash = fps[li].recv;
-          a.tasksText = &fps[li].text;
           s = comm->Run(
               cpu::ExecKey{instance, callSite, it}, std::move(a), timeoutS, "run_plan_process",
               [&](const cpu::ExecContext& ctx) { return cpu::ExecutePlan(plans[li], ctx); });

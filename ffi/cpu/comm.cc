@@ -156,6 +156,11 @@ Communicator::Communicator(std::vector<int64_t> devices, TopologyView topo,
       topo_(topo),
       transport_(std::move(transport)),
       served_(devices_.size(), 0) {
+  entered_ = std::make_unique<std::atomic<uint64_t>[]>(devices_.size());
+  for (size_t r = 0; r < devices_.size(); ++r) {
+    entered_[r].store(0);
+    rankNames_.push_back(detail::StrCat("rank ", r, " (device ", devices_[r], ")"));
+  }
   placement_.process.assign(devices_.size(), 0);
   placement_.local.assign(devices_.size(), 1);
   placement_.processes = {0};
@@ -173,7 +178,11 @@ Communicator::Communicator(std::vector<int64_t> devices, TopologyView topo,
   shmTransport_ = dynamic_cast<HostFifoTransport*>(transport_.get());
   nLocal_ = 0;
   for (uint8_t l : placement_.local) nLocal_ += l ? 1 : 0;
-  verified_.resize(devices_.size());
+  for (size_t r = 0; r < devices_.size(); ++r) {
+    rankNames_[r] = detail::StrCat("rank ", r, " (device ", devices_[r], ", process ",
+                                   placement_.process[r], ", host '", placement_.host[r], "')");
+  }
+  if (links_) links_->SetEnteredSource(entered_.get());
 }
 
 Communicator::~Communicator() {
@@ -183,21 +192,6 @@ Communicator::~Communicator() {
 
 std::string Communicator::DevicesString() const {
   return ListString(devices_);
-}
-
-std::string Communicator::RankString(int rank) const {
-  if (!crossProcess()) return detail::StrCat("rank ", rank, " (device ", devices_[rank], ")");
-  return detail::StrCat("rank ", rank, " (device ", devices_[rank], ", process ",
-                        placement_.process[rank], ")");
-}
-
-std::string Communicator::PlacementString() const {
-  std::ostringstream os;
-  for (int r = 0; r < nRanks(); ++r) {
-    os << (r ? ", " : "") << "rank " << r << " = device " << devices_[r] << " in process "
-       << placement_.process[r];
-  }
-  return os.str();
 }
 
 Status Communicator::FailedError(const std::string& name) const {
@@ -217,10 +211,14 @@ void Communicator::Fail(const std::string& reason) {
   Stats().rendezvousPending.fetch_sub(static_cast<int64_t>(pending_.size()));
   pending_.clear();
   cv_.notify_all();
-  if (shm_) shm_->MarkFailed();    // before the wake-up: peers that wake see the flag
-  if (links_) links_->Shutdown();  // the socket peers see their streams end
+  const std::string first = failReason_;
+  if (shm_) shm_->MarkFailed(first);  // before the wake-up: peers that wake see the flag
+  if (links_) links_->Shutdown(first);  // the notice, then the socket peers see their streams end
   if (transport_) transport_->WakeAll();
-  if (shm_) shm_->UnlinkAll();
+  if (shm_) {
+    shm_->UnlinkAll();
+    ReapSession(placement_.session);  // segments of processes that died before all mapped them
+  }
 }
 
 std::shared_ptr<Execution> Communicator::Join(const ExecKey& key, Arrival arrival, Status* error) {
@@ -398,10 +396,9 @@ Status Communicator::Connect(Clock::time_point deadline, double timeout, const s
       if (s.code() != Code::kTimeout || missing < 0) return s;
       Stats().rendezvousTimeouts.fetch_add(1);
       JR_FAIL(Code::kTimeout, "jax_rccl: '", name, "' timed out after ", timeout,
-              " s (JAX_RCCL_TIMEOUT) waiting for ", RankString(missing),
-              " of the group of devices ", DevicesString(), " to create its shared-memory segment ",
-              shm_->Name(missing), ": process ", placement_.process[missing],
-              " never joined this group (did it make the same call?)");
+              " s (JAX_RCCL_TIMEOUT): ", RankString(missing),
+              " never arrived (it never created its shared-memory segment ", shm_->Name(missing),
+              ": did process ", placement_.process[missing], " make this call?)");
     }
   }
   for (int r = 0; r < nRanks(); ++r) {
@@ -422,91 +419,73 @@ Status Communicator::Connect(Clock::time_point deadline, double timeout, const s
   return Status::Ok();
 }
 
-Status Communicator::CheckCallSite(int64_t callSite, int rank, const CallFingerprint& mine,
-                                   Clock::time_point deadline, double timeout,
-                                   const std::string& name) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    const auto& v = verified_[rank];
-    if (std::find(v.begin(), v.end(), callSite) != v.end()) return Status::Ok();
-  }
-  ShmFingerprint fp;
-  fp.coll = mine.coll;
-  fp.send = mine.send;
-  fp.recv = mine.recv;
-  fp.text = mine.text;
-  bool posted = true;
-  if (shm_) posted = shm_->PostFingerprint(rank, callSite, fp);
-  if (links_) links_->PostFingerprint(rank, callSite, fp);
-  std::vector<ShmFingerprint> all(static_cast<size_t>(nRanks()));
-  std::vector<int> state(static_cast<size_t>(nRanks()), 0);  // 1 found, -1 skipped
-  all[size_t(rank)] = fp;
-  state[size_t(rank)] = posted ? 1 : -1;
-  int sleepUs = 20;
-  while (true) {
-    int waitingFor = -1;
-    for (int q = 0; q < nRanks(); ++q) {
-      if (state[size_t(q)] != 0) continue;
-      state[size_t(q)] = links_ && (links_->socketRank(q) || !shm_)
-                             ? links_->FindFingerprint(q, callSite, &all[size_t(q)])
-                             : shm_->FindFingerprint(q, callSite, &all[size_t(q)]);
-      if (state[size_t(q)] == 0 && waitingFor < 0) waitingFor = q;
-    }
-    if (waitingFor < 0) break;
-    if (failed_.load()) {
-      std::lock_guard<std::mutex> lock(mu_);
-      return FailedError(name);
-    }
-    std::string why;
-    if (links_ && links_->Failed(&why)) {
-      JR_FAIL(Code::kTimeout, "jax_rccl: '", name, "': ", RankString(rank),
-              " cannot reach its peers of the group of devices ", DevicesString(), ": ", why);
-    }
-    if (Clock::now() >= deadline) {
-      Stats().rendezvousTimeouts.fetch_add(1);
-      JR_FAIL(Code::kTimeout, "jax_rccl: '", name, "' timed out after ", timeout,
-              " s (JAX_RCCL_TIMEOUT) waiting for ", RankString(waitingFor),
-              " of the group of devices ", DevicesString(), " to reach call site ", callSite,
-              " (did process ", placement_.process[waitingFor], " make this call?)");
-    }
-    std::this_thread::sleep_for(std::chrono::microseconds(sleepUs));
-    sleepUs = std::min(sleepUs * 2, 2000);
-  }
-  // Every rank with an entry must have planned the same collectives; the point-to-point sums
-  // must pair up when every rank posted.
-  int other = -1;
-  bool allFound = true;
-  uint64_t sendSum = 0, recvSum = 0;
+bool Communicator::PeerFailed(std::string* why) {
+  if (shm_ && shm_->AnyFailed(why)) return true;
+  if (links_ && links_->Failed(why)) return true;
+  if (!shm_) return false;
+  const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                          Clock::now().time_since_epoch())
+                          .count();
+  const int64_t last = livenessCheckedNs_.load(std::memory_order_relaxed);
+  if (now - last < 50000000) return false;
+  std::unique_lock<std::mutex> lock(livenessMu_, std::try_to_lock);
+  if (!lock.owns_lock()) return false;
+  livenessCheckedNs_.store(now, std::memory_order_relaxed);
   for (int q = 0; q < nRanks(); ++q) {
-    if (state[size_t(q)] != 1) {
-      allFound = false;
-      continue;
+    if (placement_.local[size_t(q)] || shm_->Region(q) == nullptr) continue;
+    if (shm_->Liveness(q) == PeerLiveness::kExited) {
+      *why = detail::StrCat(RankString(q), " exited (its process is gone)");
+      return true;
     }
-    sendSum += all[size_t(q)].send;
-    recvSum += all[size_t(q)].recv;
-    if (other < 0 && all[size_t(q)].coll != mine.coll) other = q;
   }
-  if (other >= 0 || (allFound && sendSum != recvSum)) {
-    Stats().mismatches.fetch_add(1);
-    if (other >= 0) {
-      JR_FAIL(Code::kInvalidUsage, "jax_rccl: '", name, "': the ranks of devices ", DevicesString(),
-              " disagree on call site ", callSite, ": ", RankString(rank), " has tasks '",
-              mine.text, "' but ", RankString(other), " has tasks '", all[size_t(other)].text,
-              "' (counts, dtypes, ops, roots or algorithms differ)");
+  return false;
+}
+
+std::string Communicator::Culprits(int rank, uint64_t seq) {
+  if (links_) links_->QueryPeers(std::chrono::milliseconds(1000));
+  std::vector<std::string> out;
+  for (int q = 0; q < nRanks(); ++q) {
+    if (q == rank || placement_.local[size_t(q)]) continue;
+    const std::string who = RankString(q);
+    uint64_t entered = 0;
+    bool known = false;
+    if (links_ && links_->socketRank(q)) {
+      const int st = links_->PeerStatus(q, &entered);
+      if (st < 0) {
+        out.push_back(detail::StrCat(who, " exited (its connection closed without a failure notice)"));
+        continue;
+      }
+      if (st == 0) {
+        out.push_back(detail::StrCat(
+            who, " did not answer a status query within 1 s (its process is stopped, frozen or "
+                 "unreachable)"));
+        continue;
+      }
+      known = true;
+    } else if (shm_ && shm_->Region(q) != nullptr) {
+      const PeerLiveness l = shm_->Liveness(q);
+      if (l == PeerLiveness::kExited) {
+        out.push_back(detail::StrCat(who, " exited (its process is gone)"));
+        continue;
+      }
+      if (l == PeerLiveness::kStopped) {
+        out.push_back(detail::StrCat(
+            who, " is stopped (its process does not run: SIGSTOP, or held by a debugger)"));
+        continue;
+      }
+      entered = shm_->Entered(q);
+      known = true;
     }
-    std::ostringstream os;
-    for (int q = 0; q < nRanks(); ++q) {
-      os << (q ? "; " : "") << RankString(q) << ": '" << all[size_t(q)].text << "'";
+    if (known && entered < seq + 1) {
+      out.push_back(detail::StrCat(
+          who, " never arrived at call #", seq, " of the group",
+          entered == 0 ? std::string(" (it started no call on this group)")
+                       : detail::StrCat(" (the last call it started is #", entered - 1, ")")));
     }
-    JR_FAIL(Code::kInvalidUsage, "jax_rccl: '", name, "': the ranks of devices ", DevicesString(),
-            " disagree on call site ", callSite,
-            ": their sends and receives do not pair up (counts or dtypes differ between a sender "
-            "and its receiver): ",
-            os.str());
   }
-  std::lock_guard<std::mutex> lock(mu_);
-  verified_[rank].push_back(callSite);
-  return Status::Ok();
+  std::string text;
+  for (size_t i = 0; i < out.size(); ++i) text += (i ? "; " : "") + out[i];
+  return text;
 }
 
 Status Communicator::Run(const ExecKey& key, Arrival arrival, double timeout,
@@ -519,13 +498,8 @@ Status Communicator::Run(const ExecKey& key, Arrival arrival, double timeout,
              " of the group of devices ", DevicesString(), " does not belong to this process (",
              placement_.thisProcess, ")");
   const Clock::time_point deadline = DeadlineIn(timeout);
-  CallFingerprint mine;
-  if (crossProcess()) {
-    mine.coll = arrival.collFingerprint;
-    mine.send = arrival.sendHash;
-    mine.recv = arrival.recvHash;
-    if (arrival.tasksText != nullptr) mine.text = *arrival.tasksText;
-  }
+  // The call's identity on the wire: what the lowering says is called, and what was planned.
+  const uint64_t callId = HashMix(static_cast<uint64_t>(key.callSite), arrival.collFingerprint);
   std::shared_ptr<Execution> e;
   {
     std::unique_lock<std::mutex> lock(mu_);
@@ -534,11 +508,29 @@ Status Communicator::Run(const ExecKey& key, Arrival arrival, double timeout,
     const bool cannotRun = !arrival.error.ok();
     e = Join(key, std::move(arrival), &joinError);
     JR_CHECK(joinError);
-    if (cannotRun) return e->verdict;  // posted for the others; no waiting
+    if (cannotRun) {  // posted for the local ranks; no waiting
+      Status v = e->verdict;
+      if (crossProcess()) {
+        lock.unlock();
+        Fail(v.message());
+      }
+      return v;
+    }
     JR_CHECK(WaitComplete(*e, rank, deadline, timeout, name, lock));
-    JR_CHECK(e->verdict);
+    if (!e->verdict.ok()) {
+      // Across processes the other processes' ranks would wait for this call's data: stop them.
+      Status v = e->verdict;
+      if (crossProcess()) {
+        lock.unlock();
+        Fail(v.message());
+      }
+      return v;
+    }
     JR_CHECK(WaitTurn(*e, rank, timeout, name, lock));
   }
+  const uint64_t seq = e->ticket;
+  entered_[size_t(rank)].store(seq + 1, std::memory_order_release);
+  if (shm_) shm_->SetEntered(rank, seq + 1);
 
   // The barrier of this execution; ExecContext::barrier takes no arguments, so the rank is bound
   // here (a small struct keeps the std::function free of allocations).
@@ -556,16 +548,12 @@ Status Communicator::Run(const ExecKey& key, Arrival arrival, double timeout,
   ctx.peers = &e->peers;
   ctx.deadline = DeadlineIn(timeout);
   ctx.aborted = &failed_;
+  ctx.callId = callId;
+  ctx.seq = seq;
+  ctx.checkSteps = checkSteps_;
+  ctx.rankNames = &rankNames_;
   if (shm_ || links_) {
-    ctx.peerFailed = [g = shm_.get(), l = links_.get()](std::string* why) {
-      if (g != nullptr && g->AnyFailed()) {
-        *why =
-            "the communicator failed in another process of the group (a rank there timed out or "
-            "failed)";
-        return true;
-      }
-      return l != nullptr && l->Failed(why);
-    };
+    ctx.peerFailed = [this](std::string* why) { return PeerFailed(why); };
   }
   ctx.name = name;
   BarrierCall call{this, e.get(), rank, ctx.deadline, &name};
@@ -583,15 +571,9 @@ Status Communicator::Run(const ExecKey& key, Arrival arrival, double timeout,
   }
 
   Status result;
-  bool failComm = true;
   if (crossProcess()) {
     result = Connect(ctx.deadline, timeout, name);
-    if (result.ok()) {
-      if (shm_) shm_->MaybeUnlink();
-      result = CheckCallSite(key.callSite, rank, mine, ctx.deadline, timeout, name);
-      // A disagreement touched no FIFO: the communicator stays usable.
-      if (!result.ok() && result.code() == Code::kInvalidUsage) failComm = false;
-    }
+    if (result.ok() && shm_) shm_->MaybeUnlink();
   }
   if (result.ok()) {
     result = body(ctx);
@@ -604,14 +586,33 @@ Status Communicator::Run(const ExecKey& key, Arrival arrival, double timeout,
                                      " could not hand its last steps to the sockets: ", why));
     }
     if (!result.ok() && crossProcess() && result.code() == Code::kTimeout) {
-      result = Status(result.code(), detail::StrCat(result.message(), " [the group of devices ",
-                                                    DevicesString(), ": ", PlacementString(), "]"));
+      // This rank's own deadline (not a peer's failure): say which ranks did not come.
+      std::string why;
+      if (!failed() && !PeerFailed(&why)) {
+        const std::string culprits = Culprits(rank, seq);
+        result = Status(
+            result.code(),
+            culprits.empty()
+                ? detail::StrCat(result.message(), " [every rank of the group of devices ",
+                                 DevicesString(), " started call #", seq,
+                                 "; the ranks stalled inside it]")
+                : detail::StrCat("jax_rccl: '", name, "' (call #", seq, ") timed out after ",
+                                 timeout, " s (JAX_RCCL_TIMEOUT) on ", RankString(rank), ": ",
+                                 culprits, " [", result.message(), "]"));
+      }
     }
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
     ++served_[rank];
     cv_.notify_all();
+  }
+  if (!result.ok() && crossProcess()) {
+    // Stopped by a peer: say what the first failure was.
+    std::string why;
+    if (!failed() && PeerFailed(&why) && result.message().find(why) == std::string::npos) {
+      result = Status(result.code(), detail::StrCat(result.message(), " [", why, "]"));
+    }
   }
   if (!result.ok() && failed()) {
     // Stopped by an earlier failure of the communicator: say what it was.
@@ -627,8 +628,8 @@ Status Communicator::Run(const ExecKey& key, Arrival arrival, double timeout,
   }
   if (!result.ok()) {
     JR_STATUS_FRAME_(result);
-    // The other ranks may wait on this one inside the executor: stop them.
-    if (failComm) Fail(result.message());
+    // The other ranks may wait on this one inside the executor or in other processes: stop them.
+    Fail(result.message());
   }
   return result;
 }

@@ -11,8 +11,18 @@
 // between all processes when JAX_RCCL_TRANSPORT=socket. A group across hosts plans with one node
 // per host (one per process when sockets are forced) and network links between them. Local ranks
 // meet at the rendezvous as below; ranks in other processes are synchronized by the FIFOs
-// themselves. On the first use of a call site every rank posts its call fingerprint and a short
-// text of its tasks in its segment and compares them with every peer's before running.
+// themselves: every FIFO step carries the call's identity and number (StepTag), which the
+// receiver checks before it reads the step, so ranks that run different calls (or the same calls
+// in different orders) fail with an error naming both calls instead of mixing their data. A call's
+// identity is the lowering's `call_site` (a hash of what is called: kind, group, shapes, dtypes,
+// op, root, perm, settings and the call's position in its module) mixed with the plan's
+// fingerprint; its number is its ticket below, the same in every process of the group.
+//
+// Failures across processes: a process whose communicator fails posts the reason in every mapped
+// segment and sends it on every socket before closing them, so every peer reports the first
+// failure. A rank that times out names the ranks that did not come: a peer process that exited or
+// is stopped (same host: its pid), or that never started the call (the count of calls each rank
+// started, in its segment or answered by its progress thread).
 //
 // An execution is one call of one call site: its n invocations (one per device of the group) run
 // on n threads of the CPU client's pool and meet under the key (instance, call site, run id).
@@ -95,8 +105,6 @@ struct Arrival {
   // the receives of all ranks, so the two totals over the group agree.
   uint64_t sendHash = 0;
   uint64_t recvHash = 0;
-  // The text of its tasks (for messages across processes; may be null).
-  const std::string* tasksText = nullptr;
   // Set when the rank cannot take part (its plan failed to build): the execution then fails on
   // every rank at once instead of the others waiting for the deadline.
   Status error;
@@ -129,13 +137,16 @@ class Communicator {
   int nRanks() const { return static_cast<int>(devices_.size()); }
   bool crossProcess() const { return placement_.crossProcess; }
   const GroupPlacement& placement() const { return placement_; }
-  // "rank r (device d, process p)", for messages.
-  std::string RankString(int rank) const;
+  // "rank r (device d)", across processes "rank r (device d, process p, host 'h')", for messages.
+  std::string RankString(int rank) const { return rankNames_[size_t(rank)]; }
   const std::vector<int64_t>& devices() const { return devices_; }
   const TopologyView& topo() const { return topo_; }
   bool failed() const { return failed_.load(std::memory_order_acquire); }
   // Ranks reached over sockets (none in-process or on one host with shared memory).
   bool usesSockets() const { return links_ != nullptr; }
+  // Whether received FIFO steps are checked against the call (JAX_RCCL_CHECK_CALLS; senders
+  // always tag them).
+  void SetCheckSteps(bool on) { checkSteps_ = on; }
   const SocketLinks* links() const { return links_.get(); }
 
   // Runs one rank's part of the execution `key`: posts `arrival`, waits for every rank of the
@@ -162,12 +173,13 @@ class Communicator {
   Status FailedError(const std::string& name) const;  // requires mu_
   // Across processes, before the first execution: maps every peer's segment (once).
   Status Connect(Clock::time_point deadline, double timeout, const std::string& name);
-  // Across processes, the first use of a call site by `rank`: posts its fingerprint and compares
-  // it with every peer's.
-  Status CheckCallSite(int64_t callSite, int rank, const CallFingerprint& mine,
-                       Clock::time_point deadline, double timeout, const std::string& name);
-  // "rank 0 = device 0 in process 0, ..." (cross-process messages).
-  std::string PlacementString() const;
+  // Across processes: whether another process failed or a peer's process is gone (*why says
+  // which, naming the rank). Liveness is looked up at most every 50 ms.
+  bool PeerFailed(std::string* why);
+  // Across processes, after `rank` timed out in call `seq`: the ranks that did not come to it
+  // ("rank r (...) exited", "... is stopped", "... never arrived ...", "... did not answer ..."),
+  // "; "-separated, or "" when every rank started the call.
+  std::string Culprits(int rank, uint64_t seq);
 
   const std::vector<int64_t> devices_;
   const TopologyView topo_;
@@ -189,7 +201,12 @@ class Communicator {
   HostFifoTransport* shmTransport_ = nullptr;
   std::mutex connectMu_;
   bool connected_ = false;
-  std::vector<std::vector<int64_t>> verified_;  // by rank: call sites checked (under mu_)
+  bool checkSteps_ = true;
+  std::vector<std::string> rankNames_;
+  // By rank (local ones): calls started on this communicator (ticket + 1 of the latest).
+  std::unique_ptr<std::atomic<uint64_t>[]> entered_;
+  std::atomic<int64_t> livenessCheckedNs_{0};
+  std::mutex livenessMu_;
 };
 
 // The communicators of this process, keyed by their group.

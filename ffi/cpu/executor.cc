@@ -16,6 +16,7 @@
 #include "ffi/cpu/executor.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <vector>
 
@@ -38,6 +39,7 @@ struct TaskRt {
   uint64_t opArg = 0;
   const char* send = nullptr;
   char* recv = nullptr;
+  StepTag tag;  // what its FIFO steps carry (the receiver's is the same)
 };
 
 int64_t DivUpI(int64_t a, int64_t b) {
@@ -97,6 +99,12 @@ class Executor {
   // peers' reduced sub-slices into this rank's output.
   Status RunDirect(const WorkElemColl& e, TaskRt* t, int phase);
   Status TimeoutError(const std::vector<Lane>& lanes) const;
+  Status MismatchError(const Unit& u, int peer, const StepTag& got) const;
+  std::string RankName(int r) const {
+    return ctx_.rankNames != nullptr && size_t(r) < ctx_.rankNames->size()
+               ? (*ctx_.rankNames)[size_t(r)]
+               : detail::StrCat("rank ", r);
+  }
 
   const Plan& plan_;
   const ExecContext& ctx_;
@@ -117,6 +125,13 @@ Status Executor::PrepareTasks() {
     t.send = static_cast<const char*>(mine[i].send);
     t.recv = static_cast<char*>(mine[i].recv);
     const bool p2p = tp.coll == Coll::kSend || tp.coll == Coll::kRecv;
+    // A send and its receive carry the same tag (the kind of a point-to-point step is "send").
+    t.tag.call = ctx_.callId;
+    t.tag.seq = ctx_.seq;
+    t.tag.count = tp.count;
+    t.tag.coll = uint8_t(p2p ? Coll::kSend : tp.coll);
+    t.tag.dtype = uint8_t(tp.dtype);
+    t.tag.op = uint8_t(p2p ? DevRedOp::kSum : tp.opFull.op);
     t.unitType = (p2p || IsCopyColl(tp.coll)) ? DataType::kInt8 : tp.dtype;
     t.unitSize = int64_t(DataTypeSize(t.unitType));
     if (p2p || IsCopyColl(tp.coll)) {
@@ -419,6 +434,10 @@ Status Executor::AdvanceUnit(Unit* u, bool* progressed) {
       PieceArgs a;
       a.n = m;
       if (in != nullptr) {
+        // Before a byte of the step is read: it must belong to this rank's call and task.
+        if (ctx_.checkSteps && !(in->tags[rs % kSteps] == t->tag)) {
+          return MismatchError(*u, p.recvPeer, in->tags[rs % kSteps]);
+        }
         const int64_t got = in->slotSizes[rs % kSteps];
         JR_REQUIRE(got == bytes, Code::kInternal, ctx_.name, ": rank ", rank_, " channel ",
                    u->channel, ": expected a FIFO step of ", bytes, " bytes from rank ", p.recvPeer,
@@ -434,6 +453,7 @@ Status Executor::AdvanceUnit(Unit* u, bool* progressed) {
       t->piece(a, t->opArg);
       if (out != nullptr) {
         out->slotSizes[ss % kSteps] = bytes;
+        out->tags[ss % kSteps] = t->tag;
         out->tail.store(ss + 1, std::memory_order_release);
         tr_->Ring(p.sendPeer);
       }
@@ -468,6 +488,41 @@ Status Executor::AdvanceLane(Lane* lane, bool* progressed) {
     *progressed = true;
   }
   return Status::Ok();
+}
+
+namespace {
+
+// "call #3 (all_reduce float32 x1024 sum; id 0123456789abcdef)"
+std::string TagString(const StepTag& t) {
+  const Coll c = Coll(t.coll);
+  const bool p2p = c == Coll::kSend || c == Coll::kRecv;
+  char id[17];
+  std::snprintf(id, sizeof(id), "%016llx", static_cast<unsigned long long>(t.call));
+  return detail::StrCat("call #", t.seq, " (", p2p ? "send/recv" : CollName(c), " ",
+                        DataTypeName(DataType(t.dtype)), " x", t.count,
+                        p2p || c == Coll::kAllGather || c == Coll::kBroadcast
+                            ? std::string()
+                            : detail::StrCat(" ", DevRedOpName(DevRedOp(t.op))),
+                        "; id ", id, ")");
+}
+
+}  // namespace
+
+Status Executor::MismatchError(const Unit& u, int peer, const StepTag& got) const {
+  const StepTag& mine = u.t->tag;
+  std::string what;
+  if (got.call == 0 && got.seq == 0 && got.count == 0) {
+    what = "a step without a call tag (a peer running an older jax_rccl?)";
+  } else {
+    what = detail::StrCat("a step of its ", TagString(got));
+  }
+  JR_FAIL(Code::kInvalidUsage, ctx_.name, ": mismatched calls: ", RankName(peer), " sent ", what,
+          " on channel ", u.channel, " where ", RankName(rank_), " runs its ", TagString(mine),
+          got.seq != mine.seq ? " (the ranks are not at the same call of the group: one made more "
+                                "calls than the other)"
+                              : " (the processes ran different collectives at this point, or the "
+                                "same ones in a different order)",
+          "; no data of the step was used");
 }
 
 Status Executor::TimeoutError(const std::vector<Lane>& lanes) const {

@@ -59,6 +59,14 @@ struct ExecContext {
   // a socket to a peer broke; *why then says which (asked only when the rank cannot progress).
   std::function<bool(std::string* why)> peerFailed;
   std::string name;  // the collective, for messages
+  // The call's identity and its number on the communicator: stamped on every FIFO step this rank
+  // sends (transport_host.h: StepTag); with `checkSteps`, every step it receives must carry its
+  // own (JAX_RCCL_CHECK_CALLS).
+  uint64_t callId = 0;
+  uint64_t seq = 0;
+  bool checkSteps = true;
+  // By rank, how messages name it ("rank r (device d, process p, host 'h')"); null: "rank r".
+  const std::vector<std::string>* rankNames = nullptr;
 };
 
 // Runs `plan` (built for ctx.rank) over this rank's slots `mine` (== (*ctx.peers)[ctx.rank]).

@@ -83,7 +83,6 @@ struct DeviceSlot {
   std::vector<uint8_t> zeroBefore, zeroAfter;  // by leaf: outputs this rank zeroes
   std::unique_ptr<uint64_t[]> scalarCells;     // premul == 2: one per leaf
   uint64_t collFingerprint = 0, sendHash = 0, recvHash = 0;
-  std::string tasksText;  // for messages across processes
 };
 
 }  // namespace
@@ -157,7 +156,6 @@ Status BuildPlan(const CpuState& st, DeviceSlot& slot, const ffi::RemainingArgs&
     plan->rank = slot.rank;
     plan->nRanks = n;
     slot.collFingerprint = HashMix(0, static_cast<uint64_t>(st.kind));
-    slot.tasksText = detail::StrCat(KindName(st.kind), ": nothing");
     slot.plan = std::move(plan);
     Stats().plansBuilt.fetch_add(1);
     return Status::Ok();
@@ -179,7 +177,6 @@ Status BuildPlan(const CpuState& st, DeviceSlot& slot, const ffi::RemainingArgs&
   CallFingerprint fp = FingerprintPlan(plan, static_cast<uint64_t>(st.kind));
   slot.sendHash = fp.send;
   slot.recvHash = fp.recv;
-  slot.tasksText = detail::StrCat(KindName(st.kind), ": ", fp.text);
   slot.collFingerprint = fp.coll;
   slot.plan = std::make_unique<Plan>(std::move(plan));
   Stats().plansBuilt.fetch_add(1);
@@ -255,7 +252,6 @@ Status Execute(CpuState& st, int64_t device, int64_t runId, const ffi::Remaining
     arrival.collFingerprint = slot.collFingerprint;
     arrival.sendHash = slot.sendHash;
     arrival.recvHash = slot.recvHash;
-    arrival.tasksText = &slot.tasksText;
     arrival.slots.resize(slot.sources.size());
     for (size_t t = 0; t < slot.sources.size(); ++t) {
       const SlotSource& s = slot.sources[t];

@@ -1,6 +1,8 @@
 #include "ffi/cpu/shm.h"
 
+#include <dirent.h>
 #include <errno.h>
+#include <signal.h>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -8,6 +10,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -29,17 +32,40 @@ std::set<std::string>& Registry() {
   return *names;
 }
 
+// Sessions this process joined (their dead processes' segments are reaped at exit).
+std::set<std::string>& Sessions() {
+  static std::set<std::string>* s = new std::set<std::string>();
+  return *s;
+}
+
 void UnlinkRegisteredAtExit() {
-  std::lock_guard<std::mutex> lock(RegistryMu());
-  for (const std::string& n : Registry()) shm_unlink(n.c_str());
-  Registry().clear();
+  std::set<std::string> sessions;
+  {
+    std::lock_guard<std::mutex> lock(RegistryMu());
+    for (const std::string& n : Registry()) shm_unlink(n.c_str());
+    Registry().clear();
+    sessions = Sessions();
+  }
+  for (const std::string& s : sessions) ReapSession(s);
+}
+
+void CleanUpAtExit() {
+  static std::once_flag once;
+  std::call_once(once, []() { std::atexit(UnlinkRegisteredAtExit); });
 }
 
 void Register(const std::string& name) {
-  static std::once_flag once;
-  std::call_once(once, []() { std::atexit(UnlinkRegisteredAtExit); });
+  CleanUpAtExit();
   std::lock_guard<std::mutex> lock(RegistryMu());
   Registry().insert(name);
+}
+
+// The inode of this process's pid namespace: pids read from a segment mean the same process only
+// when the creator's namespace is ours.
+uint64_t PidNamespace() {
+  struct stat sb;
+  if (stat("/proc/self/ns/pid", &sb) != 0) return 0;
+  return uint64_t(sb.st_ino);
 }
 
 void Unlink(const std::string& name) {
@@ -62,6 +88,11 @@ std::vector<std::string> PendingShmNames() {
 ShmGroup::ShmGroup(std::string prefix, const GroupPlacement& placement,
                    const TransportGeometry& geo, std::vector<uint8_t> onHost)
     : placement_(placement), geo_(geo), onHost_(std::move(onHost)) {
+  CleanUpAtExit();
+  {
+    std::lock_guard<std::mutex> lock(RegistryMu());
+    Sessions().insert(placement_.session);
+  }
   regionOffset_ = int64_t((sizeof(ShmHeader) + 4095) / 4096 * 4096);
   totalBytes_ = regionOffset_ + RankRegion::Bytes(geo_);
   std::set<int> procs;
@@ -130,6 +161,8 @@ Status ShmGroup::CreateLocal() {
     h->slotBytes = geo_.slotBytes;
     h->regionOffset = regionOffset_;
     h->totalBytes = totalBytes_;
+    h->pid = int32_t(getpid());
+    h->pidNamespace = PidNamespace();
     RankRegion::Init(base + regionOffset_, geo_);
     h->magic.store(kShmMagic, std::memory_order_release);
     bases_[size_t(r)] = base;
@@ -229,76 +262,105 @@ void ShmGroup::UnlinkAll() {
   }
 }
 
-namespace {
-uint64_t SlotOf(int64_t callSite) {
-  uint64_t z = uint64_t(callSite) * 0x9e3779b97f4a7c15ull;
-  return (z ^ (z >> 29)) % kShmFpEntries;
-}
-}  // namespace
-
-void FingerprintRecord::Store(int64_t site, const ShmFingerprint& fp) {
-  callSite = site;
-  coll = fp.coll;
-  send = fp.send;
-  recv = fp.recv;
-  const size_t len = std::min(fp.text.size(), size_t(kShmFpTextBytes - 1));
-  std::memcpy(text, fp.text.data(), len);
-  text[len] = '\0';
-}
-
-ShmFingerprint FingerprintRecord::Load() const {
-  ShmFingerprint fp;
-  fp.coll = coll;
-  fp.send = send;
-  fp.recv = recv;
-  fp.text.assign(text, strnlen(text, kShmFpTextBytes));
-  return fp;
-}
-
-bool ShmGroup::PostFingerprint(int rank, int64_t callSite, const ShmFingerprint& fp) {
-  ShmHeader* h = Header(rank);
-  if (h == nullptr) return false;
-  const uint64_t start = SlotOf(callSite);
-  for (int i = 0; i < kShmFpEntries; ++i) {
-    ShmFpEntry& e = h->table[(start + i) % kShmFpEntries];
-    const uint32_t s = e.state.load(std::memory_order_acquire);
-    if (s == 2 && e.rec.callSite == callSite) return true;  // posted before
-    if (s != 0) continue;
-    e.rec.Store(callSite, fp);
-    e.state.store(2, std::memory_order_release);
-    return true;
-  }
-  h->tableFull.store(1, std::memory_order_release);
-  return false;
-}
-
-int ShmGroup::FindFingerprint(int rank, int64_t callSite, ShmFingerprint* out) const {
-  const ShmHeader* h = Header(rank);
-  if (h == nullptr) return 0;
-  const uint64_t start = SlotOf(callSite);
-  for (int i = 0; i < kShmFpEntries; ++i) {
-    const ShmFpEntry& e = h->table[(start + i) % kShmFpEntries];
-    if (e.state.load(std::memory_order_acquire) != 2) break;
-    if (e.rec.callSite != callSite) continue;
-    *out = e.rec.Load();
-    return 1;
-  }
-  return h->tableFull.load(std::memory_order_acquire) != 0 ? -1 : 0;
-}
-
-void ShmGroup::MarkFailed() {
+void ShmGroup::MarkFailed(const std::string& reason) {
+  const size_t len = std::min(reason.size(), size_t(kShmFailTextBytes - 1));
   for (size_t r = 0; r < bases_.size(); ++r) {
-    if (bases_[r] != nullptr) Header(int(r))->failed.store(1, std::memory_order_release);
+    if (bases_[r] == nullptr) continue;
+    ShmHeader* h = Header(int(r));
+    uint32_t none = 0;
+    if (h->failText.compare_exchange_strong(none, 1, std::memory_order_acq_rel)) {
+      std::memcpy(h->reason, reason.data(), len);
+      h->reason[len] = '\0';
+      h->failText.store(2, std::memory_order_release);
+    }
+    h->failed.store(1, std::memory_order_release);
   }
 }
 
-bool ShmGroup::AnyFailed() const {
+bool ShmGroup::AnyFailed(std::string* why) const {
+  bool any = false;
   for (size_t r = 0; r < bases_.size(); ++r) {
-    if (bases_[r] != nullptr && Header(int(r))->failed.load(std::memory_order_acquire) != 0) {
+    if (bases_[r] == nullptr) continue;
+    const ShmHeader* h = Header(int(r));
+    if (h->failed.load(std::memory_order_acquire) == 0) continue;
+    any = true;
+    if (why == nullptr) return true;
+    if (h->failText.load(std::memory_order_acquire) == 2) {
+      *why = std::string(h->reason, strnlen(h->reason, kShmFailTextBytes));
       return true;
     }
   }
-  return false;
+  if (any && why != nullptr) *why = "another process of the group reported its communicator failed";
+  return any;
+}
+
+void ShmGroup::SetEntered(int rank, uint64_t calls) {
+  if (bases_[size_t(rank)] != nullptr) Header(rank)->entered.store(calls, std::memory_order_release);
+}
+
+uint64_t ShmGroup::Entered(int rank) const {
+  return bases_[size_t(rank)] == nullptr ? 0
+                                         : Header(rank)->entered.load(std::memory_order_acquire);
+}
+
+namespace {
+
+PeerLiveness LivenessOf(int32_t pid, uint64_t ns) {
+  static const uint64_t mine = PidNamespace();
+  if (pid <= 0 || ns == 0 || ns != mine) return PeerLiveness::kUnknown;
+  if (kill(pid, 0) != 0 && errno == ESRCH) return PeerLiveness::kExited;
+  char path[64];
+  std::snprintf(path, sizeof(path), "/proc/%d/stat", int(pid));
+  FILE* f = std::fopen(path, "r");
+  if (f == nullptr) return PeerLiveness::kExited;
+  char buf[512];
+  const size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
+  std::fclose(f);
+  buf[n] = '\0';
+  const char* paren = std::strrchr(buf, ')');  // the command may hold spaces and parentheses
+  if (paren == nullptr || paren[1] == '\0') return PeerLiveness::kUnknown;
+  const char state = paren[2];
+  if (state == 'Z' || state == 'X') return PeerLiveness::kExited;
+  if (state == 'T' || state == 't') return PeerLiveness::kStopped;
+  return PeerLiveness::kAlive;
+}
+
+}  // namespace
+
+PeerLiveness ShmGroup::Liveness(int rank) const {
+  if (bases_[size_t(rank)] == nullptr) return PeerLiveness::kUnknown;
+  const ShmHeader* h = Header(rank);
+  return LivenessOf(h->pid, h->pidNamespace);
+}
+
+int ReapSession(const std::string& session) {
+  if (session.empty()) return 0;
+  const std::string prefix = detail::StrCat("jrccl.", session, ".");
+  DIR* dir = opendir("/dev/shm");
+  if (dir == nullptr) return 0;
+  std::vector<std::string> dead;
+  while (struct dirent* e = readdir(dir)) {
+    const std::string name = e->d_name;
+    if (name.compare(0, prefix.size(), prefix) != 0) continue;
+    const int fd = shm_open(("/" + name).c_str(), O_RDONLY | O_NOFOLLOW, 0);
+    if (fd < 0) continue;
+    struct stat sb;
+    void* p = MAP_FAILED;
+    if (fstat(fd, &sb) == 0 && sb.st_uid == geteuid() && sb.st_size >= off_t(sizeof(ShmHeader))) {
+      p = mmap(nullptr, sizeof(ShmHeader), PROT_READ, MAP_SHARED, fd, 0);
+    }
+    close(fd);
+    if (p == MAP_FAILED) continue;
+    const ShmHeader* h = static_cast<const ShmHeader*>(p);
+    if (h->magic.load(std::memory_order_acquire) == kShmMagic &&
+        LivenessOf(h->pid, h->pidNamespace) == PeerLiveness::kExited) {
+      dead.push_back("/" + name);
+    }
+    munmap(p, sizeof(ShmHeader));
+  }
+  closedir(dir);
+  for (const std::string& n : dead) Unlink(n);
+  return int(dead.size());
 }
 
 }  // namespace cpu

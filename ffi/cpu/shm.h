@@ -29,41 +29,25 @@ namespace cpu {
 
 constexpr uint64_t kShmMagic = 0x6a72636370736d31ull;  // "jrccpsm1"
 constexpr int kShmMaxProcessWords = 16;                // "mapped" bits for 1024 processes
-constexpr int kShmFpEntries = 256;                     // call sites a segment remembers
-constexpr int kShmFpTextBytes = 200;
-
-// What one rank posted for a call site.
-struct ShmFingerprint {
-  uint64_t coll = 0, send = 0, recv = 0;
-  std::string text;
-};
-
-// A rank's fingerprint for one call site as a fixed-size record: a segment's table entry, the
-// payload of a socket's fingerprint frame.
-struct FingerprintRecord {
-  int64_t callSite;
-  uint64_t coll, send, recv;   // the rank's call fingerprint (comm.h: CallFingerprint)
-  char text[kShmFpTextBytes];  // a short text of the rank's tasks, NUL-terminated
-  void Store(int64_t site, const ShmFingerprint& fp);  // text cut to fit
-  ShmFingerprint Load() const;
-};
-
-// One rank's entry for one call site: written once by the rank (state 0 -> 2 with release).
-struct alignas(64) ShmFpEntry {
-  std::atomic<uint32_t> state;  // 0 empty, 2 ready
-  uint32_t pad;
-  FingerprintRecord rec;
-};
+constexpr int kShmFailTextBytes = 2048;
 
 struct ShmHeader {
   std::atomic<uint64_t> magic;
-  int32_t nRanks, nChannels, rank, pad;
+  int32_t nRanks, nChannels, rank;
+  int32_t pid;  // the creating process (the rank's owner)
   int64_t slotBytes, regionOffset, totalBytes;
+  uint64_t pidNamespace;  // the creator's pid namespace (inode of /proc/self/ns/pid), 0 unknown
   std::atomic<uint64_t> mapped[kShmMaxProcessWords];
-  std::atomic<uint32_t> tableFull;  // set when the owner could not post an entry
-  ShmFpEntry table[kShmFpEntries];
-  std::atomic<uint32_t> failed;  // set by a process whose communicator of this group failed
+  // Calls the rank has started on the group's communicator (its owner writes it as each call
+  // starts): a peer that times out reads it to tell a rank that never arrived from one that waits.
+  std::atomic<uint64_t> entered;
+  std::atomic<uint32_t> failed;    // set by a process whose communicator of this group failed
+  std::atomic<uint32_t> failText;  // 0 none, 1 being written, 2 `reason` holds the failure
+  char reason[kShmFailTextBytes];  // the first failure posted here, NUL-terminated
 };
+
+// What a peer's process is doing, as far as this host can tell.
+enum class PeerLiveness { kUnknown, kAlive, kExited, kStopped };
 
 // The segments of one group, as seen from this process.
 class ShmGroup {
@@ -91,17 +75,17 @@ class ShmGroup {
   void UnlinkAll();
   bool unlinked() const { return unlinked_.load(std::memory_order_acquire); }
 
-  // Tells the other processes of the group that this process's communicator failed (a flag in
-  // every mapped segment's header), and whether any process of the group said so.
-  void MarkFailed();
-  bool AnyFailed() const;
+  // Tells the other processes of the group that this process's communicator failed and why (a
+  // flag and the reason in every mapped segment's header), and whether any process of the group
+  // said so (*why: the reason it posted).
+  void MarkFailed(const std::string& reason);
+  bool AnyFailed(std::string* why = nullptr) const;
 
-  // Posts rank's entry for `callSite` in its own segment (rank must be local). False when the
-  // table is full (the check is then skipped).
-  bool PostFingerprint(int rank, int64_t callSite, const ShmFingerprint& fp);
-  // Reads rank's entry for `callSite`: 1 found, 0 not posted yet, -1 never will be (the rank's
-  // table is full; the check is skipped).
-  int FindFingerprint(int rank, int64_t callSite, ShmFingerprint* out) const;
+  // Rank's count of calls started (its owner publishes it; rank must be mapped).
+  void SetEntered(int rank, uint64_t calls);
+  uint64_t Entered(int rank) const;
+  // Whether the process that created rank's segment still runs (same pid namespace only).
+  PeerLiveness Liveness(int rank) const;
 
  private:
   ShmHeader* Header(int rank) const { return reinterpret_cast<ShmHeader*>(bases_[size_t(rank)]); }
@@ -120,6 +104,11 @@ class ShmGroup {
 // Names of every "jrccl." segment this process created or mapped and has not unlinked (unlinked
 // at exit). Exposed for tests.
 std::vector<std::string> PendingShmNames();
+
+// Unlinks the segments of `session` whose creating process has exited (a process killed before
+// every peer mapped its segments cannot unlink them itself). Runs when a communicator fails and at
+// exit for every session this process joined; returns how many it unlinked.
+int ReapSession(const std::string& session);
 
 }  // namespace cpu
 }  // namespace jax_rccl

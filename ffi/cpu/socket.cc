@@ -27,7 +27,10 @@ namespace {
 
 constexpr uint64_t kHelloMagic = 0x6a7263636e657431ull;  // "jrccnet1"
 constexpr uint32_t kFrameData = 0x6a720001u;
-constexpr uint32_t kFrameFingerprint = 0x6a720002u;
+constexpr uint32_t kFrameFail = 0x6a720003u;    // payload: the sender's failure, as text
+constexpr uint32_t kFrameQuery = 0x6a720004u;   // no payload: "how many calls have you started?"
+constexpr uint32_t kFrameStatus = 0x6a720005u;  // payload: StatusAnswer
+constexpr int64_t kMaxControlBytes = 4096;
 
 struct Hello {
   uint64_t magic;
@@ -41,8 +44,14 @@ struct FrameHeader {
   int32_t channel, from, to;
   uint64_t step;
   int64_t bytes;
+  StepTag tag;  // a data step's tag (transport_host.h), copied into the receiver's FIFO slot
 };
-static_assert(sizeof(FrameHeader) == 32, "frame header");
+static_assert(sizeof(FrameHeader) == 64, "frame header");
+
+struct StatusAnswer {
+  int64_t rank;
+  uint64_t entered;
+};
 
 std::string ErrnoText(int e) {
   return detail::StrCat(std::strerror(e), " (errno ", e, ")");
@@ -222,7 +231,9 @@ struct SocketLink {
   FrameHeader recvHdr{};
   int64_t hdrGot = 0;
   int64_t payloadGot = 0;
-  FingerprintRecord fpIn{};
+  std::string controlIn;  // a control frame's payload being read
+  bool dead = false;      // closed or failed: not polled any more
+  bool closedWithoutNotice = false;  // the peer's end closed before any failure notice from it
 };
 
 SocketLinks::SocketLinks(std::string session, uint64_t group, const GroupPlacement& placement,
@@ -240,6 +251,7 @@ SocketLinks::SocketLinks(std::string session, uint64_t group, const GroupPlaceme
       geo_(transport->geometry()) {
   regionBytes_ = RankRegion::Bytes(geo_);
   regions_.assign(size_t(geo_.nRanks), nullptr);
+  noticeFrom_.assign(size_t(geo_.nRanks), 0);
 }
 
 SocketLinks::~SocketLinks() {
@@ -298,12 +310,80 @@ bool SocketLinks::Failed(std::string* reason) const {
   return true;
 }
 
-void SocketLinks::Shutdown() {
+void SocketLinks::QueueControl(SocketLink& lk, uint32_t type, const std::string& payload) {
+  FrameHeader h{};
+  h.type = type;
+  h.channel = lk.channel;
+  h.from = lk.local;
+  h.to = lk.remote;
+  h.bytes = int64_t(payload.size());
+  std::string frame(reinterpret_cast<const char*>(&h), sizeof(h));
+  frame += payload;
+  lk.controlQueue.push_back(std::move(frame));
+}
+
+void SocketLinks::Shutdown(const std::string& reason) {
+  if (!reason.empty() && thread_.joinable() && !stop_.load()) {
+    // The notice goes on every connection (whichever a peer reads first carries it, ahead of
+    // the end of the stream); the progress thread writes it at a frame boundary.
+    const std::string text = reason.substr(0, size_t(kMaxControlBytes));
+    int64_t queued = 0;
+    const int64_t before = controlSent_.load();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (auto& lk : links_) {
+        if (lk->dead) continue;
+        QueueControl(*lk, kFrameFail, text);
+        ++queued;
+      }
+    }
+    Wake();
+    const auto until = Clock::now() + std::chrono::milliseconds(500);
+    while (controlSent_.load() - before < queued && Clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
   for (auto& l : links_) {
     if (l->fd >= 0) shutdown(l->fd, SHUT_RDWR);
   }
   stop_.store(true);
   Wake();
+}
+
+void SocketLinks::QueryPeers(std::chrono::milliseconds wait) {
+  const int n = geo_.nRanks;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    answered_.assign(size_t(n), 0);
+    peerEntered_.assign(size_t(n), 0);
+    std::vector<uint8_t> asked(size_t(n), 0);
+    for (auto& lk : links_) {
+      if (lk->dead || asked[size_t(lk->remote)]) continue;
+      asked[size_t(lk->remote)] = 1;
+      QueueControl(*lk, kFrameQuery, std::string());
+    }
+    for (auto& lk : links_) {
+      if (lk->dead && lk->closedWithoutNotice) answered_[size_t(lk->remote)] = -1;
+    }
+  }
+  Wake();
+  const auto until = Clock::now() + wait;
+  while (Clock::now() < until) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      bool all = true;
+      for (int r = 0; r < n; ++r) all = all && (!socketRank_[size_t(r)] || answered_[size_t(r)]);
+      if (all) return;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+}
+
+int SocketLinks::PeerStatus(int rank, uint64_t* entered) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (size_t(rank) >= answered_.size()) return 0;
+  *entered = peerEntered_[size_t(rank)];
+  return answered_[size_t(rank)];
 }
 
 Status SocketLinks::Connect(Clock::time_point deadline, const std::atomic<bool>* aborted,
@@ -371,8 +451,9 @@ Status SocketLinks::Connect(Clock::time_point deadline, const std::atomic<bool>*
       if (Clock::now() >= deadline || (aborted != nullptr && aborted->load())) {
         freeaddrinfo(res);
         JR_FAIL(Code::kTimeout, "jax_rccl: '", name, "' timed out after ", timeout,
-                " s (JAX_RCCL_TIMEOUT) connecting to ", rankString_(lk->remote), " at ", ep,
-                " (channel ", lk->channel, ", from rank ", lk->local, "): ", ErrnoText(lastErr));
+                " s (JAX_RCCL_TIMEOUT): ", rankString_(lk->remote),
+                " did not answer (no connection to its listener at ", ep, " for channel ",
+                lk->channel, ", from rank ", lk->local, ": ", ErrnoText(lastErr), ")");
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(sleepMs));
       sleepMs = std::min(sleepMs * 2, 100);
@@ -401,10 +482,10 @@ Status SocketLinks::Connect(Clock::time_point deadline, const std::atomic<bool>*
                              deadline, aborted);
     if (fd < 0) {
       JR_FAIL(Code::kTimeout, "jax_rccl: '", name, "' timed out after ", timeout,
-              " s (JAX_RCCL_TIMEOUT) waiting for ", rankString_(lk->remote), " at ",
-              endpoints_[size_t(lk->remote)], " to connect (channel ", lk->channel, ", to rank ",
-              lk->local, "): process ", placement_.process[size_t(lk->remote)],
-              " never joined this group (did it make the same call?)");
+              " s (JAX_RCCL_TIMEOUT): ", rankString_(lk->remote),
+              " never arrived (it never connected to this process for channel ", lk->channel,
+              ", rank ", lk->local, ": did process ", placement_.process[size_t(lk->remote)],
+              " make this call?)");
     }
     lk->fd = fd;
   }
@@ -436,6 +517,8 @@ bool SocketLinks::PumpSend(SocketLink& lk, bool* wantWrite) {
         }
       }
       if (lk.sendDone < 0) {
+        // After a failure only control frames (the notice) go out.
+        if (failed_.load(std::memory_order_acquire)) return progressed;
         if (lk.out->tail.load(std::memory_order_acquire) <= lk.sent) return progressed;
         lk.sendHdr.type = kFrameData;
         lk.sendHdr.channel = lk.channel;
@@ -443,6 +526,7 @@ bool SocketLinks::PumpSend(SocketLink& lk, bool* wantWrite) {
         lk.sendHdr.to = lk.remote;
         lk.sendHdr.step = lk.sent;
         lk.sendHdr.bytes = lk.out->slotSizes[lk.sent % kSteps];
+        lk.sendHdr.tag = lk.out->tags[lk.sent % kSteps];
         lk.sendingControl = false;
         lk.sendDone = 0;
       }
@@ -481,6 +565,7 @@ bool SocketLinks::PumpSend(SocketLink& lk, bool* wantWrite) {
         return progressed;
       }
       if (errno == EINTR) continue;
+      lk.dead = true;
       SetFailed(detail::StrCat("the socket to ", rankString_(lk.remote), " at ",
                                endpoints_[size_t(lk.remote)], " (channel ", lk.channel,
                                ") failed while sending: ", ErrnoText(errno),
@@ -491,7 +576,9 @@ bool SocketLinks::PumpSend(SocketLink& lk, bool* wantWrite) {
     progressed = progressed || k > 0;
     if (lk.sendDone < total) continue;
     lk.sendDone = -1;
-    if (!lk.sendingControl) {
+    if (lk.sendingControl) {
+      controlSent_.fetch_add(1);
+    } else {
       lk.sent += 1;
       lk.out->head.store(lk.sent, std::memory_order_release);
       tr_->Ring(lk.local);
@@ -506,16 +593,21 @@ bool SocketLinks::PumpRecv(SocketLink& lk, bool* wantRead) {
   const int64_t hdr = sizeof(FrameHeader);
   auto closed = [&](ssize_t k) {
     const int e = errno;
-    SetFailed(k == 0 ? detail::StrCat("the socket to ", rankString_(lk.remote), " at ",
-                                      endpoints_[size_t(lk.remote)], " (channel ", lk.channel,
-                                      ") was closed by the peer: process ",
-                                      placement_.process[size_t(lk.remote)],
-                                      " exited or its communicator failed")
-                     : detail::StrCat("the socket to ", rankString_(lk.remote), " at ",
-                                      endpoints_[size_t(lk.remote)], " (channel ", lk.channel,
-                                      ") failed: ", ErrnoText(e), "; process ",
-                                      placement_.process[size_t(lk.remote)],
-                                      " exited or its communicator failed"));
+    lk.dead = true;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!noticeFrom_[size_t(lk.remote)]) {
+      // No failure notice came first: the process is gone (a communicator that fails sends one).
+      lk.closedWithoutNotice = true;
+      if (size_t(lk.remote) < answered_.size()) answered_[size_t(lk.remote)] = -1;
+    }
+    if (failed_.load()) return;
+    reasonPending_ =
+        k == 0 ? detail::StrCat(rankString_(lk.remote), " exited (its connection at ",
+                                endpoints_[size_t(lk.remote)], ", channel ", lk.channel,
+                                ", closed without a failure notice)")
+               : detail::StrCat(rankString_(lk.remote), " exited (its connection at ",
+                                endpoints_[size_t(lk.remote)], ", channel ", lk.channel,
+                                ", failed: ", ErrnoText(e), ")");
   };
   // Reads into dst[*got, want) without blocking: true once complete; false when the socket has
   // nothing more now (*wantRead) or closed or failed (reported).
@@ -536,48 +628,71 @@ bool SocketLinks::PumpRecv(SocketLink& lk, bool* wantRead) {
     }
     return true;
   };
-  while (true) {
+  while (!lk.dead) {
     if (lk.hdrGot < hdr) {
-      if (!readInto(reinterpret_cast<char*>(&lk.recvHdr), hdr, &lk.hdrGot)) return progressed;
+      if (!readInto(reinterpret_cast<char*>(&lk.recvHdr), hdr, &lk.hdrGot)) break;
       const FrameHeader& h = lk.recvHdr;
-      const bool okFp =
-          h.type == kFrameFingerprint && h.bytes == int64_t(sizeof(FingerprintRecord));
+      const bool okControl =
+          (h.type == kFrameFail && h.bytes > 0 && h.bytes <= kMaxControlBytes) ||
+          (h.type == kFrameQuery && h.bytes == 0) ||
+          (h.type == kFrameStatus && h.bytes == int64_t(sizeof(StatusAnswer)));
       const bool okData = h.type == kFrameData && h.channel == lk.channel && h.from == lk.remote &&
                           h.to == lk.local && h.step == lk.received && h.bytes >= 0 &&
                           h.bytes <= lk.in->slotBytes;
-      if (!okFp && !okData) {
+      if (!okControl && !okData) {
+        lk.dead = true;
         SetFailed(detail::StrCat("a malformed frame arrived from ", rankString_(lk.remote),
                                  " (channel ", lk.channel, ": type ", h.type, ", step ", h.step,
                                  " where ", lk.received, " was due, ", h.bytes, " bytes)"));
-        return progressed;
+        break;
       }
       lk.payloadGot = 0;
+      if (okControl) lk.controlIn.assign(size_t(h.bytes), '\0');
     }
     const FrameHeader& h = lk.recvHdr;
-    char* dst;
     if (h.type == kFrameData) {
       // Only into a free slot: a full FIFO leaves the bytes in the socket (TCP holds the sender).
-      if (lk.received - lk.in->head.load(std::memory_order_acquire) >= uint64_t(kSteps)) {
-        return progressed;
-      }
-      dst = lk.in->Slot(lk.received);
-    } else {
-      dst = reinterpret_cast<char*>(&lk.fpIn);
-    }
-    if (!readInto(dst, h.bytes, &lk.payloadGot)) return progressed;
-    if (h.type == kFrameData) {
+      if (lk.received - lk.in->head.load(std::memory_order_acquire) >= uint64_t(kSteps)) break;
+      if (!readInto(lk.in->Slot(lk.received), h.bytes, &lk.payloadGot)) break;
       lk.in->slotSizes[lk.received % kSteps] = h.bytes;
+      lk.in->tags[lk.received % kSteps] = h.tag;
       lk.received += 1;
       lk.in->tail.store(lk.received, std::memory_order_release);
       tr_->Ring(lk.local);
       framesReceived_.fetch_add(1, std::memory_order_relaxed);
     } else {
+      if (!readInto(&lk.controlIn[0], h.bytes, &lk.payloadGot)) break;
       std::lock_guard<std::mutex> lock(mu_);
-      fingerprints_[std::make_pair(int(h.from), lk.fpIn.callSite)] = lk.fpIn.Load();
+      if (h.type == kFrameFail) {
+        noticeFrom_[size_t(lk.remote)] = 1;
+        if (!failed_.load() && reasonPending_.empty()) {
+          reasonPending_ = detail::StrCat("process ", placement_.process[size_t(lk.remote)],
+                                          " reported its communicator failed: ", lk.controlIn);
+        }
+      } else if (h.type == kFrameQuery) {
+        StatusAnswer a{lk.local, entered_ != nullptr
+                                     ? entered_[lk.local].load(std::memory_order_acquire)
+                                     : 0};
+        QueueControl(lk, kFrameStatus, std::string(reinterpret_cast<const char*>(&a), sizeof(a)));
+      } else if (size_t(lk.remote) < answered_.size()) {
+        StatusAnswer a;
+        std::memcpy(&a, lk.controlIn.data(), sizeof(a));
+        answered_[size_t(lk.remote)] = 1;
+        peerEntered_[size_t(lk.remote)] = a.entered;
+      }
     }
     lk.hdrGot = 0;
     progressed = true;
   }
+  if (!reasonPending_.empty()) {  // reported outside the lock (SetFailed takes it)
+    std::string why;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      why.swap(reasonPending_);
+    }
+    if (!why.empty()) SetFailed(why);
+  }
+  return progressed;
 }
 
 void SocketLinks::ProgressLoop() {
@@ -587,22 +702,24 @@ void SocketLinks::ProgressLoop() {
   }
   std::vector<uint32_t> seen(proxies.size());
   std::vector<struct pollfd> pfds;
-  while (!stop_.load(std::memory_order_acquire) && !failed_.load(std::memory_order_acquire)) {
+  // Runs until the links shut down: after a failure it still writes the failure notice and
+  // answers status queries.
+  while (!stop_.load(std::memory_order_acquire)) {
     for (size_t i = 0; i < proxies.size(); ++i) seen[i] = tr_->Seq(proxies[i]);
     bool progressed = false;
     pfds.clear();
     pfds.push_back({wakeFd_, POLLIN, 0});
     for (auto& lk : links_) {
+      if (lk->dead) continue;
       bool wantWrite = false, wantRead = false;
       progressed = PumpSend(*lk, &wantWrite) || progressed;
       progressed = PumpRecv(*lk, &wantRead) || progressed;
       short ev = 0;
       if (wantRead) ev |= POLLIN;
       if (wantWrite) ev |= POLLOUT;
-      if (ev) pfds.push_back({lk->fd, ev, 0});
-      if (failed_.load(std::memory_order_acquire)) break;
+      if (ev && !lk->dead) pfds.push_back({lk->fd, ev, 0});
     }
-    if (progressed || failed_.load(std::memory_order_acquire)) continue;
+    if (progressed) continue;
     // Sleep until a socket is ready or a local rank rings a proxy doorbell (the transport writes
     // the eventfd while `waiters` is set). A ring between the sample above and here changed the
     // sequence: no sleep then.
@@ -634,34 +751,6 @@ bool SocketLinks::WaitDrained(int rank, Clock::time_point deadline) {
     if (failed_.load() || Clock::now() >= deadline) return false;
     tr_->Wait(rank, seen, 5000000);
   }
-}
-
-void SocketLinks::PostFingerprint(int rank, int64_t callSite, const ShmFingerprint& fp) {
-  FrameHeader h{};
-  h.type = kFrameFingerprint;
-  h.from = rank;
-  h.bytes = sizeof(FingerprintRecord);
-  FingerprintRecord w{};
-  w.Store(callSite, fp);
-  std::string frame(reinterpret_cast<const char*>(&h), sizeof(h));
-  frame.append(reinterpret_cast<const char*>(&w), sizeof(w));
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    fingerprints_[std::make_pair(rank, callSite)] = fp;  // for this process's other ranks
-    for (auto& lk : links_) {
-      if (lk->channel != 0 || lk->local != rank) continue;
-      lk->controlQueue.push_back(frame);
-    }
-  }
-  Wake();
-}
-
-int SocketLinks::FindFingerprint(int rank, int64_t callSite, ShmFingerprint* out) const {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = fingerprints_.find(std::make_pair(rank, callSite));
-  if (it == fingerprints_.end()) return 0;
-  *out = it->second;
-  return 1;
 }
 
 }  // namespace cpu

@@ -22,15 +22,21 @@
 // FIFO's data (one stream per process pair would need unbounded buffering on the receiver to
 // avoid that head-of-line blocking). The lower rank connects; the connection starts with a hello
 // (session, group, channel, ranks) that the higher rank's process matches (Accept below). Frames:
-// a 32-byte header (type, channel, from, to, step, bytes), then the payload; besides data, the
-// channel-0 connection carries each rank's call-site fingerprint on first use (comm.h).
+// a 64-byte header (type, channel, from, to, step, bytes, and a data step's StepTag), then the
+// payload. Besides data steps the connections carry control frames between progress threads: a
+// failure notice (a process whose communicator failed sends its reason on every connection
+// before closing them, so its peers report the first failure, not the closed socket), and a
+// status query and its answer (how many calls the peer's rank has started: a rank that timed out
+// asks every peer, to name the ranks that never arrived).
 //
 // Connections open at the group's first execution, under its deadline. A peer that goes away
 // (EOF, ECONNRESET) marks the links failed at once; the executor then stops as soon as it cannot
-// progress, with an error naming the rank and its process.
+// progress, with an error naming the rank and its process. A connection that closes without a
+// failure notice means its process exited.
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -82,20 +88,25 @@ class SocketLinks {
   Status Connect(Clock::time_point deadline, const std::atomic<bool>* aborted,
                  const std::string& name, double timeout);
 
-  // Whether a connection failed (the peer went away, a frame was wrong); *reason says which.
+  // Whether a connection failed (the peer went away, a frame was wrong, a peer sent a failure
+  // notice); *reason says which.
   bool Failed(std::string* reason) const;
-  // Closes every connection (the peers see the stream end) and stops the progress thread's work.
-  void Shutdown();
+  // Sends `reason` (if not empty) to every peer as a failure notice (waiting at most half a
+  // second for it to go out), then closes every connection (the peers see the stream end) and
+  // stops the progress thread's work.
+  void Shutdown(const std::string& reason = "");
+
+  // By rank, the calls each local rank has started (the communicator's counters; answers status
+  // queries). Set before Connect.
+  void SetEnteredSource(const std::atomic<uint64_t>* entered) { entered_ = entered; }
+  // Asks every socket rank how many calls it has started and waits at most `wait` for the
+  // answers. Then PeerStatus(r): 1 answered (*entered set), 0 no answer, -1 its process exited
+  // (a connection closed without a failure notice).
+  void QueryPeers(std::chrono::milliseconds wait);
+  int PeerStatus(int rank, uint64_t* entered) const;
   // Waits until every step local rank `rank` put into its send FIFOs is on the wire (before an
   // execution returns: the process may exit right after). False on a failure or the deadline.
   bool WaitDrained(int rank, Clock::time_point deadline);
-
-  // Call-site fingerprints (comm.h: CheckCallSite) for the ranks without a shared segment:
-  // `rank`'s entry goes to every socket peer and stays here for this process's other ranks;
-  // peers' entries are kept as they arrive.
-  void PostFingerprint(int rank, int64_t callSite, const ShmFingerprint& fp);
-  // 1 found, 0 not (yet).
-  int FindFingerprint(int rank, int64_t callSite, ShmFingerprint* out) const;
 
   // Counters, for tests and statistics.
   int64_t framesSent() const { return framesSent_.load(); }
@@ -107,6 +118,7 @@ class SocketLinks {
   bool PumpRecv(SocketLink& link, bool* wantRead);
   void SetFailed(const std::string& reason);
   void Wake();
+  void QueueControl(SocketLink& link, uint32_t type, const std::string& payload);  // needs mu_
 
   const std::string session_;
   const uint64_t group_;
@@ -125,9 +137,14 @@ class SocketLinks {
   std::thread thread_;
   std::atomic<bool> stop_{false};
   std::atomic<bool> failed_{false};
-  mutable std::mutex mu_;  // reason_, fingerprints_, the links' control queues
+  mutable std::mutex mu_;  // reason_, the status answers, the links' control queues
   std::string reason_;
-  std::map<std::pair<int, int64_t>, ShmFingerprint> fingerprints_;
+  const std::atomic<uint64_t>* entered_ = nullptr;
+  std::string reasonPending_;           // a failure seen by the progress thread, to report
+  std::vector<uint8_t> noticeFrom_;     // by rank: its process sent a failure notice
+  std::vector<int> answered_;           // by rank: 1 answered the last query, -1 exited
+  std::vector<uint64_t> peerEntered_;   // by rank: its answer
+  std::atomic<int64_t> controlSent_{0};  // control frames written
   std::atomic<int64_t> framesSent_{0};
   std::atomic<int64_t> framesReceived_{0};
 };

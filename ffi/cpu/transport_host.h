@@ -6,7 +6,8 @@
 // counters. The sender may fill step s when s - head < kSteps, writes slot s % kSteps, then
 // publishes tail = s + 1 (release) and rings the receiver's doorbell; the receiver may consume
 // step s when tail > s (acquire), reads the slot in place, then publishes head = s + 1 and rings
-// the sender's doorbell. Each slot records the bytes written, which the receiver checks.
+// the sender's doorbell. Each slot records the bytes written and the sender's StepTag (which call
+// of the communicator the step belongs to), which the receiver checks before it reads the slot.
 //
 // Connections hold no pointers: a connection's slots lie at a fixed offset from its header, so
 // the same layout works in process memory and in shared memory mapped at different addresses.
@@ -34,12 +35,29 @@
 namespace jax_rccl {
 namespace cpu {
 
+// What a sender stamps on every FIFO step: the call it belongs to (its identity and its number
+// on the communicator) and the task's kind, type, element count and op. The receiver compares it
+// with its own before it reads a byte of the step, so ranks that run different calls (or the same
+// calls in different orders) fail with an error naming both instead of mixing their data.
+struct StepTag {
+  uint64_t call = 0;   // the call's identity (Communicator::Run: call site and plan fingerprint)
+  uint64_t seq = 0;    // the call's number on its communicator (0, 1, ...)
+  uint64_t count = 0;  // elements of the task
+  uint8_t coll = 0, dtype = 0, op = 0, pad[5] = {};
+  bool operator==(const StepTag& o) const {
+    return call == o.call && seq == o.seq && count == o.count && coll == o.coll &&
+           dtype == o.dtype && op == o.op;
+  }
+};
+static_assert(sizeof(StepTag) == 32, "a step tag is 32 bytes (socket frames carry it)");
+
 struct alignas(64) HostConn {
   std::atomic<uint64_t> tail{0};  // written by the sender
   char pad0[64 - sizeof(std::atomic<uint64_t>)];
   std::atomic<uint64_t> head{0};  // written by the receiver
   char pad1[64 - sizeof(std::atomic<uint64_t>)];
   int64_t slotSizes[kSteps] = {};  // bytes in each slot (written before tail is published)
+  StepTag tags[kSteps] = {};       // the sender's tag of each slot (written before tail)
   int64_t slotBytes = 0;
   int64_t dataOffset = 0;  // bytes from this header to slot 0 (kSteps slots of slotBytes)
   char* Slot(uint64_t step) const {
@@ -68,7 +86,7 @@ TransportGeometry GeometryOf(const TopologyView& topo);
 // One rank's region: its doorbell, then the headers of the connections to it
 // ([channel][from]), then their slots. Offsets are from the region's start.
 struct RankRegion {
-  static constexpr int64_t kConnHeaderBytes = 256;
+  static constexpr int64_t kConnHeaderBytes = 512;
   static constexpr int64_t kHeadersOffset = 4096;  // the doorbell owns the first page
   static int64_t ConnIndex(const TransportGeometry& g, int channel, int from) {
     return int64_t(channel) * g.nRanks + from;

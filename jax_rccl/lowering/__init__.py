@@ -2,8 +2,9 @@
 
 ONE helper, `lower_collective`, emits `jax_rccl_<kind>` with every attribute of the FFI
 contract (docs/architecture.md, "The FFI contract"): replica groups of PHYSICAL device ids
-taken from the shard_map mesh, op, premul, root, perm, algorithm, protocol, a unique call site
-and a name.
+taken from the shard_map mesh, op, premul, root, perm, algorithm, protocol, the call's
+identity (`call_site`: a hash of what is called and of its position in its module, the same in
+every process that lowers the same program) and a name.
 Operands and results travel as 1-D arrays (the primitives already put blocks where the runtime
 wants them, so this is a free reshape), except all_reduce's, which keep their shapes (row-major)
 so that a donated argument reaches the call without a bitcast; all_reduce results alias their
@@ -18,7 +19,7 @@ per-device premul scalar (premul 2) raises NotImplementedError.
 
 from __future__ import annotations
 
-import itertools
+import hashlib
 import weakref
 from functools import partial
 
@@ -35,8 +36,6 @@ mlir = compat.mlir
 SUPPORTED_PLATFORMS = ("cpu", "cuda", "rocm")
 GPU_PLATFORMS = ("cuda", "rocm")
 
-_local_call_sites = itertools.count(1)
-
 
 def _runtime():
     """jax_rccl._ffi with its targets registered, or None while the runtime is not built."""
@@ -48,10 +47,35 @@ def _runtime():
     return _ffi
 
 
-def _next_call_site(ffi) -> int:
-    if ffi is not None and hasattr(ffi, "next_call_site"):
-        return int(ffi.next_call_site())
-    return next(_local_call_sites)
+# The position of the latest jax_rccl call in the module being lowered: (a weak reference to the
+# module, the count of calls lowered into it so far).
+_position: list = []
+
+
+def _position_in_module(ctx) -> int:
+    module = ctx.module_context.module
+    if not _position or _position[0][0]() is not module:
+        _position[:] = [(weakref.ref(module), 0)]
+    ref, n = _position[0]
+    _position[0] = (ref, n + 1)
+    return n
+
+
+def call_identity(ctx, kind, attrs, operand_types, result_types) -> int:
+    """The `call_site` attribute: a 63-bit hash of what is called (kind, replica groups, every
+    attribute, operand and result types) and of the call's position among the jax_rccl calls of
+    its module. It depends on the program only, never on what else this process lowered before,
+    so every process lowering the same program gives a call the same identity; the runtime stamps
+    it on every step it sends and the receiver checks it (docs/multiprocess.md)."""
+    h = hashlib.blake2b(digest_size=8)
+    h.update(f"{kind}|{_position_in_module(ctx)}".encode())
+    for k in sorted(attrs):
+        v = attrs[k]
+        h.update(f"|{k}=".encode())
+        h.update(v.tobytes() if isinstance(v, np.ndarray) else repr(v).encode())
+    for t in (*operand_types, "->", *result_types):
+        h.update(f"|{t}".encode())
+    return int.from_bytes(h.digest(), "little") & ((1 << 63) - 1)
 
 
 def replica_groups(ctx, axes, groups=None, *, sort=False) -> np.ndarray:
@@ -114,7 +138,7 @@ def lower_collective(
         return outs
 
     rg = replica_groups(ctx, axes, groups, sort=sort_groups)
-    ffi = _runtime()
+    _runtime()  # registers the targets (and meets the other processes) before the first call
     algorithm, protocol, in_place = tuning
     if in_place not in ("auto", "on", "off"):
         raise ValueError(
@@ -130,7 +154,6 @@ def lower_collective(
         "perm": np.asarray(perm, dtype=np.int64).reshape(-1),
         "algorithm": str(algorithm),
         "protocol": str(protocol),
-        "call_site": np.int64(_next_call_site(ffi)),
         "name": name,
     }
     # all_reduce keeps its leaves' shapes (row-major): a reshape between a parameter and the call
@@ -148,13 +171,16 @@ def lower_collective(
                     scalars[i],
                 )
             )
-    operands = _after_previous_call(ctx, operands)
     result_types = [
         mlir.aval_to_ir_type(ctx.module_context, out_avals[i])
         if keep_shape
         else _flat_type(out_avals[i])
         for i in live
     ]
+    attrs["call_site"] = np.int64(
+        call_identity(ctx, kind, attrs, [str(v.type) for v in operands], map(str, result_types))
+    )
+    operands = _after_previous_call(ctx, operands)
     # An all_reduce runs in place (every algorithm reads an element's inputs before it writes
     # that element): each result may share its operand's buffer, so XLA reuses a temporary
     # operand (a gradient) for the result instead of allocating another buffer. Not an argument
@@ -395,7 +421,7 @@ def _gpu_rule(prim, rule):
 
 
 # cacheable=False: JAX would otherwise reuse one lowering for equal equations of a module, and
-# two call sites would share a `call_site` (and a rendezvous).
+# two calls would share one custom call (each needs its own place in the program order).
 for _prim, _rule in _RULES.items():
     mlir.register_lowering(_prim, partial(_unsupported_platform, _prim))
     for _platform in SUPPORTED_PLATFORMS:

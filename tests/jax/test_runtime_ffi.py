@@ -6,6 +6,7 @@ mesh's physical device ids, runs one target and compares with numpy.
 
 from __future__ import annotations
 
+import itertools
 import time
 
 import jax
@@ -48,6 +49,9 @@ def groups_for(mesh, axis):
     return [[int(d.id) for d in g] for g in moved]
 
 
+_CALL_SITES = itertools.count(1)
+
+
 def attrs_for(groups, **kw):
     flat = np.array([d for g in groups for d in g], dtype=np.int64)
     return dict(
@@ -60,7 +64,7 @@ def attrs_for(groups, **kw):
         perm=np.array(kw.get("perm", []), dtype=np.int64).reshape(-1),
         algorithm=kw.get("algorithm", ""),
         protocol=kw.get("protocol", ""),
-        call_site=np.int64(_ffi.next_call_site()),
+        call_site=np.int64(next(_CALL_SITES)),
         name=kw.get("name", "test"),
     )
 
@@ -394,8 +398,7 @@ def test_bad_attributes(kw, match):
 def test_registration_is_idempotent():
     _ffi.ensure_registered()
     _ffi.ensure_registered()
-    a, b = _ffi.next_call_site(), _ffi.next_call_site()
-    assert b > a
+    assert _ffi.gpu_platform() in (None, "CUDA", "ROCM")
 
 
 def test_cpu_topology():
