@@ -269,6 +269,7 @@ void ShmGroup::MarkFailed(const std::string& reason) {
     ShmHeader* h = Header(int(r));
     uint32_t none = 0;
     if (h->failText.compare_exchange_strong(none, 1, std::memory_order_acq_rel)) {
+      h->failProcess = placement_.thisProcess;
       std::memcpy(h->reason, reason.data(), len);
       h->reason[len] = '\0';
       h->failText.store(2, std::memory_order_release);
@@ -286,7 +287,8 @@ bool ShmGroup::AnyFailed(std::string* why) const {
     any = true;
     if (why == nullptr) return true;
     if (h->failText.load(std::memory_order_acquire) == 2) {
-      *why = std::string(h->reason, strnlen(h->reason, kShmFailTextBytes));
+      *why = detail::StrCat("process ", h->failProcess, " reported its communicator failed: ",
+                            std::string(h->reason, strnlen(h->reason, kShmFailTextBytes)));
       return true;
     }
   }

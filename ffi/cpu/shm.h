@@ -43,6 +43,7 @@ struct ShmHeader {
   std::atomic<uint64_t> entered;
   std::atomic<uint32_t> failed;    // set by a process whose communicator of this group failed
   std::atomic<uint32_t> failText;  // 0 none, 1 being written, 2 `reason` holds the failure
+  int32_t failProcess;             // the process that posted `reason`
   char reason[kShmFailTextBytes];  // the first failure posted here, NUL-terminated
 };
 

@@ -301,7 +301,7 @@ def test_absent_process_times_out_naming_it():
     assert time.monotonic() - t0 < 20
     err = res[0].get("error", "")
     assert "TimeoutError" in err, res
-    assert "rank 1 (device 1, process 1)" in err, err
+    assert "rank 1 (device 1, process 1, host '" in err and "never arrived" in err, err
     assert "JAX_RCCL_TIMEOUT" in err
 
 
@@ -310,7 +310,7 @@ def test_mismatched_tasks_raise_clear_error():
     res = launch(2, 1, "mismatch", cases=cases, timeout=10.0)
     for r in res:
         err = r.get("error", "")
-        assert "ValueError" in err and "disagree on call site" in err, r
+        assert "ValueError" in err and "mismatched calls" in err, r
         assert "all_reduce float32 x1000" in err and "all_reduce float32 x1003" in err, err
 
 
@@ -323,14 +323,12 @@ def test_killed_peer_gives_timeout_and_no_leftovers(nprocs):
     assert res[-1].get("killed")
     errs = [r.get("error", "") for r in res[:-1]]
     assert all("TimeoutError" in e for e in errs), errs
-    # The first survivor to time out names the dead peer; the others may instead stop at once
-    # because that survivor's communicator failed (it tells them through the segments).
-    timed_out = [e for e in errs if "timed out on channel" in e]
-    assert timed_out, errs
-    for e in timed_out:
-        assert "JAX_RCCL_TIMEOUT" in e and f"device {nprocs - 1} in process {nprocs - 1}" in e, e
+    # Every survivor names the dead peer: the first to see it gone (its pid, within a fraction of
+    # a second), the others in the reason that survivor posted in the segments.
+    dead = nprocs - 1
     for e in errs:
-        assert "timed out on channel" in e or "another process of the group" in e, e
+        assert f"rank {dead} (device {dead}, process {dead}, host '" in e, e
+        assert "exited (its process is gone)" in e, e
 
 
 def test_killed_before_first_collective_leaves_nothing():
@@ -346,7 +344,7 @@ def test_a_failure_in_one_process_stops_the_others():
     assert "TimeoutError" in res[0].get("error", ""), res[0]
     assert res[0]["elapsed"] < 5.0
     # Process 1 would wait 25 s on its own; process 0's failure stops it within a few seconds.
-    assert "another process of the group" in res[1].get("error", ""), res[1]
+    assert "process 0 reported its communicator failed" in res[1].get("error", ""), res[1]
     assert res[1]["elapsed"] < 6.0, res[1]
 
 
