@@ -29,6 +29,9 @@ namespace jax_rccl {
   X(transport, "JAX_RCCL_TRANSPORT", String, "auto",                                              \
     "Between processes: auto (shared memory on one host, TCP sockets between hosts), shm, or "    \
     "socket (TCP between all processes, also on one host)")                                       \
+  X(check_calls, "JAX_RCCL_CHECK_CALLS", Int, 1,                                                  \
+    "1: a rank checks every FIFO step it receives against its own call; 0: skip the check "       \
+    "(benchmarks; senders still tag their steps)")                                                \
   X(socket_ifaddr, "JAX_RCCL_SOCKET_IFADDR", String, "",                                          \
     "Address other hosts reach this process's socket listener at; empty: the address of the "     \
     "interface that reaches JAX's coordinator")

@@ -22,6 +22,7 @@ A single-process program does nothing here: every device is local.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import secrets
@@ -209,6 +210,12 @@ def _bootstrap() -> None:
             "set_world); rebuild jax_rccl"
         )
     set_world(table)
+    reap = getattr(_jax_rccl, "reap_shm_session", None)
+    if reap is not None:
+        # Before JAX's own shutdown (atexit runs last-registered first), which may abort the
+        # process when a peer is gone: segments of processes that died before every peer
+        # mapped them are unlinked here.
+        atexit.register(reap, session)
     _world = table
     _peers = peers
 

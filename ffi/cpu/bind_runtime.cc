@@ -9,6 +9,7 @@
 #include "ffi/bindings.h"
 #include "ffi/cpu/comm.h"
 #include "ffi/cpu/handlers.h"
+#include "ffi/cpu/shm.h"
 #include "ffi/cpu/socket.h"
 #include "ffi/cpu/world.h"
 #include "ffi/params.h"
@@ -95,6 +96,11 @@ void BindRuntime(nb::module_& m) {
       "Starts this process's TCP listener for the socket transport (once; all interfaces, an "
       "ephemeral port) and returns its port.");
   m.def("world", &GetWorld, "The world table set by set_world, or None.");
+  m.def(
+      "reap_shm_session", [](const std::string& session) { return cpu::ReapSession(session); },
+      nb::arg("session"),
+      "Unlinks the shared-memory segments of `session` whose creating process has exited; "
+      "returns how many.");
   m.def(
       "cpu_ffi_targets",
       []() {

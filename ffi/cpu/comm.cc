@@ -157,8 +157,11 @@ Communicator::Communicator(std::vector<int64_t> devices, TopologyView topo,
       transport_(std::move(transport)),
       served_(devices_.size(), 0) {
   entered_ = std::make_unique<std::atomic<uint64_t>[]>(devices_.size());
+  calls_ = std::make_unique<std::atomic<uint64_t>[]>(devices_.size());
+  callTexts_.resize(devices_.size());
   for (size_t r = 0; r < devices_.size(); ++r) {
     entered_[r].store(0);
+    calls_[r].store(0);
     rankNames_.push_back(detail::StrCat("rank ", r, " (device ", devices_[r], ")"));
   }
   placement_.process.assign(devices_.size(), 0);
@@ -182,7 +185,9 @@ Communicator::Communicator(std::vector<int64_t> devices, TopologyView topo,
     rankNames_[r] = detail::StrCat("rank ", r, " (device ", devices_[r], ", process ",
                                    placement_.process[r], ", host '", placement_.host[r], "')");
   }
-  if (links_) links_->SetEnteredSource(entered_.get());
+  if (links_) {
+    links_->SetEnteredSource(entered_.get(), calls_.get(), [this](int r) { return CallText(r); });
+  }
 }
 
 Communicator::~Communicator() {
@@ -212,7 +217,7 @@ void Communicator::Fail(const std::string& reason) {
   pending_.clear();
   cv_.notify_all();
   const std::string first = failReason_;
-  if (shm_) shm_->MarkFailed(first);  // before the wake-up: peers that wake see the flag
+  if (shm_) shm_->MarkFailed(first);    // before the wake-up: peers that wake see the flag
   if (links_) links_->Shutdown(first);  // the notice, then the socket peers see their streams end
   if (transport_) transport_->WakeAll();
   if (shm_) {
@@ -419,13 +424,24 @@ Status Communicator::Connect(Clock::time_point deadline, double timeout, const s
   return Status::Ok();
 }
 
-bool Communicator::PeerFailed(std::string* why) {
+std::string Communicator::CallText(int rank) {
+  std::lock_guard<std::mutex> lock(callTextMu_);
+  return callTexts_[size_t(rank)];
+}
+
+bool Communicator::PeerFailed(int rank, std::string* why) {
   if (shm_ && shm_->AnyFailed(why)) return true;
   if (links_ && links_->Failed(why)) return true;
   if (!shm_) return false;
-  const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                          Clock::now().time_since_epoch())
-                          .count();
+  {
+    std::lock_guard<std::mutex> lock(livenessMu_);
+    if (!peerWhy_.empty()) {  // found before: it stays so
+      *why = peerWhy_;
+      return true;
+    }
+  }
+  const int64_t now =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
   const int64_t last = livenessCheckedNs_.load(std::memory_order_relaxed);
   if (now - last < 50000000) return false;
   std::unique_lock<std::mutex> lock(livenessMu_, std::try_to_lock);
@@ -435,6 +451,21 @@ bool Communicator::PeerFailed(std::string* why) {
     if (placement_.local[size_t(q)] || shm_->Region(q) == nullptr) continue;
     if (shm_->Liveness(q) == PeerLiveness::kExited) {
       *why = detail::StrCat(RankString(q), " exited (its process is gone)");
+      peerWhy_ = *why;
+      return true;
+    }
+    // A peer blocked in another call at the same number (e.g. sending into a FIFO that this
+    // rank, blocked itself, never drains): the steps never reach a receiver's check.
+    uint64_t calls = 0, call = 0;
+    std::string text;
+    if (shm_->EnteredCall(q, &calls, &call, &text) &&
+        calls == entered_[size_t(rank)].load(std::memory_order_acquire) &&
+        call != calls_[size_t(rank)].load(std::memory_order_acquire)) {
+      *why = detail::StrCat("mismatched calls: ", RankString(q), " runs its ", text, " where ",
+                            RankString(rank), " runs its ", CallText(rank),
+                            " (the processes ran different collectives at this point, or the same "
+                            "ones in a different order)");
+      peerWhy_ = *why;
       return true;
     }
   }
@@ -450,15 +481,23 @@ std::string Communicator::Culprits(int rank, uint64_t seq) {
     uint64_t entered = 0;
     bool known = false;
     if (links_ && links_->socketRank(q)) {
-      const int st = links_->PeerStatus(q, &entered);
+      uint64_t call = 0;
+      const int st = links_->PeerStatus(q, &entered, &call);
+      if (st > 0 && entered == seq + 1 && call != calls_[size_t(rank)].load()) {
+        out.push_back(detail::StrCat("mismatched calls: ", who, " runs another call #", seq,
+                                     " than ", RankString(rank), " (its ", CallText(rank), ")"));
+        continue;
+      }
       if (st < 0) {
-        out.push_back(detail::StrCat(who, " exited (its connection closed without a failure notice)"));
+        out.push_back(
+            detail::StrCat(who, " exited (its connection closed without a failure notice)"));
         continue;
       }
       if (st == 0) {
         out.push_back(detail::StrCat(
-            who, " did not answer a status query within 1 s (its process is stopped, frozen or "
-                 "unreachable)"));
+            who,
+            " did not answer a status query within 1 s (its process is stopped, frozen or "
+            "unreachable)"));
         continue;
       }
       known = true;
@@ -529,8 +568,19 @@ Status Communicator::Run(const ExecKey& key, Arrival arrival, double timeout,
     JR_CHECK(WaitTurn(*e, rank, timeout, name, lock));
   }
   const uint64_t seq = e->ticket;
-  entered_[size_t(rank)].store(seq + 1, std::memory_order_release);
-  if (shm_) shm_->SetEntered(rank, seq + 1);
+  if (crossProcess()) {
+    char id[17];
+    std::snprintf(id, sizeof(id), "%016llx", static_cast<unsigned long long>(callId));
+    std::string text = detail::StrCat("call #", seq, " '", name, "' (id ", id, ")");
+    if (shm_) shm_->SetEntered(rank, seq + 1, callId, text);
+    std::lock_guard<std::mutex> lock(callTextMu_);
+    callTexts_[size_t(rank)] = std::move(text);
+  }
+  // Readers (the progress thread) take (entered, call) only when entered reads the same
+  // non-zero value before and after the call.
+  entered_[size_t(rank)].store(0, std::memory_order_seq_cst);
+  calls_[size_t(rank)].store(callId, std::memory_order_seq_cst);
+  entered_[size_t(rank)].store(seq + 1, std::memory_order_seq_cst);
 
   // The barrier of this execution; ExecContext::barrier takes no arguments, so the rank is bound
   // here (a small struct keeps the std::function free of allocations).
@@ -553,7 +603,7 @@ Status Communicator::Run(const ExecKey& key, Arrival arrival, double timeout,
   ctx.checkSteps = checkSteps_;
   ctx.rankNames = &rankNames_;
   if (shm_ || links_) {
-    ctx.peerFailed = [this](std::string* why) { return PeerFailed(why); };
+    ctx.peerFailed = [this, rank](std::string* why) { return PeerFailed(rank, why); };
   }
   ctx.name = name;
   BarrierCall call{this, e.get(), rank, ctx.deadline, &name};
@@ -588,17 +638,17 @@ Status Communicator::Run(const ExecKey& key, Arrival arrival, double timeout,
     if (!result.ok() && crossProcess() && result.code() == Code::kTimeout) {
       // This rank's own deadline (not a peer's failure): say which ranks did not come.
       std::string why;
-      if (!failed() && !PeerFailed(&why)) {
+      if (!failed() && !PeerFailed(rank, &why)) {
         const std::string culprits = Culprits(rank, seq);
-        result = Status(
-            result.code(),
-            culprits.empty()
-                ? detail::StrCat(result.message(), " [every rank of the group of devices ",
-                                 DevicesString(), " started call #", seq,
-                                 "; the ranks stalled inside it]")
-                : detail::StrCat("jax_rccl: '", name, "' (call #", seq, ") timed out after ",
-                                 timeout, " s (JAX_RCCL_TIMEOUT) on ", RankString(rank), ": ",
-                                 culprits, " [", result.message(), "]"));
+        result =
+            Status(result.code(),
+                   culprits.empty()
+                       ? detail::StrCat(result.message(), " [every rank of the group of devices ",
+                                        DevicesString(), " started call #", seq,
+                                        "; the ranks stalled inside it]")
+                       : detail::StrCat("jax_rccl: '", name, "' (call #", seq, ") timed out after ",
+                                        timeout, " s (JAX_RCCL_TIMEOUT) on ", RankString(rank),
+                                        ": ", culprits, " [", result.message(), "]"));
       }
     }
   }
@@ -610,7 +660,7 @@ Status Communicator::Run(const ExecKey& key, Arrival arrival, double timeout,
   if (!result.ok() && crossProcess()) {
     // Stopped by a peer: say what the first failure was.
     std::string why;
-    if (!failed() && PeerFailed(&why) && result.message().find(why) == std::string::npos) {
+    if (!failed() && PeerFailed(rank, &why) && result.message().find(why) == std::string::npos) {
       result = Status(result.code(), detail::StrCat(result.message(), " [", why, "]"));
     }
   }
@@ -775,6 +825,7 @@ StatusOr<Communicator*> World::GetOrCreate(const std::vector<int64_t>& devices,
   } else {
     JR_ASSIGN_OR_RETURN(comm, CrossProcessCommunicator(devices, placement, params, topo));
   }
+  comm->SetCheckSteps(params.check_calls != 0);
   Communicator* out = comm.get();
   comms_.emplace(devices, std::move(comm));
   return out;

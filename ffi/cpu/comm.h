@@ -175,7 +175,9 @@ class Communicator {
   Status Connect(Clock::time_point deadline, double timeout, const std::string& name);
   // Across processes: whether another process failed or a peer's process is gone (*why says
   // which, naming the rank). Liveness is looked up at most every 50 ms.
-  bool PeerFailed(std::string* why);
+  bool PeerFailed(int rank, std::string* why);
+  // "call #S 'name' (id ...)" of local rank's latest call.
+  std::string CallText(int rank);
   // Across processes, after `rank` timed out in call `seq`: the ranks that did not come to it
   // ("rank r (...) exited", "... is stopped", "... never arrived ...", "... did not answer ..."),
   // "; "-separated, or "" when every rank started the call.
@@ -205,8 +207,12 @@ class Communicator {
   std::vector<std::string> rankNames_;
   // By rank (local ones): calls started on this communicator (ticket + 1 of the latest).
   std::unique_ptr<std::atomic<uint64_t>[]> entered_;
+  std::unique_ptr<std::atomic<uint64_t>[]> calls_;  // by rank: the identity of that call
+  std::mutex callTextMu_;
+  std::vector<std::string> callTexts_;  // by rank: CallText
   std::atomic<int64_t> livenessCheckedNs_{0};
   std::mutex livenessMu_;
+  std::string peerWhy_;  // what PeerFailed found (under livenessMu_)
 };
 
 // The communicators of this process, keyed by their group.

@@ -419,6 +419,11 @@ Status Executor::AdvanceUnit(Unit* u, bool* progressed) {
           u->blockedOnRecv = true;
           return Status::Ok();
         }
+        // Before a byte of the step is read, and even while the send side has no room: it must
+        // belong to this rank's call and task.
+        if (ctx_.checkSteps && !(in->tags[rs % kSteps] == t->tag)) {
+          return MismatchError(*u, p.recvPeer, in->tags[rs % kSteps]);
+        }
       }
       if (out != nullptr) {
         ss = out->tail.load(std::memory_order_relaxed);
@@ -434,10 +439,6 @@ Status Executor::AdvanceUnit(Unit* u, bool* progressed) {
       PieceArgs a;
       a.n = m;
       if (in != nullptr) {
-        // Before a byte of the step is read: it must belong to this rank's call and task.
-        if (ctx_.checkSteps && !(in->tags[rs % kSteps] == t->tag)) {
-          return MismatchError(*u, p.recvPeer, in->tags[rs % kSteps]);
-        }
         const int64_t got = in->slotSizes[rs % kSteps];
         JR_REQUIRE(got == bytes, Code::kInternal, ctx_.name, ": rank ", rank_, " channel ",
                    u->channel, ": expected a FIFO step of ", bytes, " bytes from rank ", p.recvPeer,
@@ -490,10 +491,9 @@ Status Executor::AdvanceLane(Lane* lane, bool* progressed) {
   return Status::Ok();
 }
 
-namespace {
+}  // namespace
 
-// "call #3 (all_reduce float32 x1024 sum; id 0123456789abcdef)"
-std::string TagString(const StepTag& t) {
+std::string StepTagString(const StepTag& t) {
   const Coll c = Coll(t.coll);
   const bool p2p = c == Coll::kSend || c == Coll::kRecv;
   char id[17];
@@ -506,7 +506,7 @@ std::string TagString(const StepTag& t) {
                         "; id ", id, ")");
 }
 
-}  // namespace
+namespace {
 
 Status Executor::MismatchError(const Unit& u, int peer, const StepTag& got) const {
   const StepTag& mine = u.t->tag;
@@ -514,10 +514,10 @@ Status Executor::MismatchError(const Unit& u, int peer, const StepTag& got) cons
   if (got.call == 0 && got.seq == 0 && got.count == 0) {
     what = "a step without a call tag (a peer running an older jax_rccl?)";
   } else {
-    what = detail::StrCat("a step of its ", TagString(got));
+    what = detail::StrCat("a step of its ", StepTagString(got));
   }
   JR_FAIL(Code::kInvalidUsage, ctx_.name, ": mismatched calls: ", RankName(peer), " sent ", what,
-          " on channel ", u.channel, " where ", RankName(rank_), " runs its ", TagString(mine),
+          " on channel ", u.channel, " where ", RankName(rank_), " runs its ", StepTagString(mine),
           got.seq != mine.seq ? " (the ranks are not at the same call of the group: one made more "
                                 "calls than the other)"
                               : " (the processes ran different collectives at this point, or the "

@@ -2,8 +2,8 @@
 
 #include <dirent.h>
 #include <errno.h>
-#include <signal.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -88,11 +88,7 @@ std::vector<std::string> PendingShmNames() {
 ShmGroup::ShmGroup(std::string prefix, const GroupPlacement& placement,
                    const TransportGeometry& geo, std::vector<uint8_t> onHost)
     : placement_(placement), geo_(geo), onHost_(std::move(onHost)) {
-  CleanUpAtExit();
-  {
-    std::lock_guard<std::mutex> lock(RegistryMu());
-    Sessions().insert(placement_.session);
-  }
+  NoteShmSession(placement_.session);
   regionOffset_ = int64_t((sizeof(ShmHeader) + 4095) / 4096 * 4096);
   totalBytes_ = regionOffset_ + RankRegion::Bytes(geo_);
   std::set<int> procs;
@@ -296,8 +292,31 @@ bool ShmGroup::AnyFailed(std::string* why) const {
   return any;
 }
 
-void ShmGroup::SetEntered(int rank, uint64_t calls) {
-  if (bases_[size_t(rank)] != nullptr) Header(rank)->entered.store(calls, std::memory_order_release);
+void ShmGroup::SetEntered(int rank, uint64_t calls, uint64_t call, const std::string& text) {
+  if (bases_[size_t(rank)] == nullptr) return;
+  ShmHeader* h = Header(rank);
+  h->entered.store(0, std::memory_order_release);  // readers retry while the fields change
+  h->enteredCall.store(call, std::memory_order_release);
+  const size_t len = std::min(text.size(), size_t(kShmCallTextBytes - 1));
+  std::memcpy(h->callText, text.data(), len);
+  h->callText[len] = '\0';
+  h->entered.store(calls, std::memory_order_release);
+}
+
+bool ShmGroup::EnteredCall(int rank, uint64_t* calls, uint64_t* call, std::string* text) const {
+  if (bases_[size_t(rank)] == nullptr) return false;
+  const ShmHeader* h = Header(rank);
+  const uint64_t a = h->entered.load(std::memory_order_acquire);
+  *call = h->enteredCall.load(std::memory_order_acquire);
+  char buf[kShmCallTextBytes];
+  std::memcpy(buf, h->callText, sizeof(buf));
+  buf[sizeof(buf) - 1] = '\0';
+  std::atomic_thread_fence(std::memory_order_acquire);
+  const uint64_t b = h->entered.load(std::memory_order_acquire);
+  if (a == 0 || a != b) return false;
+  *calls = a;
+  *text = buf;
+  return true;
 }
 
 uint64_t ShmGroup::Entered(int rank) const {
@@ -333,6 +352,12 @@ PeerLiveness ShmGroup::Liveness(int rank) const {
   if (bases_[size_t(rank)] == nullptr) return PeerLiveness::kUnknown;
   const ShmHeader* h = Header(rank);
   return LivenessOf(h->pid, h->pidNamespace);
+}
+
+void NoteShmSession(const std::string& session) {
+  CleanUpAtExit();
+  std::lock_guard<std::mutex> lock(RegistryMu());
+  Sessions().insert(session);
 }
 
 int ReapSession(const std::string& session) {

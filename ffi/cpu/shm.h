@@ -30,6 +30,7 @@ namespace cpu {
 constexpr uint64_t kShmMagic = 0x6a72636370736d31ull;  // "jrccpsm1"
 constexpr int kShmMaxProcessWords = 16;                // "mapped" bits for 1024 processes
 constexpr int kShmFailTextBytes = 2048;
+constexpr int kShmCallTextBytes = 192;
 
 struct ShmHeader {
   std::atomic<uint64_t> magic;
@@ -41,10 +42,12 @@ struct ShmHeader {
   // Calls the rank has started on the group's communicator (its owner writes it as each call
   // starts): a peer that times out reads it to tell a rank that never arrived from one that waits.
   std::atomic<uint64_t> entered;
-  std::atomic<uint32_t> failed;    // set by a process whose communicator of this group failed
-  std::atomic<uint32_t> failText;  // 0 none, 1 being written, 2 `reason` holds the failure
-  int32_t failProcess;             // the process that posted `reason`
-  char reason[kShmFailTextBytes];  // the first failure posted here, NUL-terminated
+  std::atomic<uint64_t> enteredCall;  // the identity of that call (written before `entered`)
+  char callText[kShmCallTextBytes];   // "call #S 'name' (id ...)" of that call
+  std::atomic<uint32_t> failed;       // set by a process whose communicator of this group failed
+  std::atomic<uint32_t> failText;     // 0 none, 1 being written, 2 `reason` holds the failure
+  int32_t failProcess;                // the process that posted `reason`
+  char reason[kShmFailTextBytes];     // the first failure posted here, NUL-terminated
 };
 
 // What a peer's process is doing, as far as this host can tell.
@@ -82,9 +85,12 @@ class ShmGroup {
   void MarkFailed(const std::string& reason);
   bool AnyFailed(std::string* why = nullptr) const;
 
-  // Rank's count of calls started (its owner publishes it; rank must be mapped).
-  void SetEntered(int rank, uint64_t calls);
+  // Rank's count of calls started, and the latest one's identity and text (its owner publishes
+  // them; rank must be mapped).
+  void SetEntered(int rank, uint64_t calls, uint64_t call, const std::string& text);
   uint64_t Entered(int rank) const;
+  // A consistent (count, identity, text) of rank's latest call; false while it changes.
+  bool EnteredCall(int rank, uint64_t* calls, uint64_t* call, std::string* text) const;
   // Whether the process that created rank's segment still runs (same pid namespace only).
   PeerLiveness Liveness(int rank) const;
 
@@ -110,6 +116,8 @@ std::vector<std::string> PendingShmNames();
 // every peer mapped its segments cannot unlink them itself). Runs when a communicator fails and at
 // exit for every session this process joined; returns how many it unlinked.
 int ReapSession(const std::string& session);
+// Remembers `session` for the reaping at exit (the world table's, set once).
+void NoteShmSession(const std::string& session);
 
 }  // namespace cpu
 }  // namespace jax_rccl

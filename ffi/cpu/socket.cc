@@ -51,6 +51,7 @@ static_assert(sizeof(FrameHeader) == 64, "frame header");
 struct StatusAnswer {
   int64_t rank;
   uint64_t entered;
+  uint64_t call;
 };
 
 std::string ErrnoText(int e) {
@@ -231,8 +232,8 @@ struct SocketLink {
   FrameHeader recvHdr{};
   int64_t hdrGot = 0;
   int64_t payloadGot = 0;
-  std::string controlIn;  // a control frame's payload being read
-  bool dead = false;      // closed or failed: not polled any more
+  std::string controlIn;             // a control frame's payload being read
+  bool dead = false;                 // closed or failed: not polled any more
   bool closedWithoutNotice = false;  // the peer's end closed before any failure notice from it
 };
 
@@ -356,6 +357,7 @@ void SocketLinks::QueryPeers(std::chrono::milliseconds wait) {
     std::lock_guard<std::mutex> lock(mu_);
     answered_.assign(size_t(n), 0);
     peerEntered_.assign(size_t(n), 0);
+    peerCall_.assign(size_t(n), 0);
     std::vector<uint8_t> asked(size_t(n), 0);
     for (auto& lk : links_) {
       if (lk->dead || asked[size_t(lk->remote)]) continue;
@@ -379,10 +381,11 @@ void SocketLinks::QueryPeers(std::chrono::milliseconds wait) {
   }
 }
 
-int SocketLinks::PeerStatus(int rank, uint64_t* entered) const {
+int SocketLinks::PeerStatus(int rank, uint64_t* entered, uint64_t* call) const {
   std::lock_guard<std::mutex> lock(mu_);
   if (size_t(rank) >= answered_.size()) return 0;
   *entered = peerEntered_[size_t(rank)];
+  *call = peerCall_[size_t(rank)];
   return answered_[size_t(rank)];
 }
 
@@ -600,14 +603,16 @@ bool SocketLinks::PumpRecv(SocketLink& lk, bool* wantRead) {
       lk.closedWithoutNotice = true;
       if (size_t(lk.remote) < answered_.size()) answered_[size_t(lk.remote)] = -1;
     }
-    if (failed_.load()) return;
-    reasonPending_ =
-        k == 0 ? detail::StrCat(rankString_(lk.remote), " exited (its connection at ",
-                                endpoints_[size_t(lk.remote)], ", channel ", lk.channel,
-                                ", closed without a failure notice)")
-               : detail::StrCat(rankString_(lk.remote), " exited (its connection at ",
-                                endpoints_[size_t(lk.remote)], ", channel ", lk.channel,
-                                ", failed: ", ErrnoText(e), ")");
+    if (failed_.load() || !eofReason_.empty()) return;
+    // Reported after a grace period (ProgressLoop): a notice may still come on another
+    // connection of that process.
+    eofAt_ = Clock::now();
+    eofReason_ = k == 0 ? detail::StrCat(rankString_(lk.remote), " exited (its connection at ",
+                                         endpoints_[size_t(lk.remote)], ", channel ", lk.channel,
+                                         ", closed without a failure notice)")
+                        : detail::StrCat(rankString_(lk.remote), " exited (its connection at ",
+                                         endpoints_[size_t(lk.remote)], ", channel ", lk.channel,
+                                         ", failed: ", ErrnoText(e), ")");
   };
   // Reads into dst[*got, want) without blocking: true once complete; false when the socket has
   // nothing more now (*wantRead) or closed or failed (reported).
@@ -632,10 +637,9 @@ bool SocketLinks::PumpRecv(SocketLink& lk, bool* wantRead) {
     if (lk.hdrGot < hdr) {
       if (!readInto(reinterpret_cast<char*>(&lk.recvHdr), hdr, &lk.hdrGot)) break;
       const FrameHeader& h = lk.recvHdr;
-      const bool okControl =
-          (h.type == kFrameFail && h.bytes > 0 && h.bytes <= kMaxControlBytes) ||
-          (h.type == kFrameQuery && h.bytes == 0) ||
-          (h.type == kFrameStatus && h.bytes == int64_t(sizeof(StatusAnswer)));
+      const bool okControl = (h.type == kFrameFail && h.bytes > 0 && h.bytes <= kMaxControlBytes) ||
+                             (h.type == kFrameQuery && h.bytes == 0) ||
+                             (h.type == kFrameStatus && h.bytes == int64_t(sizeof(StatusAnswer)));
       const bool okData = h.type == kFrameData && h.channel == lk.channel && h.from == lk.remote &&
                           h.to == lk.local && h.step == lk.received && h.bytes >= 0 &&
                           h.bytes <= lk.in->slotBytes;
@@ -650,6 +654,22 @@ bool SocketLinks::PumpRecv(SocketLink& lk, bool* wantRead) {
       if (okControl) lk.controlIn.assign(size_t(h.bytes), '\0');
     }
     const FrameHeader& h = lk.recvHdr;
+    if (h.type == kFrameData && lk.payloadGot == 0 && entered_ != nullptr && calls_ != nullptr &&
+        !failed_.load()) {
+      // A step of another call at the number the local rank runs now: the ranks ran different
+      // calls (the rank itself may be blocked elsewhere and never read this step).
+      const uint64_t e1 = entered_[lk.local].load(std::memory_order_acquire);
+      const uint64_t call = calls_[lk.local].load(std::memory_order_acquire);
+      const uint64_t e2 = entered_[lk.local].load(std::memory_order_acquire);
+      if (e1 == e2 && e1 > 0 && h.tag.seq + 1 == e1 && h.tag.call != call && h.tag.call != 0) {
+        SetFailed(detail::StrCat("mismatched calls: ", rankString_(lk.remote),
+                                 " sent a step of its ", StepTagString(h.tag), " where ",
+                                 rankString_(lk.local), " runs its ",
+                                 callText_ ? callText_(lk.local) : std::string("call"),
+                                 " (the processes ran different collectives at this point, "
+                                 "or the same ones in a different order)"));
+      }
+    }
     if (h.type == kFrameData) {
       // Only into a free slot: a full FIFO leaves the bytes in the socket (TCP holds the sender).
       if (lk.received - lk.in->head.load(std::memory_order_acquire) >= uint64_t(kSteps)) break;
@@ -670,15 +690,16 @@ bool SocketLinks::PumpRecv(SocketLink& lk, bool* wantRead) {
                                           " reported its communicator failed: ", lk.controlIn);
         }
       } else if (h.type == kFrameQuery) {
-        StatusAnswer a{lk.local, entered_ != nullptr
-                                     ? entered_[lk.local].load(std::memory_order_acquire)
-                                     : 0};
+        StatusAnswer a{lk.local,
+                       entered_ != nullptr ? entered_[lk.local].load(std::memory_order_acquire) : 0,
+                       calls_ != nullptr ? calls_[lk.local].load(std::memory_order_acquire) : 0};
         QueueControl(lk, kFrameStatus, std::string(reinterpret_cast<const char*>(&a), sizeof(a)));
       } else if (size_t(lk.remote) < answered_.size()) {
         StatusAnswer a;
         std::memcpy(&a, lk.controlIn.data(), sizeof(a));
         answered_[size_t(lk.remote)] = 1;
         peerEntered_[size_t(lk.remote)] = a.entered;
+        peerCall_[size_t(lk.remote)] = a.call;
       }
     }
     lk.hdrGot = 0;
@@ -719,6 +740,16 @@ void SocketLinks::ProgressLoop() {
       if (wantWrite) ev |= POLLOUT;
       if (ev && !lk->dead) pfds.push_back({lk->fd, ev, 0});
     }
+    {
+      std::string eof;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (!eofReason_.empty() && Clock::now() - eofAt_ > std::chrono::milliseconds(300)) {
+          eof.swap(eofReason_);
+        }
+      }
+      if (!eof.empty()) SetFailed(eof);
+    }
     if (progressed) continue;
     // Sleep until a socket is ready or a local rank rings a proxy doorbell (the transport writes
     // the eventfd while `waiters` is set). A ring between the sample above and here changed the
@@ -727,7 +758,7 @@ void SocketLinks::ProgressLoop() {
     bool changed = false;
     for (size_t i = 0; i < proxies.size(); ++i)
       changed = changed || tr_->Seq(proxies[i]) != seen[i];
-    if (!changed) poll(pfds.data(), nfds_t(pfds.size()), 200);
+    if (!changed) poll(pfds.data(), nfds_t(pfds.size()), 50);
     for (int r : proxies) tr_->AddProxyWaiter(r, -1);
     uint64_t drain;
     while (read(wakeFd_, &drain, sizeof(drain)) > 0) {

@@ -98,12 +98,19 @@ class SocketLinks {
 
   // By rank, the calls each local rank has started (the communicator's counters; answers status
   // queries). Set before Connect.
-  void SetEnteredSource(const std::atomic<uint64_t>* entered) { entered_ = entered; }
+  // Also each local rank's call identity and text: a data step of another call at the same
+  // number fails the links at once.
+  void SetEnteredSource(const std::atomic<uint64_t>* entered, const std::atomic<uint64_t>* calls,
+                        std::function<std::string(int)> callText) {
+    entered_ = entered;
+    calls_ = calls;
+    callText_ = std::move(callText);
+  }
   // Asks every socket rank how many calls it has started and waits at most `wait` for the
   // answers. Then PeerStatus(r): 1 answered (*entered set), 0 no answer, -1 its process exited
   // (a connection closed without a failure notice).
   void QueryPeers(std::chrono::milliseconds wait);
-  int PeerStatus(int rank, uint64_t* entered) const;
+  int PeerStatus(int rank, uint64_t* entered, uint64_t* call) const;
   // Waits until every step local rank `rank` put into its send FIFOs is on the wire (before an
   // execution returns: the process may exit right after). False on a failure or the deadline.
   bool WaitDrained(int rank, Clock::time_point deadline);
@@ -140,10 +147,15 @@ class SocketLinks {
   mutable std::mutex mu_;  // reason_, the status answers, the links' control queues
   std::string reason_;
   const std::atomic<uint64_t>* entered_ = nullptr;
-  std::string reasonPending_;           // a failure seen by the progress thread, to report
-  std::vector<uint8_t> noticeFrom_;     // by rank: its process sent a failure notice
-  std::vector<int> answered_;           // by rank: 1 answered the last query, -1 exited
-  std::vector<uint64_t> peerEntered_;   // by rank: its answer
+  const std::atomic<uint64_t>* calls_ = nullptr;
+  std::function<std::string(int)> callText_;
+  std::vector<uint64_t> peerCall_;  // by rank: its answer's call identity
+  std::string reasonPending_;       // a failure seen by the progress thread, to report
+  std::string eofReason_;           // a connection closed without a notice, reported later
+  Clock::time_point eofAt_;
+  std::vector<uint8_t> noticeFrom_;      // by rank: its process sent a failure notice
+  std::vector<int> answered_;            // by rank: 1 answered the last query, -1 exited
+  std::vector<uint64_t> peerEntered_;    // by rank: its answer
   std::atomic<int64_t> controlSent_{0};  // control frames written
   std::atomic<int64_t> framesSent_{0};
   std::atomic<int64_t> framesReceived_{0};

@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "ffi/cpu/executor.h"
@@ -49,6 +50,8 @@ struct StepTag {
            dtype == o.dtype && op == o.op;
   }
 };
+// "call #3 (all_reduce float32 x1024 sum; id 0123456789abcdef)", for messages.
+std::string StepTagString(const StepTag& t);
 static_assert(sizeof(StepTag) == 32, "a step tag is 32 bytes (socket frames carry it)");
 
 struct alignas(64) HostConn {

@@ -6,6 +6,8 @@
 #include <set>
 #include <utility>
 
+#include "ffi/cpu/shm.h"
+
 namespace jax_rccl {
 namespace cpu {
 
@@ -47,6 +49,7 @@ Status SetWorldTable(WorldTable table) {
   JR_REQUIRE(table.endpoints.empty() || int(table.endpoints.size()) == table.nprocesses,
              Code::kInvalidArgument, "set_world: endpoints must name one 'host:port' per process (",
              table.nprocesses, "), got ", table.endpoints.size());
+  NoteShmSession(table.session);  // its dead processes' segments are reaped at exit
   auto p = std::make_shared<const WorldTable>(std::move(table));
   std::lock_guard<std::mutex> lock(g_mu);
   g_table = std::move(p);

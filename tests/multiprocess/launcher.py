@@ -57,6 +57,7 @@ def launch(
     env_of=None,
     timeout: float = 60.0,
     jax_rccl_timeout: float = 10.0,
+    worker: str = WORKER,
 ) -> list[Proc]:
     """Runs `program` of worker.py in `nprocs` processes with `local_devices` CPU devices each.
 
@@ -78,7 +79,7 @@ def launch(
         cmd = [
             sys.executable,
             "-P",
-            WORKER,
+            worker,
             program,
             f"--process={i}",
             f"--nprocs={nprocs}",

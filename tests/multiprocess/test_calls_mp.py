@@ -1,0 +1,118 @@
+"""Calls across processes stay in step or fail loudly: a call's identity comes from what is
+called (not from how many lowerings a process did), every FIFO step is checked by its receiver
+(a swapped order or a different op is an error on every process, never a wrong result, with no
+limit on call sites), a rank that dies, stops or never calls is the one named, and no shared
+memory is left behind by a process that dies early. Programs: worker_calls.py."""
+
+from __future__ import annotations
+
+import os
+import re
+
+import pytest
+from launcher import launch, shm_entries
+
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker_calls.py")
+TIMEOUT = 5.0  # JAX_RCCL_TIMEOUT in the processes
+SOCKET = {"JAX_RCCL_TRANSPORT": "socket"}
+TRANSPORTS = {"shm": {}, "socket": SOCKET}
+CULPRIT = re.compile(
+    r"rank (\d+) \(device (\d+), process (\d+), host '([^']*)'\) "
+    r"(exited|is stopped|never arrived|did not answer)"
+)
+
+pytestmark = pytest.mark.needs_world
+
+
+def _results(procs, n=None):
+    out = []
+    for p in procs[:n]:
+        assert not p.timed_out, p.describe()
+        assert p.result is not None and p.result.get("ok"), p.describe()
+        out.append(p.result)
+    return out
+
+
+def _run(program, nprocs, *args, env=None, timeout=90):
+    return launch(
+        program,
+        nprocs,
+        1,
+        args=args,
+        env=env,
+        timeout=timeout,
+        jax_rccl_timeout=TIMEOUT,
+        worker=WORKER,
+    )
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize("mode", ["extra_lower", "order"])
+def test_identity_does_not_count_lowerings(mode, transport):
+    """Process 0 alone lowers one more function, or the processes lower f and g in different
+    orders: the program that follows runs right."""
+    for r in _results(_run("identity", 2, f"--mode={mode}", env=TRANSPORTS[transport])):
+        assert r["wrong"] == [], r
+
+
+@pytest.mark.parametrize("nprocs", [2, 4])
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_swapped_executables_are_an_error_on_every_process(nprocs, transport):
+    res = _results(_run("swap", nprocs, env=TRANSPORTS[transport]))
+    for r in res:
+        assert r["wrong"] == [], r
+        assert r["raised"], r
+        assert r["seconds"] < TIMEOUT + 3, r
+        # Either this process saw it, or it was told by the process that did: both calls named.
+        assert "mismatched calls" in r["error"], r["error"]
+        assert "all_gather" in r["error"], r["error"]
+        assert "psum" in r["error"] or "all_reduce" in r["error"], r["error"]
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_more_than_256_call_sites_still_checked(transport):
+    res = _results(_run("swap", 2, "--sites=300", "--swap=op", env=TRANSPORTS[transport]))
+    for r in res:
+        assert r["wrong"] == [], r
+        assert r["raised"] and "mismatched calls" in r["error"], r
+        assert " sum;" in r["error"] or " minmax;" in r["error"], r["error"]
+
+
+def _culprits(error):
+    return {(int(m.group(1)), m.group(5)) for m in CULPRIT.finditer(error)}
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize(
+    "mode,what",
+    [
+        ("killed", {"exited"}),
+        ("frozen", {"is stopped", "did not answer"}),
+        ("idle", {"never arrived"}),
+    ],
+)
+def test_the_missing_rank_is_named(mode, what, transport):
+    """4 processes in a ring; process 2 dies, stops or never calls: every survivor names rank 2
+    (and no other rank) as the culprit, within the timeout."""
+    env = {"JAX_RCCL_ALGO": "Ring", **TRANSPORTS[transport]}
+    procs = _run("fault", 4, f"--mode={mode}", "--victim=2", f"--linger={TIMEOUT + 8}", env=env)
+    survivors = [r for i, r in enumerate(_results([p for p in procs if p.process != 2]))]
+    for r in survivors:
+        assert r["raised"], r
+        assert r["seconds"] < TIMEOUT + 4, r
+        found = _culprits(r["error"])
+        assert {rank for rank, _ in found} == {2}, r["error"]
+        assert {w for _, w in found} <= what, r["error"]
+
+
+@pytest.mark.parametrize("mode", ["call", "exit"])
+def test_early_death_leaves_no_segments(mode):
+    procs = _run("early_death", 2, f"--mode={mode}", timeout=60)
+    assert procs[1].returncode == -9, procs[1].describe()
+    (r,) = _results(procs[:1])
+    if mode == "call":
+        assert r["raised"], r
+        assert {rank for rank, _ in _culprits(r["error"])} == {1}, r["error"]
+        assert "exited" in r["error"], r["error"]
+    assert r["session"], r
+    assert shm_entries(r["session"]) == [], shm_entries(r["session"])

@@ -1,0 +1,224 @@
+"""Programs of the call-identity and fault tests (test_calls_mp.py), run by launcher.py like
+worker.py's: ``python -P worker_calls.py <program> --process=i --nprocs=N --port=P [options]``.
+
+Each reports ``JAX_RCCL_RESULT {json}``: ``ok`` (the program ran to its end), ``raised`` and
+``error`` (the collective under test raised), ``wrong`` (a result differed from NumPy), the
+time the failing call took and the session (for the /dev/shm check).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import traceback
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # python -P: not on the path
+from worker import _global, init, report, session  # noqa: E402
+
+
+def _setup(args):
+    jax = init(args)
+    import numpy as np
+    from jax.sharding import Mesh
+    from jax.sharding import PartitionSpec as P
+
+    import jax_rccl as jr
+
+    mesh = Mesh(np.array(jax.devices()), ("i",))
+    return jax, np, jr, mesh, P
+
+
+def _sm(jax, mesh, P, body, out=None):
+    return jax.jit(
+        jax.shard_map(body, mesh=mesh, in_specs=P("i"), out_specs=P("i") if out is None else out)
+    )
+
+
+def _wrong(np, arr, want) -> list[str]:
+    bad = []
+    for s in arr.addressable_shards:
+        got = np.asarray(s.data)
+        if got.shape != want[s.index].shape or not np.allclose(got, want[s.index]):
+            bad.append(
+                f"device {s.device.id}: got {got.ravel()[:4]}, want {want[s.index].ravel()[:4]}"
+            )
+    return bad
+
+
+def _raised(fn) -> dict:
+    t0 = time.monotonic()
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001 - the error under test
+        return {
+            "raised": True,
+            "error": f"{type(e).__name__}: {e}",
+            "seconds": time.monotonic() - t0,
+        }
+    return {"raised": False, "seconds": time.monotonic() - t0}
+
+
+def prog_identity(args):
+    """--mode=extra_lower: process 0 alone lowers (and compiles) one more jitted collective
+    first; --mode=order: the processes lower f and g in different orders. Then every process
+    runs f and g; both must be right."""
+    jax, np, jr, mesh, P = _setup(args)
+    n = len(jax.devices())
+    full = np.arange(n * 64, dtype=np.float32).reshape(n, 64)
+    x = _global(jax, mesh, P("i"), full)
+    f = _sm(jax, mesh, P, lambda v: jr.psum(v, "i"))
+    g = _sm(jax, mesh, P, lambda v: jr.all_gather(v, "i", tiled=True))
+    if args.mode == "extra_lower" and args.process == 0:
+        extra = _sm(jax, mesh, P, lambda v: jr.pmax(v * 2, "i"))
+        extra.lower(x).compile()
+    if args.mode == "order":
+        for fn in (f, g) if args.process % 2 == 0 else (g, f):
+            fn.lower(x)
+    yf, yg = f(x), g(x)
+    wrong = _wrong(np, yf, np.broadcast_to(full.sum(0), full.shape))
+    wrong += _wrong(np, yg, np.tile(full, (n, 1)))
+    report(ok=True, wrong=wrong, session=session())
+
+
+def prog_swap(args):
+    """Executables A (psum) and B (all_gather) run once in order; then process 0 runs A, B and
+    the others B, A. --sites=K first runs one program of K distinct psums (K call sites);
+    --swap=op then has process 0 run psum where the others run pmax (same shape)."""
+    jax, np, jr, mesh, P = _setup(args)
+    n = len(jax.devices())
+    full = np.arange(n * 1024, dtype=np.float32).reshape(n, 1024) + 1
+    x = _global(jax, mesh, P("i"), full)
+    if args.sites:
+        sizes = list(range(1, args.sites + 1))
+
+        def many(v):
+            return sum(jr.psum(v[:, :k], "i").sum() for k in sizes)[None, None]
+
+        out = _sm(jax, mesh, P, many)(x)
+        jax.block_until_ready(out)
+        want = sum(full[:, :k].sum() for k in sizes)
+        got = [float(np.asarray(s.data).ravel()[0]) for s in out.addressable_shards]
+        if any(abs(v - want) > 1e-3 * abs(want) for v in got):
+            report(ok=True, wrong=[f"many: {got} want {want}"], session=session())
+            return
+    a = _sm(jax, mesh, P, lambda v: jr.psum(v, "i"))
+    if args.swap == "op":
+        b = _sm(jax, mesh, P, lambda v: jr.pmax(v, "i"))
+    else:
+        b = _sm(jax, mesh, P, lambda v: jr.all_gather(v, "i", tiled=True))
+    jax.block_until_ready((a(x), b(x)))
+    order = (a, b) if args.process == 0 else (b, a)
+    if args.swap == "op":
+        order = (a,) if args.process == 0 else (b,)
+    outs = []
+
+    def run():
+        for fn in order:
+            outs.append(fn(x))
+        jax.block_until_ready(outs)
+
+    res = _raised(run)
+    wrong = []
+    if not res["raised"]:
+        wrong = [
+            f"returned without an error: {np.asarray(o.addressable_shards[0].data).ravel()[:4]}"
+            for o in outs
+        ]
+    report(ok=True, wrong=wrong, session=session(), **res)
+
+
+def prog_fault(args):
+    """After one good psum, process --victim is killed (--mode=killed), stops itself with
+    SIGSTOP (frozen; a detached killer ends it later) or sleeps without calling (idle); the
+    others call the psum again."""
+    jax, np, jr, mesh, P = _setup(args)
+    n = len(jax.devices())
+    f = _sm(jax, mesh, P, lambda v: jr.psum(v, "i"))
+    full = np.ones((n, 4096), np.float32)
+    x = _global(jax, mesh, P("i"), full)
+    jax.block_until_ready(f(x))
+    if args.process == args.victim:
+        sys.stdout.flush()
+        if args.mode == "killed":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if args.mode == "frozen":
+            subprocess.Popen(
+                ["sh", "-c", f"sleep {args.linger}; kill -KILL {os.getpid()}"],
+                start_new_session=True,
+            )
+            os.kill(os.getpid(), signal.SIGSTOP)
+        time.sleep(args.linger)
+        report(ok=True, victim=True, session=session())
+        os._exit(0)
+    res = _raised(lambda: jax.block_until_ready(f(x + 1)))
+    report(ok=True, session=session(), **res)
+    sys.stdout.flush()
+    os._exit(0)  # JAX's shutdown would wait for the victim
+
+
+def prog_early_death(args):
+    """Process 1 starts the first collective and is killed 0.5 s into it; process 0 sleeps
+    first (it has not mapped process 1's segment yet) and then calls (--mode=call) or exits
+    without calling (--mode=exit)."""
+    jax, np, jr, mesh, P = _setup(args)
+    n = len(jax.devices())
+    f = _sm(jax, mesh, P, lambda v: jr.psum(v, "i"))
+    x = _global(jax, mesh, P("i"), np.ones((n, 256), np.float32))
+    f.lower(x)  # meets the other processes (the session) before anyone dies
+    if args.process == 1:
+        threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
+        jax.block_until_ready(f(x))
+        time.sleep(10)
+        return
+    time.sleep(3)
+    res = {"raised": False}
+    if args.mode == "call":
+        res = _raised(lambda: jax.block_until_ready(f(x)))
+    report(ok=True, session=session(), **res)
+    sys.stdout.flush()
+    if args.mode == "call":
+        os._exit(0)  # JAX's shutdown would wait for the dead process
+    # --mode=exit: a normal exit (the runtime reaps the dead process's segments at exit)
+
+
+PROGRAMS = {
+    "identity": prog_identity,
+    "swap": prog_swap,
+    "fault": prog_fault,
+    "early_death": prog_early_death,
+}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("program", choices=sorted(PROGRAMS))
+    ap.add_argument("--process", type=int, required=True)
+    ap.add_argument("--nprocs", type=int, required=True)
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--gloo", action="store_true")
+    ap.add_argument("--init-timeout", type=int, default=30)
+    ap.add_argument("--shutdown-timeout", type=int, default=2)
+    ap.add_argument("--heartbeat-timeout", type=int, default=100)
+    ap.add_argument("--mode", default="")
+    ap.add_argument("--swap", default="kind")
+    ap.add_argument("--sites", type=int, default=0)
+    ap.add_argument("--victim", type=int, default=2)
+    ap.add_argument("--linger", type=float, default=12.0)
+    args = ap.parse_args(argv)
+    t0 = time.monotonic()
+    try:
+        PROGRAMS[args.program](args)
+    except Exception as e:  # noqa: BLE001 - reported to the parent
+        traceback.print_exc()
+        report(ok=False, error=f"{type(e).__name__}: {e}", seconds=time.monotonic() - t0)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
