@@ -15,7 +15,9 @@ collective pays around its communication (dispatch, a fresh output buffer). ``ja
 is a third JAX job that donates its input and feeds each result to the next call, under
 ``jax_rccl.config(in_place=True)``: the all-reduce runs in the donated buffer and, like MPI's
 reused buffers, nothing is allocated or copied per call; the last ratio columns set MPI against
-it.
+it. ``jax_rccl_nocheck`` is jax_rccl with ``JAX_RCCL_CHECK_CALLS=0`` (receivers skip the check of
+every FIFO step against their own call, docs/multiprocess.md): the ratio ``jax_rccl/
+jax_rccl_nocheck`` is what the per-call check costs.
 """
 
 from __future__ import annotations
@@ -323,9 +325,10 @@ def main(argv=None) -> int:
     ap.add_argument("--no-mpi", action="store_true")
     ap.add_argument(
         "--libs",
-        default="jax_rccl,jax_rccl_donated,jax_rccl_socket,lax_gloo,jax_local",
+        default="jax_rccl,jax_rccl_nocheck,jax_rccl_donated,jax_rccl_socket,lax_gloo,jax_local",
         help="JAX libraries to time (jax_rccl_socket: jax_rccl with JAX_RCCL_TRANSPORT=socket; "
-        "jax_rccl_donated: jax_rccl with --donate, in the same run; jax_local: the same program "
+        "jax_rccl_donated: jax_rccl with --donate, in the same run; jax_rccl_nocheck: jax_rccl "
+        "with JAX_RCCL_CHECK_CALLS=0; jax_local: the same program "
         "with v * 1.0 instead of a collective, JAX's own floor)",
     )
     ap.add_argument("--label", default="", help=argparse.SUPPRESS)
@@ -352,7 +355,7 @@ def main(argv=None) -> int:
 
     results: dict = {}
     t0 = time.monotonic()
-    extra_jobs = ("jax_rccl_socket", "jax_rccl_donated")
+    extra_jobs = ("jax_rccl_socket", "jax_rccl_donated", "jax_rccl_nocheck")
     jax_libs = [lib for lib in args.libs.split(",") if lib not in extra_jobs]
     if jax_libs:
         run_jax(args, results, ",".join(jax_libs))
@@ -363,6 +366,14 @@ def main(argv=None) -> int:
             "jax_rccl",
             label="jax_rccl_socket",
             extra_env={"JAX_RCCL_TRANSPORT": "socket"},
+        )
+    if "jax_rccl_nocheck" in args.libs.split(","):
+        run_jax(
+            args,
+            results,
+            "jax_rccl",
+            label="jax_rccl_nocheck",
+            extra_env={"JAX_RCCL_CHECK_CALLS": "0"},
         )
     if "jax_rccl_donated" in args.libs.split(","):
         run_jax(args, results, "jax_rccl", label="jax_rccl_donated", donate=True)
@@ -380,7 +391,9 @@ def main(argv=None) -> int:
     )
     # Ratios against the first library; and MPI's against the donated (in-place) run, where
     # neither side allocates per call.
-    pairs = [(lib, libs[0]) for lib in libs[1:]]
+    pairs = [(lib, libs[0]) for lib in libs[1:] if lib != "jax_rccl_nocheck"]
+    if "jax_rccl_nocheck" in libs and "jax_rccl" in libs:
+        pairs.append(("jax_rccl", "jax_rccl_nocheck"))  # the cost of the per-call check
     if "jax_rccl_donated" in libs and libs[0] != "jax_rccl_donated":
         pairs += [(m, "jax_rccl_donated") for m in ("mpi4py", "mpi4jax") if m in libs]
     head = ["size"] + libs + [f"{a}/{b}" for a, b in pairs]
