@@ -183,8 +183,7 @@ Status ParseCallAttrs(Kind kind, ffi::Span<const int64_t> groups, int64_t groupS
     }
   }
 
-  std::vector<std::string> warnings;
-  out->params = LoadParams(&warnings);
+  JR_ASSIGN_OR_RETURN(out->params, LoadValidParams());
   const std::string algo = algorithm.empty() ? out->params.algo : std::string(algorithm);
   const std::string proto = protocol.empty() ? out->params.proto : std::string(protocol);
   JR_ASSIGN_OR_RETURN(out->tuning.algoMask,

@@ -4,6 +4,9 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <cctype>
+#include <cerrno>
+#include <cmath>
 #include <cstdlib>
 #include <sstream>
 
@@ -16,8 +19,9 @@ namespace {
 
 bool ReadInt(const char* s, int64_t* out) {
   char* end = nullptr;
-  long long v = std::strtoll(s, &end, 0);
-  if (end == s || *end != '\0') return false;
+  errno = 0;
+  long long v = std::strtoll(s, &end, 10);
+  if (end == s || *end != '\0' || errno == ERANGE) return false;
   *out = v;
   return true;
 }
@@ -28,6 +32,11 @@ bool ReadFloat(const char* s, double* out) {
   if (end == s || *end != '\0') return false;
   *out = v;
   return true;
+}
+
+const char* EnvText(const char* env) {
+  const char* v = std::getenv(env);
+  return v == nullptr ? "" : v;
 }
 
 template <typename T>
@@ -54,6 +63,40 @@ Params LoadParams(std::vector<std::string>* warnings) {
   }
   JAX_RCCL_PARAMS(JAX_RCCL_PARAM_READ)
 #undef JAX_RCCL_PARAM_READ
+  return p;
+}
+
+StatusOr<Params> LoadValidParams() {
+  std::vector<std::string> warnings;
+  Params p = LoadParams(&warnings);
+  JR_REQUIRE(
+      warnings.empty(), Code::kInvalidArgument, "jax_rccl: ",
+      warnings.empty() ? std::string() : warnings.front().substr(0, warnings.front().find(';')),
+      " (unset it for the default)");
+  auto bad = [](const char* env, const std::string& allowed) {
+    return Status(Code::kInvalidArgument, detail::StrCat("jax_rccl: ", env, "='", EnvText(env),
+                                                         "' is out of range; allowed: ", allowed));
+  };
+  if (!(std::isfinite(p.timeout) && p.timeout > 0)) {
+    return bad("JAX_RCCL_TIMEOUT", "a finite number of seconds > 0");
+  }
+  if (p.nchannels < 0 || p.nchannels > 64) {
+    return bad("JAX_RCCL_NCHANNELS", "an integer 0..64 (0: the topology's count)");
+  }
+  if (p.p2p_ll_threshold < 0) return bad("JAX_RCCL_P2P_LL_THRESHOLD", "an integer >= 0");
+  if (p.huge_pages != 0 && p.huge_pages != 1) return bad("JAX_RCCL_HUGE_PAGES", "0 or 1");
+  if (p.check_calls != 0 && p.check_calls != 1) return bad("JAX_RCCL_CHECK_CALLS", "0 or 1");
+  if (p.work_fifo_depth < 1 || p.work_fifo_depth > (int64_t(1) << 30) ||
+      (p.work_fifo_depth & (p.work_fifo_depth - 1)) != 0) {
+    return bad("JAX_RCCL_WORK_FIFO_DEPTH", "a power of two 1..2^30");
+  }
+  for (char& c : p.debug) c = char(std::toupper(static_cast<unsigned char>(c)));
+  if (p.debug != "WARN" && p.debug != "INFO" && p.debug != "TRACE") {
+    return bad("JAX_RCCL_DEBUG", "WARN, INFO or TRACE (any case)");
+  }
+  if (p.transport != "auto" && p.transport != "shm" && p.transport != "socket") {
+    return bad("JAX_RCCL_TRANSPORT", "auto, shm, socket");
+  }
   return p;
 }
 
@@ -90,6 +133,13 @@ void BindParams(nb::module_& m) {
         return nb::make_tuple(out, warnings);
       },
       "Every parameter (name, env, type, default, value, doc) and warnings about bad values.");
+  m.def(
+      "check_params",
+      []() {
+        StatusOr<Params> p = LoadValidParams();
+        ThrowIfError(p.status());
+      },
+      "Raises ValueError naming the variable when a JAX_RCCL_* setting is not allowed.");
 }
 
 }  // namespace jax_rccl

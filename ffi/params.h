@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "ffi/planner/status.h"
+
 namespace jax_rccl {
 
 // X(field, env, kind, default, doc): kind is Int, Float or String.
@@ -54,9 +56,13 @@ struct ParamInfo {
   const char* doc;
 };
 
-// Reads every parameter from the environment; bad values fall back to the default with a
+// Reads every parameter from the environment; values that do not parse keep the default with a
 // warning in `warnings`.
 Params LoadParams(std::vector<std::string>* warnings = nullptr);
+// Reads and checks every parameter: a value that does not parse or is out of its range is an
+// error naming the variable, the value and what is allowed (JAX_RCCL_DEBUG is case-insensitive
+// and normalized to upper case). The runtime reads its parameters this way.
+StatusOr<Params> LoadValidParams();
 std::vector<ParamInfo> DescribeParams(const Params& p);
 
 }  // namespace jax_rccl

@@ -47,6 +47,10 @@ def ensure_registered() -> None:
         # The backend must exist before types are registered, or its start-up fails with
         # "Types used by FFI handlers must be registered before the handler registration".
         jax.devices()
+        # A bad JAX_RCCL_* value is a ValueError naming it here, before anything is lowered.
+        check = getattr(_jax_rccl, "check_params", None)
+        if check is not None:
+            check()
         # Several JAX processes: meet them once and hand the world table to the runtime
         # before anything is lowered (a no-op in a single-process program).
         _bootstrap.ensure_world()

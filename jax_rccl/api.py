@@ -100,7 +100,8 @@ def config(
             raise TypeError(f"jax_rccl.config: {arg} must be a str or None, got {val!r}")
         if val:
             try:
-                parsers[arg](val)  # unknown names fail here, not at the first call
+                # unknown names fail here, not at the first call, naming this argument
+                parsers[arg](val, f"jax_rccl.config({arg}=...)")
             except ValueError as e:
                 raise ValueError(f"jax_rccl.config: {e}") from None
     in_place_mode = _in_place_mode(in_place)
