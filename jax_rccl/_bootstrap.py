@@ -37,6 +37,16 @@ from jax_rccl import _compat, _jax_rccl
 KEY_PREFIX = "jax_rccl"
 SESSION_KEY = f"{KEY_PREFIX}/session"
 TRANSPORTS = ("auto", "shm", "socket")
+#: Settings that change the plan or the wire: every process must use the same values (compared
+#: when the processes meet).
+AGREED_SETTINGS = (
+    "JAX_RCCL_ALGO",
+    "JAX_RCCL_PROTO",
+    "JAX_RCCL_NCHANNELS",
+    "JAX_RCCL_TRANSPORT",
+    "JAX_RCCL_P2P_LL_THRESHOLD",
+    "JAX_RCCL_WORK_FIFO_DEPTH",
+)
 
 _lock = threading.Lock()
 _done = False
@@ -55,6 +65,23 @@ def _param(name: str) -> str | None:
         if row.get("name") == name:
             return row.get("value")
     return None
+
+
+def agreed_settings() -> dict[str, str]:
+    """This process's values of AGREED_SETTINGS (as the runtime reads them)."""
+    table, _ = _jax_rccl.params()
+    return {row["env"]: row["value"] for row in table if row.get("env") in AGREED_SETTINGS}
+
+
+def _check_settings(peers) -> None:
+    for env in AGREED_SETTINGS:
+        values = {int(p["process"]): p.get("settings", {}).get(env) for p in peers}
+        if len(set(values.values())) > 1:
+            shown = ", ".join(f"process {k}: {v!r}" for k, v in sorted(values.items()))
+            raise ValueError(
+                f"jax_rccl: the processes disagree on {env} ({shown}); it changes the plan or "
+                "the wire, so every process must use the same value"
+            )
 
 
 def timeout_s() -> float:
@@ -174,6 +201,7 @@ def _bootstrap() -> None:
         "host": hostname(),
         "devices": [int(d.id) for d in jax.local_devices()],
         "pid": os.getpid(),
+        "settings": agreed_settings(),
     }
     endpoint = _endpoint()
     if endpoint is not None:
@@ -194,6 +222,7 @@ def _bootstrap() -> None:
             )
         peers.append(entry)
 
+    _check_settings(peers)
     devices = []
     for entry in peers:
         for d in entry["devices"]:

@@ -116,3 +116,26 @@ def test_early_death_leaves_no_segments(mode):
         assert "exited" in r["error"], r["error"]
     assert r["session"], r
     assert shm_entries(r["session"]) == [], shm_entries(r["session"])
+
+
+@pytest.mark.parametrize(
+    "var,values", [("JAX_RCCL_NCHANNELS", ("2", "4")), ("JAX_RCCL_TRANSPORT", ("shm", "socket"))]
+)
+def test_settings_that_must_agree_are_compared(var, values):
+    """A difference is an error on every process naming the setting and both values, at once."""
+    procs = launch(
+        "collectives",
+        2,
+        1,
+        args=("--sizes=64",),
+        env_of=lambda i: {var: values[i]},
+        timeout=60,
+        jax_rccl_timeout=TIMEOUT,
+    )
+    for p in procs:
+        assert not p.timed_out, p.describe()
+        r = p.result
+        assert r is not None and not r.get("ok"), p.describe()
+        assert f"disagree on {var}" in r["error"], r["error"]
+        assert all(repr(v) in r["error"] for v in values), r["error"]
+        assert r["seconds"] < TIMEOUT, r
