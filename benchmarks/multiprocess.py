@@ -359,22 +359,13 @@ def main(argv=None) -> int:
     jax_libs = [lib for lib in args.libs.split(",") if lib not in extra_jobs]
     if jax_libs:
         run_jax(args, results, ",".join(jax_libs))
-    if "jax_rccl_socket" in args.libs.split(","):
-        run_jax(
-            args,
-            results,
-            "jax_rccl",
-            label="jax_rccl_socket",
-            extra_env={"JAX_RCCL_TRANSPORT": "socket"},
-        )
-    if "jax_rccl_nocheck" in args.libs.split(","):
-        run_jax(
-            args,
-            results,
-            "jax_rccl",
-            label="jax_rccl_nocheck",
-            extra_env={"JAX_RCCL_CHECK_CALLS": "0"},
-        )
+    # jax_rccl again, as a job of its own under one setting each
+    for label, env in (
+        ("jax_rccl_socket", {"JAX_RCCL_TRANSPORT": "socket"}),
+        ("jax_rccl_nocheck", {"JAX_RCCL_CHECK_CALLS": "0"}),
+    ):
+        if label in args.libs.split(","):
+            run_jax(args, results, "jax_rccl", label=label, extra_env=env)
     if "jax_rccl_donated" in args.libs.split(","):
         run_jax(args, results, "jax_rccl", label="jax_rccl_donated", donate=True)
     mpi_note = "skipped (--no-mpi)" if args.no_mpi else run_mpi(args, results)
