@@ -221,8 +221,11 @@ void Communicator::Fail(const std::string& reason) {
   if (links_) links_->Shutdown(first);  // the notice, then the socket peers see their streams end
   if (transport_) transport_->WakeAll();
   if (shm_) {
-    shm_->UnlinkAll();
-    ReapSession(placement_.session);  // segments of processes that died before all mapped them
+    // Names stay until every process of the group mapped them (a slow peer then still finds the
+    // segments, sees the failure and stops at once instead of waiting for them until its
+    // deadline); at exit they go in any case.
+    shm_->MaybeUnlink();
+    ReapSession(placement_.session, /*ownToo=*/false);  // those of processes that died early
   }
 }
 

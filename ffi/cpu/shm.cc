@@ -46,7 +46,7 @@ void UnlinkRegisteredAtExit() {
     Registry().clear();
     sessions = Sessions();
   }
-  for (const std::string& s : sessions) ReapSession(s);
+  for (const std::string& s : sessions) ReapSession(s, /*ownToo=*/false);
 }
 
 void CleanUpAtExit() {
@@ -360,9 +360,19 @@ void NoteShmSession(const std::string& session) {
   Sessions().insert(session);
 }
 
-int ReapSession(const std::string& session) {
+int ReapSession(const std::string& session, bool ownToo) {
   if (session.empty()) return 0;
   const std::string prefix = detail::StrCat("jrccl.", session, ".");
+  if (ownToo) {
+    std::vector<std::string> own;
+    {
+      std::lock_guard<std::mutex> lock(RegistryMu());
+      for (const std::string& n : Registry()) {
+        if (n.compare(0, prefix.size() + 1, "/" + prefix) == 0) own.push_back(n);
+      }
+    }
+    for (const std::string& n : own) Unlink(n);
+  }
   DIR* dir = opendir("/dev/shm");
   if (dir == nullptr) return 0;
   std::vector<std::string> dead;

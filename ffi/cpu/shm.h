@@ -114,8 +114,9 @@ std::vector<std::string> PendingShmNames();
 
 // Unlinks the segments of `session` whose creating process has exited (a process killed before
 // every peer mapped its segments cannot unlink them itself). Runs when a communicator fails and at
-// exit for every session this process joined; returns how many it unlinked.
-int ReapSession(const std::string& session);
+// exit for every session this process joined; returns how many it unlinked. With `ownToo`, also
+// this process's own segments of the session (it is leaving: at exit).
+int ReapSession(const std::string& session, bool ownToo = true);
 // Remembers `session` for the reaping at exit (the world table's, set once).
 void NoteShmSession(const std::string& session);
 
