@@ -224,7 +224,16 @@ void Communicator::Fail(const std::string& reason) {
     // Names stay until every process of the group mapped them (a slow peer then still finds the
     // segments, sees the failure and stops at once instead of waiting for them until its
     // deadline); at exit they go in any case.
-    shm_->MaybeUnlink();
+    bool peerGone = false;
+    for (int q = 0; q < nRanks() && !peerGone; ++q) {
+      peerGone = !placement_.local[size_t(q)] && shm_->Region(q) != nullptr &&
+                 shm_->Liveness(q) == PeerLiveness::kExited;
+    }
+    if (peerGone) {
+      shm_->UnlinkAll();  // a process of the group is gone: nobody maps them any more
+    } else {
+      shm_->MaybeUnlink();
+    }
     ReapSession(placement_.session, /*ownToo=*/false);  // those of processes that died early
   }
 }
