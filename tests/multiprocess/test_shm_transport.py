@@ -310,7 +310,9 @@ def test_mismatched_tasks_raise_clear_error():
     res = launch(2, 1, "mismatch", cases=cases, timeout=10.0)
     for r in res:
         err = r.get("error", "")
-        assert "ValueError" in err and "mismatched calls" in err, r
+        # The process that finds it raises ValueError; a slow peer that had not mapped the
+        # segments yet may instead time out carrying the same text (named in the note).
+        assert ("ValueError" in err or "TimeoutError" in err) and "mismatched calls" in err, r
         assert "all_reduce float32 x1000" in err and "all_reduce float32 x1003" in err, err
 
 
