@@ -419,6 +419,7 @@ RunResult RunPlanProcess(const std::vector<int64_t>& groupDevices,
           a.rank = r;
           a.slots = slots[li];
           a.collFingerprint = fps[li].coll;
+          a.what = fps[li].text;
           a.sendHash = fps[li].send;
           a.recvHash = fps[li].recv;
           s = comm->Run(

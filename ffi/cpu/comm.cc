@@ -81,6 +81,8 @@ CallFingerprint FingerprintPlan(const Plan& plan, uint64_t seed) {
       text << (listed ? "; " : "") << CollName(tp.coll) << " " << DataTypeName(tp.dtype) << " x"
            << tp.count;
       if (p2p) text << (tp.coll == Coll::kSend ? " to " : " from ") << tp.peer;
+      if (!p2p && tp.coll != Coll::kAllGather && tp.coll != Coll::kBroadcast)
+        text << " " << DevRedOpName(tp.opFull.op);
       if (tp.coll == Coll::kBroadcast || tp.coll == Coll::kReduce) text << " root " << tp.root;
       ++listed;
     } else if (listed == 6) {
@@ -551,6 +553,9 @@ Status Communicator::Run(const ExecKey& key, Arrival arrival, double timeout,
   const Clock::time_point deadline = DeadlineIn(timeout);
   // The call's identity on the wire: what the lowering says is called, and what was planned.
   const uint64_t callId = HashMix(static_cast<uint64_t>(key.callSite), arrival.collFingerprint);
+  // What the call moves (the plan's tasks), shortened to fit a segment's published text.
+  const std::string what =
+      arrival.what.size() > 96 ? arrival.what.substr(0, 93) + "..." : arrival.what;
   std::shared_ptr<Execution> e;
   {
     std::unique_lock<std::mutex> lock(mu_);
@@ -583,7 +588,8 @@ Status Communicator::Run(const ExecKey& key, Arrival arrival, double timeout,
   if (crossProcess()) {
     char id[17];
     std::snprintf(id, sizeof(id), "%016llx", static_cast<unsigned long long>(callId));
-    std::string text = detail::StrCat("call #", seq, " '", name, "' (id ", id, ")");
+    std::string text = detail::StrCat("call #", seq, " '", name, "' (", what.empty() ? "" : what,
+                                      what.empty() ? "" : "; ", "id ", id, ")");
     if (shm_) shm_->SetEntered(rank, seq + 1, callId, text);
     std::lock_guard<std::mutex> lock(callTextMu_);
     callTexts_[size_t(rank)] = std::move(text);

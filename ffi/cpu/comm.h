@@ -101,6 +101,9 @@ struct Arrival {
   std::vector<SlotBuffers> slots;  // its buffers, by task slot
   // Hash of its collective tasks; every rank of a call must post the same one.
   uint64_t collFingerprint = 0;
+  // What its tasks move ("all_reduce float32 x1024 sum; ..."; CallFingerprint::text), for
+  // messages that name the call.
+  std::string what;
   // Rank-independent sums over its point-to-point tasks: the sends of all ranks must pair with
   // the receives of all ranks, so the two totals over the group agree.
   uint64_t sendHash = 0;

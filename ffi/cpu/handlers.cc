@@ -83,6 +83,7 @@ struct DeviceSlot {
   std::vector<uint8_t> zeroBefore, zeroAfter;  // by leaf: outputs this rank zeroes
   std::unique_ptr<uint64_t[]> scalarCells;     // premul == 2: one per leaf
   uint64_t collFingerprint = 0, sendHash = 0, recvHash = 0;
+  std::string collText;  // CallFingerprint::text
 };
 
 }  // namespace
@@ -156,6 +157,7 @@ Status BuildPlan(const CpuState& st, DeviceSlot& slot, const ffi::RemainingArgs&
     plan->rank = slot.rank;
     plan->nRanks = n;
     slot.collFingerprint = HashMix(0, static_cast<uint64_t>(st.kind));
+    slot.collText = "nothing on this rank";
     slot.plan = std::move(plan);
     Stats().plansBuilt.fetch_add(1);
     return Status::Ok();
@@ -178,6 +180,7 @@ Status BuildPlan(const CpuState& st, DeviceSlot& slot, const ffi::RemainingArgs&
   slot.sendHash = fp.send;
   slot.recvHash = fp.recv;
   slot.collFingerprint = fp.coll;
+  slot.collText = std::move(fp.text);
   slot.plan = std::make_unique<Plan>(std::move(plan));
   Stats().plansBuilt.fetch_add(1);
   return Status::Ok();
@@ -250,6 +253,7 @@ Status Execute(CpuState& st, int64_t device, int64_t runId, const ffi::Remaining
     Arrival arrival;
     arrival.rank = slot.rank;
     arrival.collFingerprint = slot.collFingerprint;
+    arrival.what = slot.collText;
     arrival.sendHash = slot.sendHash;
     arrival.recvHash = slot.recvHash;
     arrival.slots.resize(slot.sources.size());

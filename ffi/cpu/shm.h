@@ -43,7 +43,7 @@ struct ShmHeader {
   // starts): a peer that times out reads it to tell a rank that never arrived from one that waits.
   std::atomic<uint64_t> entered;
   std::atomic<uint64_t> enteredCall;  // the identity of that call (written before `entered`)
-  char callText[kShmCallTextBytes];   // "call #S 'name' (id ...)" of that call
+  char callText[kShmCallTextBytes];   // "call #S 'name' (what; id ...)" of that call
   std::atomic<uint32_t> failed;       // set by a process whose communicator of this group failed
   std::atomic<uint32_t> failText;     // 0 none, 1 being written, 2 `reason` holds the failure
   int32_t failProcess;                // the process that posted `reason`

@@ -158,7 +158,24 @@ def prog_fault(args):
     res = _raised(lambda: jax.block_until_ready(f(x + 1)))
     report(ok=True, session=session(), **res)
     sys.stdout.flush()
+    _survivors_meet(args, [q for q in range(args.nprocs) if q != args.victim])
     os._exit(0)  # JAX's shutdown would wait for the victim
+
+
+def _survivors_meet(args, survivors):
+    """Process 0 hosts JAX's coordination service, and the others abort when it goes away: it
+    waits (a bounded time) until every other survivor has reported before it exits."""
+    from jax_rccl import _compat
+
+    client = _compat.distributed_client()
+    _compat.kv_set(client, f"calls_test/done/{args.process}", "1")
+    if args.process != 0:
+        return
+    for q in survivors:
+        try:
+            _compat.kv_get(client, f"calls_test/done/{q}", 30.0)
+        except Exception:  # noqa: BLE001 - the test reports a survivor that did not finish
+            pass
 
 
 def prog_early_death(args):
