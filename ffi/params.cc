@@ -80,6 +80,9 @@ StatusOr<Params> LoadValidParams() {
   if (!(std::isfinite(p.timeout) && p.timeout > 0)) {
     return bad("JAX_RCCL_TIMEOUT", "a finite number of seconds > 0");
   }
+  if (!(std::isfinite(p.stall_grace) && p.stall_grace >= 0)) {
+    return bad("JAX_RCCL_STALL_GRACE", "a finite number of seconds >= 0 (0: off)");
+  }
   if (p.nchannels < 0 || p.nchannels > 64) {
     return bad("JAX_RCCL_NCHANNELS", "an integer 0..64 (0: the topology's count)");
   }

@@ -19,6 +19,9 @@ namespace jax_rccl {
     "Protocols the planner may choose, NCCL syntax: 'Simple', 'LL,LL128', '^LL128'")              \
   X(timeout, "JAX_RCCL_TIMEOUT", Float, 300.0,                                                    \
     "Seconds a rank waits for its peers before the call fails with an error")                     \
+  X(stall_grace, "JAX_RCCL_STALL_GRACE", Float, 2.0,                                              \
+    "Seconds of an idle process after which a local rank that XLA's CPU thread pool cannot "      \
+    "start (too many calls in flight) fails the call; 0: wait for JAX_RCCL_TIMEOUT")              \
   X(debug, "JAX_RCCL_DEBUG", String, "WARN", "Log level: WARN, INFO (each plan choice) or TRACE") \
   X(p2p_ll_threshold, "JAX_RCCL_P2P_LL_THRESHOLD", Int, 16384,                                    \
     "Point-to-point chunks up to this many bytes use the LL protocol")                            \

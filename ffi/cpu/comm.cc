@@ -7,6 +7,7 @@
 #include <thread>
 #include <utility>
 
+#include "ffi/cpu/comm_stall.h"
 #include "ffi/cpu/shm.h"
 #include "ffi/cpu/socket.h"
 #include "ffi/cpu/transport_host.h"
@@ -306,6 +307,7 @@ std::shared_ptr<Execution> Communicator::Join(const ExecKey& key, Arrival arriva
     e->ticket = nextTicket_++;
   }
   e->complete = true;
+  completedSites_.insert({key.instance, key.callSite});
   pending_.erase(key);
   Stats().rendezvousPending.fetch_sub(1);
   cv_.notify_all();
@@ -315,10 +317,29 @@ std::shared_ptr<Execution> Communicator::Join(const ExecKey& key, Arrival arriva
 Status Communicator::WaitComplete(Execution& e, int rank, Clock::time_point deadline,
                                   double timeout, const std::string& name,
                                   std::unique_lock<std::mutex>& lock) {
+  const WaitingInRendezvous waiting;  // for PoolStallError
+  // Polls of the stall check: an eighth of the grace, within [50 ms, 250 ms].
+  const auto poll = std::chrono::duration_cast<Clock::duration>(
+      std::chrono::duration<double>(std::clamp(stallGrace_ / 8, 0.05, 0.25)));
+  StallWindow window;
   while (!e.complete && e.errorRank < 0) {
     if (failed_.load()) return FailedError(name);
-    if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && !e.complete &&
-        e.errorRank < 0 && !failed_.load()) {
+    const Clock::time_point until =
+        stallGrace_ > 0 ? std::min(deadline, Clock::now() + poll) : deadline;
+    if (cv_.wait_until(lock, until) == std::cv_status::timeout && !e.complete && e.errorRank < 0 &&
+        !failed_.load()) {
+      if (Clock::now() < deadline) {  // a poll, not the deadline
+        Status stall = PoolStallError(e.key, e.present, rank, name, window);
+        if (stall.ok()) continue;
+        // Every waiting rank of `e` returns this error (errorRank marks the execution failed, as
+        // for a rank that cannot take part); later calls fail at once on the failed communicator.
+        e.errorRank = rank;
+        e.verdict = stall;
+        lock.unlock();
+        Fail(stall.message());
+        lock.lock();
+        return stall;
+      }
       std::vector<int> missing;
       std::vector<int64_t> missingDevices;
       for (int q = 0; q < nRanks(); ++q) {
@@ -544,6 +565,7 @@ std::string Communicator::Culprits(int rank, uint64_t seq) {
 Status Communicator::Run(const ExecKey& key, Arrival arrival, double timeout,
                          const std::string& name,
                          const std::function<Status(const ExecContext&)>& body) {
+  const InsideRun inside;  // for PoolStallError
   const int rank = arrival.rank;
   JR_REQUIRE(rank >= 0 && rank < nRanks(), Code::kInternal, "jax_rccl: rank ", rank,
              " out of range for the group of devices ", DevicesString());
@@ -844,6 +866,7 @@ StatusOr<Communicator*> World::GetOrCreate(const std::vector<int64_t>& devices,
     JR_ASSIGN_OR_RETURN(comm, CrossProcessCommunicator(devices, placement, params, topo));
   }
   comm->SetCheckSteps(params.check_calls != 0);
+  comm->SetStallGrace(params.stall_grace);
   Communicator* out = comm.get();
   comms_.emplace(devices, std::move(comm));
   return out;

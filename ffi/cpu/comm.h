@@ -39,8 +39,10 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "ffi/cpu/executor.h"
@@ -166,10 +168,20 @@ class Communicator {
   // "[0, 1, 2]" of the group's devices, for messages.
   std::string DevicesString() const;
 
+  // Seconds a rendezvous missing a local rank waits with the whole process idle before it fails
+  // the call as a stall of XLA's CPU thread pool (PoolStallError); 0 turns the check off.
+  void SetStallGrace(double seconds) { stallGrace_ = seconds; }
+
  private:
+  struct StallWindow;
   std::shared_ptr<Execution> Join(const ExecKey& key, Arrival arrival, Status* error);
   Status WaitComplete(Execution& e, int rank, Clock::time_point deadline, double timeout,
                       const std::string& name, std::unique_lock<std::mutex>& lock);
+  // Called by a rank waiting in the rendezvous of execution `key` (`present`: its ranks that
+  // arrived) at each poll: the error that ends the wait when XLA's thread pool cannot start the
+  // missing local ranks, else Ok (comm_stall.cc).
+  Status PoolStallError(const ExecKey& key, const std::vector<uint8_t>& present, int rank,
+                        const std::string& name, StallWindow& w);
   Status WaitTurn(Execution& e, int rank, double timeout, const std::string& name,
                   std::unique_lock<std::mutex>& lock);
   Status Barrier(Execution& e, int rank, Clock::time_point deadline, const std::string& name);
@@ -197,6 +209,9 @@ class Communicator {
   std::map<ExecKey, std::shared_ptr<Execution>> pending_;  // executions not all ranks reached
   uint64_t nextTicket_ = 0;
   std::vector<uint64_t> served_;  // by rank: tickets it has run
+  // (instance, call site) of the executions every local rank reached (PoolStallError).
+  std::set<std::pair<int64_t, int64_t>> completedSites_;
+  double stallGrace_ = 0;
 
   // Across processes.
   GroupPlacement placement_;

@@ -156,7 +156,7 @@ Status GpuComm::Fail(Status s) {
     failure_ = s;
     failed_.store(true, std::memory_order_release);
     if (abort_.host != nullptr) *static_cast<volatile int32_t*>(abort_.host) = 1;
-    if (shm_ != nullptr) shm_->MarkFailed();
+    if (shm_ != nullptr) shm_->MarkFailed(s.message());
   }
   cv_.notify_all();
   return s;

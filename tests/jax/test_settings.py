@@ -54,6 +54,8 @@ def _run(env: dict[str, str]) -> str:
         ("JAX_RCCL_DEBUG", "loud", "WARN, INFO or TRACE"),
         ("JAX_RCCL_HUGE_PAGES", "2", "0 or 1"),
         ("JAX_RCCL_CHECK_CALLS", "yes", "is not an integer"),
+        ("JAX_RCCL_STALL_GRACE", "-1", "a finite number of seconds >= 0"),
+        ("JAX_RCCL_STALL_GRACE", "inf", "a finite number of seconds >= 0"),
         ("JAX_RCCL_WORK_FIFO_DEPTH", "1000", "a power of two"),
     ],
 )
