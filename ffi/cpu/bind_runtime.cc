@@ -1,14 +1,18 @@
 // Python view of the CPU runtime: the FFI targets and the state type to register with JAX, the
-// runtime's counters and the topology it plans with.
+// runtime's counters and the topology it plans with; the socket handshake's crypto (for tests).
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
+#include <cstdint>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "ffi/bindings.h"
 #include "ffi/cpu/comm.h"
 #include "ffi/cpu/handlers.h"
+#include "ffi/cpu/hmac.h"
 #include "ffi/cpu/shm.h"
 #include "ffi/cpu/socket.h"
 #include "ffi/cpu/world.h"
@@ -81,9 +85,71 @@ nb::object GetWorld() {
   return d;
 }
 
+nb::bytes DigestBytes(const cpu::Digest& d) {
+  return nb::bytes(d.data(), d.size());
+}
+
+void BindCrypto(nb::module_& m) {
+  m.def(
+      "sha256",
+      [](const nb::bytes& data, const std::string& backend) {
+        const cpu::CryptoBackend b = ValueOrThrow(cpu::ParseCryptoBackend(backend));
+        cpu::Digest d;
+        {
+          nb::gil_scoped_release release;
+          d = cpu::Sha256(data.data(), data.size(), b);
+        }
+        return DigestBytes(d);
+      },
+      nb::arg("data"), nb::arg("backend") = "default",
+      "SHA-256 of `data` (32 bytes) through `backend`: 'default' (libcrypto when linked, else "
+      "builtin), 'builtin' or 'openssl' (see crypto_backends()). For tests: the socket "
+      "transport's handshake calls the same code.");
+  m.def(
+      "hmac_sha256",
+      [](const nb::bytes& key, const nb::bytes& msg, const std::string& backend) {
+        const cpu::CryptoBackend b = ValueOrThrow(cpu::ParseCryptoBackend(backend));
+        cpu::Digest d;
+        {
+          nb::gil_scoped_release release;
+          d = cpu::HmacSha256(key.data(), key.size(), msg.data(), msg.size(), b);
+        }
+        return DigestBytes(d);
+      },
+      nb::arg("key"), nb::arg("msg"), nb::arg("backend") = "default",
+      "HMAC-SHA-256 of `msg` under `key` (32 bytes) through `backend`, as sha256.");
+  m.def(
+      "crypto_backends",
+      []() {
+        std::vector<std::string> out = {"builtin"};
+        if (cpu::HaveOpenSsl()) out.push_back("openssl");
+        return out;
+      },
+      "The crypto backends of this build: 'builtin', and 'openssl' when it links libcrypto "
+      "('default' is the last of them).");
+  m.def(
+      "constant_time_equal",
+      [](const nb::bytes& a, const nb::bytes& b) {
+        return a.size() == b.size() && cpu::ConstantTimeEqual(a.data(), b.data(), a.size());
+      },
+      nb::arg("a"), nb::arg("b"),
+      "Whether `a` and `b` are equal, in time independent of where they differ (False for "
+      "different lengths). For tests.");
+  m.def(
+      "random_bytes",
+      [](int64_t n) {
+        if (n < 0) throw nb::value_error("random_bytes: n must be >= 0");
+        std::string buf(static_cast<size_t>(n), '\0');
+        ThrowIfError(cpu::RandomBytes(buf.data(), buf.size()));
+        return nb::bytes(buf.data(), buf.size());
+      },
+      nb::arg("n"), "`n` bytes from the kernel's CSPRNG. For tests.");
+}
+
 }  // namespace
 
 void BindRuntime(nb::module_& m) {
+  BindCrypto(m);
   m.def("set_world", &SetWorld, nb::arg("world"),
         "Installs the world table of a multi-process run: {'process': this process's index, "
         "'nprocesses', 'session': hex str (same in every process, unique per run), 'devices': "
