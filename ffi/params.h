@@ -38,8 +38,11 @@ namespace jax_rccl {
     "1: a rank checks every FIFO step it receives against its own call; 0: skip the check "       \
     "(benchmarks; senders still tag their steps)")                                                \
   X(socket_ifaddr, "JAX_RCCL_SOCKET_IFADDR", String, "",                                          \
-    "Address other hosts reach this process's socket listener at; empty: the address of the "     \
-    "interface that reaches JAX's coordinator")
+    "Address this process's socket listener binds to and other hosts reach it at; empty: "        \
+    "JAX_RCCL_SOCKET_IFNAME's, else the interface that reaches JAX's coordinator")                \
+  X(socket_ifname, "JAX_RCCL_SOCKET_IFNAME", String, "",                                          \
+    "Interfaces the socket listener may bind to, NCCL syntax: prefixes 'eth,ib', '^docker' "      \
+    "(exclude), '=eth0' (exact); the first match's address")
 
 struct Params {
 #define JAX_RCCL_PARAM_FIELD_Int(name, def) int64_t name = def;

@@ -4,18 +4,26 @@ A program of several JAX processes (``jax.distributed.initialize``) compiles one
 every process, and a replica group may hold devices of other processes. Before the first
 collective is lowered, the processes meet once through JAX's own distributed key-value store:
 
-- process 0 publishes a random session id (``jax_rccl/session``), which names the run's shared
-  memory segments, so stale segments of a crashed run never meet a new one;
-- every process starts its TCP listener for the socket transport (an ephemeral port) and
-  publishes ``{"process", "host", "devices", "pid", "endpoint"}`` under
+- process 0 publishes a random session id (``jax_rccl/session``, public: it names the run's
+  shared-memory segments, so stale segments of a crashed run never meet a new one) and a random
+  256-bit secret (``jax_rccl/secret``): it goes to the runtime (``set_session_secret``) and never
+  into a name, a path, a log line or ``world()``; socket connections prove it in their handshake
+  and shared-memory names carry a tag derived from it;
+- every process publishes ``{"process", "host", "devices", "pid", "settings"}`` under
   ``jax_rccl/world/<process>`` and reads everyone's (each wait bounded by ``JAX_RCCL_TIMEOUT``;
   a process that never publishes is named in the error);
+- only when the run needs sockets (processes on several hosts, or ``JAX_RCCL_TRANSPORT=socket``)
+  every process starts its TCP listener, bound to the one address it advertises, and publishes
+  ``address:port`` under ``jax_rccl/endpoint/<process>``; a run on one host over shared memory
+  opens no listening socket;
 - the table goes to the runtime once: ``_jax_rccl.set_world(world)``.
 
 "host" is ``socket.gethostname()``, or ``JAX_RCCL_HOSTNAME`` when set (for tests: processes of
-one machine that claim different hosts talk over sockets). "endpoint" is ``address:port``: the
-address is ``JAX_RCCL_SOCKET_IFADDR`` when set, else the local address of the interface that
-reaches JAX's coordinator, else the address ``gethostbyname(gethostname())`` gives.
+one machine that claim different hosts talk over sockets). The listener's address is loopback
+when every process runs on this host, else ``JAX_RCCL_SOCKET_IFADDR`` when set, else the address
+of the first interface ``JAX_RCCL_SOCKET_IFNAME`` matches (NCCL's syntax), else the local address
+of the interface that reaches JAX's coordinator, else the address
+``gethostbyname(gethostname())`` gives.
 
 A single-process program does nothing here: every device is local.
 """
@@ -36,6 +44,7 @@ from jax_rccl import _compat, _jax_rccl
 
 KEY_PREFIX = "jax_rccl"
 SESSION_KEY = f"{KEY_PREFIX}/session"
+SECRET_KEY = f"{KEY_PREFIX}/secret"
 TRANSPORTS = ("auto", "shm", "socket")
 #: Settings that change the plan or the wire: every process must use the same values (compared
 #: when the processes meet).
@@ -57,6 +66,10 @@ _peers: list[dict] | None = None
 
 def world_key(process: int) -> str:
     return f"{KEY_PREFIX}/world/{process}"
+
+
+def endpoint_key(process: int) -> str:
+    return f"{KEY_PREFIX}/endpoint/{process}"
 
 
 def _param(name: str) -> str | None:
@@ -97,11 +110,52 @@ def hostname() -> str:
     return os.environ.get("JAX_RCCL_HOSTNAME") or socket.gethostname()
 
 
-def socket_address() -> str:
-    """The address other processes reach this process's socket listener at."""
-    ifaddr = _param("socket_ifaddr") or os.environ.get("JAX_RCCL_SOCKET_IFADDR", "")
+def match_interfaces(spec: str, interfaces: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The (name, address) pairs of `interfaces` that JAX_RCCL_SOCKET_IFNAME=`spec` selects, in
+    order: comma-separated name prefixes; a leading ``^`` excludes the listed ones instead; a
+    leading ``=`` (after ``^`` if both) matches whole names only (NCCL's syntax)."""
+    exclude = spec.startswith("^")
+    body = spec[1:] if exclude else spec
+    exact = body.startswith("=")
+    body = body[1:] if exact else body
+    names = [n.strip() for n in body.split(",") if n.strip()]
+    if not names:
+        raise ValueError(
+            f"jax_rccl: JAX_RCCL_SOCKET_IFNAME={spec!r} names no interface; allowed: "
+            "comma-separated name prefixes ('eth,ib'), '^' to exclude ('^docker,lo'), '=' for "
+            "exact names ('=eth0')"
+        )
+
+    def hit(name: str) -> bool:
+        return any(name == n if exact else name.startswith(n) for n in names)
+
+    return [(n, a) for n, a in interfaces if hit(n) != exclude]
+
+
+def listen_address(all_on_this_host: bool) -> str:
+    """The address this process's socket listener binds to and advertises."""
+    ifaddr = _param("socket_ifaddr") or ""
     if ifaddr:
         return ifaddr
+    ifname = _param("socket_ifname") or ""
+    if ifname:
+        interfaces = _jax_rccl.network_interfaces()
+        chosen = match_interfaces(ifname, interfaces)
+        if not chosen:
+            have = ", ".join(f"{n} ({a})" for n, a in interfaces) or "none"
+            raise ValueError(
+                f"jax_rccl: JAX_RCCL_SOCKET_IFNAME={ifname!r} matches none of this host's "
+                f"interfaces with an address: {have}"
+            )
+        return chosen[0][1]
+    if all_on_this_host:
+        return "127.0.0.1"
+    return socket_address()
+
+
+def socket_address() -> str:
+    """The local address of the interface that reaches JAX's coordinator (no packet is sent),
+    else gethostbyname(gethostname())."""
     coordinator = _coordinator_address()
     if coordinator:
         host, _, port = coordinator.rpartition(":")
@@ -128,14 +182,18 @@ def _coordinator_address() -> str | None:
     return getattr(state, "coordinator_address", None)
 
 
-def _endpoint() -> str | None:
-    listen = getattr(_jax_rccl, "socket_listen", None)
-    if listen is None:
-        return None
-    addr = socket_address()
+def needs_sockets(transport: str, hosts: list[str]) -> bool:
+    """Whether the run's processes talk over sockets: forced, or processes on several hosts."""
+    return transport == "socket" or (transport == "auto" and len(set(hosts)) > 1)
+
+
+def _listen(all_on_this_host: bool) -> str:
+    """Starts this process's listener; its endpoint 'address:port'."""
+    addr = listen_address(all_on_this_host)
+    port = _jax_rccl.socket_listen(addr)
     if ":" in addr and not addr.startswith("["):
         addr = f"[{addr}]"
-    return f"{addr}:{listen()}"
+    return f"{addr}:{port}"
 
 
 def ensure_world() -> dict | None:
@@ -196,6 +254,7 @@ def _bootstrap() -> None:
 
     if me == 0:
         _compat.kv_set(client, SESSION_KEY, secrets.token_hex(8))
+        _compat.kv_set(client, SECRET_KEY, secrets.token_hex(32))
     mine = {
         "process": me,
         "host": hostname(),
@@ -203,12 +262,12 @@ def _bootstrap() -> None:
         "pid": os.getpid(),
         "settings": agreed_settings(),
     }
-    endpoint = _endpoint()
-    if endpoint is not None:
-        mine["endpoint"] = endpoint
     _compat.kv_set(client, world_key(me), json.dumps(mine))
 
     session = _get(client, SESSION_KEY, deadline, timeout, nprocesses, me, waiting_for=[0])
+    secret = _get(client, SECRET_KEY, deadline, timeout, nprocesses, me, waiting_for=[0])
+    _jax_rccl.set_session_secret(bytes.fromhex(secret))
+    del secret
     peers = []
     for p in range(nprocesses):
         if p == me:
@@ -230,8 +289,29 @@ def _bootstrap() -> None:
     devices.sort(key=lambda d: d["id"])
     _check_devices(devices)
     table = {"process": me, "nprocesses": nprocesses, "session": session, "devices": devices}
-    if all(p.get("endpoint") for p in peers):
-        table["endpoints"] = [p["endpoint"] for p in peers]
+    hosts = [p["host"] for p in peers]
+    if needs_sockets(transport, hosts):
+        mine["endpoint"] = _listen(all(h == mine["host"] for h in hosts))
+        _compat.kv_set(client, endpoint_key(me), mine["endpoint"])
+        endpoints = []
+        for p in range(nprocesses):
+            if p == me:
+                endpoints.append(mine["endpoint"])
+                continue
+            ep = _get(
+                client,
+                endpoint_key(p),
+                deadline,
+                timeout,
+                nprocesses,
+                me,
+                waiting_for=[p],
+                key_of=endpoint_key,
+                what="their socket endpoints",
+            )
+            peers[p]["endpoint"] = ep
+            endpoints.append(ep)
+        table["endpoints"] = endpoints
     set_world = getattr(_jax_rccl, "set_world", None)
     if set_world is None:
         raise RuntimeError(
@@ -249,7 +329,18 @@ def _bootstrap() -> None:
     _peers = peers
 
 
-def _get(client, key, deadline, timeout, nprocesses, me, *, waiting_for):
+def _get(
+    client,
+    key,
+    deadline,
+    timeout,
+    nprocesses,
+    me,
+    *,
+    waiting_for,
+    key_of=world_key,
+    what="their devices",
+):
     remaining = deadline - time.monotonic()
     try:
         if remaining <= 0:
@@ -259,13 +350,13 @@ def _get(client, key, deadline, timeout, nprocesses, me, *, waiting_for):
         missing = [
             p
             for p in range(nprocesses)
-            if p != me and _compat.kv_try_get(client, world_key(p)) is None
+            if p != me and _compat.kv_try_get(client, key_of(p)) is None
         ]
         if not missing:
             missing = list(waiting_for)
         raise RuntimeError(
             f"jax_rccl: process {me} waited {timeout:g} s (JAX_RCCL_TIMEOUT) for the other "
-            f"processes to publish their devices; process(es) {missing} never did (key "
+            f"processes to publish {what}; process(es) {missing} never did (key "
             f"{key!r}; did every process reach its first jax_rccl collective?)"
         ) from e
 

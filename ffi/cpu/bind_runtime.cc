@@ -15,6 +15,7 @@
 #include "ffi/cpu/hmac.h"
 #include "ffi/cpu/shm.h"
 #include "ffi/cpu/socket.h"
+#include "ffi/cpu/socket_listen.h"
 #include "ffi/cpu/world.h"
 #include "ffi/params.h"
 
@@ -57,6 +58,13 @@ void SetWorld(const nb::dict& world) {
     throw nb::type_error(
         "set_world: expected {'process': int, 'nprocesses': int, 'session': str, 'devices': "
         "[{'id': int, 'process': int, 'host': str}, ...], 'endpoints': [str, ...] (optional)}");
+  }
+  if (world.contains("secret")) {  // optional here: the bootstrap sets it before it listens
+    nb::bytes secret;
+    if (!nb::try_cast(nb::borrow(world["secret"]), secret)) {
+      throw nb::type_error("set_world: 'secret' must be bytes");
+    }
+    ThrowIfError(cpu::SetSessionSecret(std::string(secret.c_str(), secret.size())));
   }
   ThrowIfError(cpu::SetWorldTable(std::move(t)));
 }
@@ -154,13 +162,50 @@ void BindRuntime(nb::module_& m) {
         "Installs the world table of a multi-process run: {'process': this process's index, "
         "'nprocesses', 'session': hex str (same in every process, unique per run), 'devices': "
         "[{'id': global device id, 'process', 'host'}, ...], 'endpoints': ['host:port' of each "
-        "process's socket listener, by process] (optional)}. Replica groups spanning processes "
+        "process's socket listener, by process] (optional), 'secret': bytes (optional: "
+        "set_session_secret)}. Replica groups spanning processes "
         "then run over shared memory within a host and TCP sockets between hosts "
         "(JAX_RCCL_TRANSPORT).");
   m.def(
-      "socket_listen", []() { return ValueOrThrow(cpu::SocketListenPort()); },
-      "Starts this process's TCP listener for the socket transport (once; all interfaces, an "
-      "ephemeral port) and returns its port.");
+      "set_session_secret",
+      [](nb::bytes secret) {
+        ThrowIfError(cpu::SetSessionSecret(std::string(secret.c_str(), secret.size())));
+      },
+      nb::arg("secret"),
+      "Sets the run's secret (16..256 random bytes, the same in every process of the run; once per "
+      "process): socket connections prove it in their handshake, shared-memory names carry a tag "
+      "derived from it.");
+  m.def(
+      "socket_listen",
+      [](const std::string& address) { return ValueOrThrow(cpu::SocketListen(address)); },
+      nb::arg("address"),
+      "Starts this process's TCP listener for the socket transport (once), bound to `address` (a "
+      "numeric IPv4 or IPv6 address) on an ephemeral port, and returns the port. Needs the "
+      "session secret.");
+  m.def("socket_listener_port", &cpu::SocketListenerPort,
+        "The port this process listens on for the socket transport, or 0 when it does not.");
+  m.def(
+      "socket_listener_counts",
+      []() {
+        const cpu::ListenerCounts c = cpu::SocketListenerCounts();
+        nb::dict d;
+        d["accepted"] = c.accepted;
+        d["dropped"] = c.dropped;
+        d["unauthorized"] = c.unauthorized;
+        return d;
+      },
+      "Connections the listener accepted (handshake done) and dropped (of which unauthorized).");
+  m.def(
+      "network_interfaces",
+      []() {
+        nb::list out;
+        for (const cpu::NetworkInterface& i : cpu::NetworkInterfaces()) {
+          out.append(nb::make_tuple(i.name, i.address));
+        }
+        return out;
+      },
+      "This host's network interfaces with an address: [(name, numeric address), ...] (IPv4 "
+      "first, then IPv6 other than link-local).");
   m.def("world", &GetWorld, "The world table set by set_world, or None.");
   m.def(
       "reap_shm_session", [](const std::string& session) { return cpu::ReapSession(session); },

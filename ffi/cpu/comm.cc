@@ -817,8 +817,9 @@ static StatusOr<std::unique_ptr<Communicator>> CrossProcessCommunicator(
   if (anyShmPeer) {
     char hex[17];
     std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(h));
-    shm = std::make_unique<ShmGroup>(detail::StrCat("/jrccl.", placement.session, ".", hex),
-                                     placement, transport->geometry(), onHost);
+    shm = std::make_unique<ShmGroup>(
+        detail::StrCat("/jrccl.", placement.session, ".", placement.shmTag, ".", hex), placement,
+        transport->geometry(), onHost);
     JR_CHECK(shm->CreateLocal());
   }
   std::unique_ptr<SocketLinks> links;

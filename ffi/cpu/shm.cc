@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ios>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -127,13 +128,13 @@ Status ShmGroup::CreateLocal() {
   for (int r = 0; r < geo_.nRanks; ++r) {
     if (!placement_.local[size_t(r)] || bases_[size_t(r)] != nullptr) continue;
     const std::string& name = names_[size_t(r)];
-    int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-    if (fd < 0 && errno == EEXIST) {  // left by a crashed process with the same session
-      shm_unlink(name.c_str());
-      fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-    }
-    JR_REQUIRE(fd >= 0, Code::kSystem, "jax_rccl: cannot create the shared-memory segment ", name,
-               ": ", ErrnoText(errno));
+    // Sessions are random per run: a file under this name was not made by this run. It is
+    // neither used nor removed (it may be another user's).
+    const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    JR_REQUIRE(
+        fd >= 0, Code::kSystem, "jax_rccl: cannot create the shared-memory segment ", name, ": ",
+        ErrnoText(errno),
+        errno == EEXIST ? " (a file of another user holds this run's name; it is not used)" : "");
     if (ftruncate(fd, off_t(totalBytes_)) != 0) {
       const int e = errno;
       close(fd);
@@ -167,6 +168,38 @@ Status ShmGroup::CreateLocal() {
   return Status::Ok();
 }
 
+// Every size and offset a peer's header states must be what this process derives from the
+// geometry: nothing read from a segment may point outside it.
+Status ShmGroup::CheckLayout(const char* base, int rank, const std::string& name) const {
+  const ShmHeader* h = reinterpret_cast<const ShmHeader*>(base);
+  if (h->nRanks != geo_.nRanks || h->nChannels != geo_.nChannels ||
+      h->slotBytes != geo_.slotBytes || h->rank != rank) {
+    JR_FAIL(Code::kInvalidUsage, "jax_rccl: the shared-memory segment ", name, " was made for ",
+            h->nRanks, " ranks, ", h->nChannels, " channels, slots of ", h->slotBytes,
+            " bytes (rank ", h->rank, "); this process expects ", geo_.nRanks, ", ", geo_.nChannels,
+            ", ", geo_.slotBytes, " (rank ", rank,
+            "; do the processes use the same JAX_RCCL_NCHANNELS?)");
+  }
+  JR_REQUIRE(h->regionOffset == regionOffset_ && h->totalBytes == totalBytes_, Code::kInvalidUsage,
+             "jax_rccl: refused the shared-memory segment ", name,
+             ": its header places the region at ", h->regionOffset, " of ", h->totalBytes,
+             " bytes, this process expects ", regionOffset_, " of ", totalBytes_);
+  const char* region = base + regionOffset_;
+  for (int c = 0; c < geo_.nChannels; ++c) {
+    for (int f = 0; f < geo_.nRanks; ++f) {
+      const int64_t at = RankRegion::HeaderOffset(geo_, c, f);
+      const HostConn* conn = reinterpret_cast<const HostConn*>(region + at);
+      JR_REQUIRE(conn->slotBytes == geo_.slotBytes &&
+                     conn->dataOffset == RankRegion::DataOffset(geo_, c, f) - at,
+                 Code::kInvalidUsage, "jax_rccl: refused the shared-memory segment ", name,
+                 ": the connection of channel ", c, " from rank ", f, " states slots of ",
+                 conn->slotBytes, " bytes at offset ", conn->dataOffset, ", this process expects ",
+                 geo_.slotBytes, " at ", RankRegion::DataOffset(geo_, c, f) - at);
+    }
+  }
+  return Status::Ok();
+}
+
 Status ShmGroup::OpenRemote(Clock::time_point deadline, const std::atomic<bool>* aborted,
                             int* missingRank) {
   *missingRank = -1;
@@ -176,32 +209,49 @@ Status ShmGroup::OpenRemote(Clock::time_point deadline, const std::atomic<bool>*
     for (int r = 0; r < geo_.nRanks; ++r) {
       if (bases_[size_t(r)] != nullptr || !onHost_[size_t(r)]) continue;
       const std::string& name = names_[size_t(r)];
-      const int fd = shm_open(name.c_str(), O_RDWR, 0600);
+      const int fd = shm_open(name.c_str(), O_RDWR | O_NOFOLLOW, 0600);
       if (fd < 0) {
         JR_REQUIRE(errno == ENOENT, Code::kSystem,
-                   "jax_rccl: cannot open the shared-memory "
-                   "segment ",
-                   name, ": ", ErrnoText(errno));
+                   "jax_rccl: cannot open the shared-memory segment ", name, " of rank ", r, ": ",
+                   ErrnoText(errno));
         all = false;
         continue;
       }
+      // Before mapping: the segment must be a regular file of this user, readable and writable by
+      // no one else, of exactly the size this process expects (growing from 0 while its creator
+      // sizes it). Anything else was not made by a process of this run: refused, never mapped.
       struct stat sb;
-      if (fstat(fd, &sb) != 0 || sb.st_size < totalBytes_) {  // not sized yet
+      if (fstat(fd, &sb) != 0) {
+        const int e = errno;
+        close(fd);
+        JR_FAIL(Code::kSystem, "jax_rccl: cannot stat the shared-memory segment ", name, ": ",
+                ErrnoText(e));
+      }
+      const bool ours =
+          S_ISREG(sb.st_mode) && sb.st_uid == geteuid() && (sb.st_mode & (S_IRWXG | S_IRWXO)) == 0;
+      if (!ours) {
+        close(fd);
+        JR_FAIL(Code::kInvalidUsage, "jax_rccl: refused the shared-memory segment ", name,
+                " of rank ", r, ": it belongs to uid ", int64_t(sb.st_uid), " with mode 0",
+                std::oct, int(sb.st_mode & 07777), std::dec,
+                ", while this run's segments belong to uid ", int64_t(geteuid()),
+                " with mode 0600 (another user's file in the run's place; it was not mapped)");
+      }
+      if (sb.st_size == 0) {  // not sized yet (its creator sizes it in one step)
         close(fd);
         all = false;
         continue;
       }
-      JR_REQUIRE(sb.st_size == totalBytes_, Code::kInvalidUsage,
-                 "jax_rccl: the shared-memory "
-                 "segment ",
-                 name, " has ", int64_t(sb.st_size), " bytes, this process expects ", totalBytes_,
-                 " (do the processes use the same JAX_RCCL_NCHANNELS and version?)");
+      if (sb.st_size != totalBytes_) {
+        close(fd);
+        JR_FAIL(Code::kInvalidUsage, "jax_rccl: refused the shared-memory segment ", name,
+                " of rank ", r, ": it has ", int64_t(sb.st_size), " bytes, this process expects ",
+                totalBytes_, " (do the processes use the same JAX_RCCL_NCHANNELS and version?)");
+      }
       void* p = mmap(nullptr, size_t(totalBytes_), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
       const int e = errno;
       close(fd);
-      JR_REQUIRE(p != MAP_FAILED, Code::kSystem,
-                 "jax_rccl: cannot map the shared-memory "
-                 "segment ",
+      JR_REQUIRE(p != MAP_FAILED, Code::kSystem, "jax_rccl: cannot map the shared-memory segment ",
                  name, ": ", ErrnoText(e));
       ShmHeader* h = static_cast<ShmHeader*>(p);
       if (h->magic.load(std::memory_order_acquire) != kShmMagic) {  // not initialized yet
@@ -209,14 +259,10 @@ Status ShmGroup::OpenRemote(Clock::time_point deadline, const std::atomic<bool>*
         all = false;
         continue;
       }
-      if (h->nRanks != geo_.nRanks || h->nChannels != geo_.nChannels ||
-          h->slotBytes != geo_.slotBytes || h->rank != r) {
+      Status layout = CheckLayout(static_cast<char*>(p), r, name);
+      if (!layout.ok()) {
         munmap(p, size_t(totalBytes_));
-        JR_FAIL(Code::kInvalidUsage, "jax_rccl: the shared-memory segment ", name, " was made for ",
-                h->nRanks, " ranks, ", h->nChannels, " channels, slots of ", h->slotBytes,
-                " bytes (rank ", h->rank, "); this process expects ", geo_.nRanks, ", ",
-                geo_.nChannels, ", ", geo_.slotBytes,
-                " (do the processes use the same JAX_RCCL_NCHANNELS?)");
+        JR_CHECK(layout);
       }
       bases_[size_t(r)] = static_cast<char*>(p);
       MarkMapped(r);

@@ -1,12 +1,20 @@
 // Shared-memory segments of the communicators that span processes of one host.
 //
-// One POSIX segment per rank, owned by the receiver: rank t's segment "/jrccl.<session>.<group
-// hash>.<t>" is created by the process owning rank t, sized with ftruncate (sparse: pages
-// materialize when touched) and mapped by every process of the group. It starts with a header
-// (ShmHeader: a magic word the creator sets last, the layout it was made with, one "mapped" bit
-// per process and the call-site fingerprint table), followed at `regionOffset` by the rank's
-// transport region (its doorbell and the connections to it, transport_host.h: RankRegion).
-// Nothing in a segment is a pointer.
+// One POSIX segment per rank, owned by the receiver: rank t's segment
+// "/jrccl.<session>.<tag>.<group hash>.<t>" is created by the process owning rank t (O_CREAT |
+// O_EXCL, mode 0600), sized with ftruncate (sparse: pages materialize when touched) and mapped by
+// every process of the group. <tag> is derived from the run's secret (world.h: ShmNameTag), so
+// other users of the host cannot predict the names. It starts with a header (ShmHeader: a magic
+// word the creator sets last, the layout it was made with, one "mapped" bit per process and the
+// state peers read for messages), followed at `regionOffset` by the rank's transport region (its
+// doorbell and the connections to it, transport_host.h: RankRegion). Nothing in a segment is a
+// pointer.
+//
+// Before a peer's segment is mapped it must be a regular file of this user with no permission for
+// group or others and exactly the expected size; after, before it is used, every size and offset
+// its headers state must be the ones this process derives from the geometry (CheckLayout). A
+// segment that fails either is refused with an error naming it and is never used; a name that is
+// taken when this process creates its own fails the same way (never reused or removed).
 //
 // Cleanup: once every process of the group has set its bit in every segment, the names are
 // unlinked (the mappings stay); names not unlinked yet are unlinked when the communicator fails
@@ -97,6 +105,9 @@ class ShmGroup {
  private:
   ShmHeader* Header(int rank) const { return reinterpret_cast<ShmHeader*>(bases_[size_t(rank)]); }
   void MarkMapped(int rank);
+  // Checks that the header and connection headers of rank's segment at `base` state the layout
+  // this process derives from the geometry (OpenRemote, before the segment is used).
+  Status CheckLayout(const char* base, int rank, const std::string& name) const;
 
   GroupPlacement placement_;  // processes: those of the ranks with a segment
   TransportGeometry geo_;

@@ -25,19 +25,11 @@ namespace cpu {
 
 namespace {
 
-constexpr uint64_t kHelloMagic = 0x6a7263636e657431ull;  // "jrccnet1"
 constexpr uint32_t kFrameData = 0x6a720001u;
 constexpr uint32_t kFrameFail = 0x6a720003u;    // payload: the sender's failure, as text
 constexpr uint32_t kFrameQuery = 0x6a720004u;   // no payload: "how many calls have you started?"
 constexpr uint32_t kFrameStatus = 0x6a720005u;  // payload: StatusAnswer
 constexpr int64_t kMaxControlBytes = 4096;
-
-struct Hello {
-  uint64_t magic;
-  uint64_t group;
-  int32_t channel, lo, hi, process;
-  char session[64];
-};
 
 struct FrameHeader {
   uint32_t type;
@@ -58,21 +50,6 @@ std::string ErrnoText(int e) {
   return detail::StrCat(std::strerror(e), " (errno ", e, ")");
 }
 
-// The process-wide listener and the connections accepted on it, parked until their communicator
-// claims them (a peer may connect before this process formed the group).
-struct Listener {
-  std::mutex mu;
-  int fd = -1;
-  int port = 0;
-  std::map<std::tuple<uint64_t, int, int, int>, int> parked;  // (group, channel, lo, hi) -> fd
-  std::mutex acceptMu;                                        // one thread accepts at a time
-};
-
-Listener& TheListener() {
-  static Listener* l = new Listener();  // never destroyed: progress threads may outlive statics
-  return *l;
-}
-
 void SetSocketOptions(int fd) {
   const int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
@@ -81,81 +58,6 @@ void SetSocketOptions(int fd) {
 bool SetNonBlocking(int fd) {
   const int flags = fcntl(fd, F_GETFL, 0);
   return flags >= 0 && fcntl(fd, F_SETFL, flags | O_NONBLOCK) == 0;
-}
-
-// Reads exactly `n` bytes from a blocking socket, waiting at most `ms` in total.
-bool ReadFull(int fd, void* buf, size_t n, int ms) {
-  char* p = static_cast<char*>(buf);
-  const auto end = Clock::now() + std::chrono::milliseconds(ms);
-  while (n > 0) {
-    const int left =
-        int(std::chrono::duration_cast<std::chrono::milliseconds>(end - Clock::now()).count());
-    if (left <= 0) return false;
-    struct pollfd pfd = {fd, POLLIN, 0};
-    if (poll(&pfd, 1, left) <= 0) continue;
-    const ssize_t k = recv(fd, p, n, 0);
-    if (k <= 0) {
-      if (k < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-      return false;
-    }
-    p += k;
-    n -= size_t(k);
-  }
-  return true;
-}
-
-bool WriteFull(int fd, const void* buf, size_t n) {
-  const char* p = static_cast<const char*>(buf);
-  while (n > 0) {
-    const ssize_t k = send(fd, p, n, MSG_NOSIGNAL);
-    if (k < 0) {
-      if (errno == EINTR) continue;
-      return false;
-    }
-    p += k;
-    n -= size_t(k);
-  }
-  return true;
-}
-
-// Accepts connections until the one for `key` arrived, or the deadline. The hello must carry
-// `session`; others are closed. Returns the fd, -1 on the deadline or abort.
-int AcceptFor(const std::tuple<uint64_t, int, int, int>& key, const std::string& session,
-              Clock::time_point deadline, const std::atomic<bool>* aborted) {
-  Listener& L = TheListener();
-  while (true) {
-    {
-      std::lock_guard<std::mutex> lock(L.mu);
-      auto it = L.parked.find(key);
-      if (it != L.parked.end()) {
-        const int fd = it->second;
-        L.parked.erase(it);
-        return fd;
-      }
-    }
-    if (Clock::now() >= deadline || (aborted != nullptr && aborted->load())) return -1;
-    std::unique_lock<std::mutex> acceptLock(L.acceptMu, std::try_to_lock);
-    if (!acceptLock.owns_lock()) {  // another thread accepts; it parks ours too
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
-      continue;
-    }
-    struct pollfd pfd = {L.fd, POLLIN, 0};
-    if (poll(&pfd, 1, 20) <= 0) continue;
-    const int fd = accept4(L.fd, nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd < 0) continue;
-    Hello h;
-    std::memset(&h, 0, sizeof(h));
-    if (!ReadFull(fd, &h, sizeof(h), 5000) || h.magic != kHelloMagic ||
-        strncmp(h.session, session.c_str(), sizeof(h.session)) != 0) {
-      close(fd);  // a stray connection, or one of another run
-      continue;
-    }
-    std::lock_guard<std::mutex> lock(L.mu);
-    auto k = std::make_tuple(h.group, int(h.channel), int(h.lo), int(h.hi));
-    auto old = L.parked.find(k);
-    if (old != L.parked.end()) close(old->second);
-    L.parked[k] = fd;
-  }
 }
 
 bool SplitEndpoint(const std::string& ep, std::string* host, std::string* port) {
@@ -170,49 +72,6 @@ bool SplitEndpoint(const std::string& ep, std::string* host, std::string* port) 
 }
 
 }  // namespace
-
-StatusOr<int> SocketListenPort() {
-  Listener& L = TheListener();
-  std::lock_guard<std::mutex> lock(L.mu);
-  if (L.fd >= 0) return L.port;
-  const int fd = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  int use = fd;
-  bool v6 = true;
-  if (fd < 0) {  // no IPv6: IPv4 only
-    use = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    v6 = false;
-  }
-  JR_REQUIRE(use >= 0, Code::kSystem, "jax_rccl: cannot create a TCP socket: ", ErrnoText(errno));
-  const int one = 1, zero = 0;
-  setsockopt(use, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  int rc;
-  if (v6) {
-    setsockopt(use, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero));  // IPv4 peers too
-    struct sockaddr_in6 a;
-    std::memset(&a, 0, sizeof(a));
-    a.sin6_family = AF_INET6;
-    a.sin6_addr = in6addr_any;
-    rc = bind(use, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-  } else {
-    struct sockaddr_in a;
-    std::memset(&a, 0, sizeof(a));
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_ANY);
-    rc = bind(use, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-  }
-  if (rc != 0 || listen(use, 4096) != 0) {
-    const int e = errno;
-    close(use);
-    JR_FAIL(Code::kSystem, "jax_rccl: cannot listen on a TCP port: ", ErrnoText(e));
-  }
-  struct sockaddr_storage ss;
-  socklen_t len = sizeof(ss);
-  getsockname(use, reinterpret_cast<sockaddr*>(&ss), &len);
-  L.port = v6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port)
-              : ntohs(reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
-  L.fd = use;
-  return L.port;
-}
 
 // One TCP connection: channel `channel` between local rank `local` and remote rank `remote`.
 struct SocketLink {
@@ -392,8 +251,9 @@ int SocketLinks::PeerStatus(int rank, uint64_t* entered, uint64_t* call) const {
 Status SocketLinks::Connect(Clock::time_point deadline, const std::atomic<bool>* aborted,
                             const std::string& name, double timeout) {
   JR_REQUIRE(links_.empty(), Code::kInternal, "jax_rccl: socket links connected twice");
-  JR_ASSIGN_OR_RETURN(int port, SocketListenPort());
-  (void)port;
+  JR_REQUIRE(SocketListenerPort() > 0, Code::kInvalidUsage, "jax_rccl: '", name,
+             "': this process reaches ranks over sockets but has no socket listener (the "
+             "bootstrap starts it when the run needs sockets: _jax_rccl.socket_listen)");
   wakeFd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   JR_REQUIRE(wakeFd_ >= 0, Code::kSystem, "jax_rccl: cannot create an eventfd: ", ErrnoText(errno));
   const int n = geo_.nRanks;
@@ -462,27 +322,19 @@ Status SocketLinks::Connect(Clock::time_point deadline, const std::atomic<bool>*
       sleepMs = std::min(sleepMs * 2, 100);
     }
     freeaddrinfo(res);
-    Hello h;
-    std::memset(&h, 0, sizeof(h));
-    h.magic = kHelloMagic;
-    h.group = group_;
-    h.channel = lk->channel;
-    h.lo = lk->local;
-    h.hi = lk->remote;
-    h.process = placement_.thisProcess;
-    std::strncpy(h.session, session_.c_str(), sizeof(h.session) - 1);
-    if (!WriteFull(fd, &h, sizeof(h))) {
-      const int e = errno;
+    Status shake = ClientHandshake(fd, LinkKey(group_, lk->channel, lk->local, lk->remote),
+                                   placement_.thisProcess, session_, deadline,
+                                   detail::StrCat(rankString_(lk->remote), " at ", ep));
+    if (!shake.ok()) {
       close(fd);
-      JR_FAIL(Code::kSystem, "jax_rccl: '", name, "': cannot greet ", rankString_(lk->remote),
-              " at ", ep, ": ", ErrnoText(e));
+      JR_CHECK(shake);
     }
     lk->fd = fd;
   }
   for (auto& lk : links_) {
     if (lk->local < lk->remote) continue;
-    const int fd = AcceptFor(std::make_tuple(group_, lk->channel, lk->remote, lk->local), session_,
-                             deadline, aborted);
+    const int fd =
+        AcceptFor(LinkKey(group_, lk->channel, lk->remote, lk->local), deadline, aborted);
     if (fd < 0) {
       JR_FAIL(Code::kTimeout, "jax_rccl: '", name, "' timed out after ", timeout,
               " s (JAX_RCCL_TIMEOUT): ", rankString_(lk->remote),

@@ -20,8 +20,9 @@
 // One TCP connection per channel and pair of ranks (l, r), carrying both directions: each
 // direction of a TCP stream feeds exactly one FIFO, so a full FIFO never holds back another
 // FIFO's data (one stream per process pair would need unbounded buffering on the receiver to
-// avoid that head-of-line blocking). The lower rank connects; the connection starts with a hello
-// (session, group, channel, ranks) that the higher rank's process matches (Accept below). Frames:
+// avoid that head-of-line blocking). The lower rank connects; the connection starts with the
+// authenticated handshake of socket_listen.h (group, channel, ranks, both sides proving the run's
+// secret), after which the higher rank's process parks it until its communicator claims it. Frames:
 // a 64-byte header (type, channel, from, to, step, bytes, and a data step's StepTag), then the
 // payload. Besides data steps the connections carry control frames between progress threads: a
 // failure notice (a process whose communicator failed sends its reason on every connection
@@ -49,16 +50,13 @@
 
 #include "ffi/cpu/executor.h"
 #include "ffi/cpu/shm.h"
+#include "ffi/cpu/socket_listen.h"
 #include "ffi/cpu/transport_host.h"
 #include "ffi/cpu/world.h"
 #include "ffi/planner/status.h"
 
 namespace jax_rccl {
 namespace cpu {
-
-// Starts this process's listener once (all interfaces, an ephemeral TCP port) and returns its
-// port. Later calls return the same port.
-StatusOr<int> SocketListenPort();
 
 struct SocketLink;
 

@@ -6,6 +6,7 @@
 #include <set>
 #include <utility>
 
+#include "ffi/cpu/hmac.h"
 #include "ffi/cpu/shm.h"
 
 namespace jax_rccl {
@@ -15,6 +16,10 @@ namespace {
 
 std::mutex g_mu;
 std::shared_ptr<const WorldTable> g_table;
+std::string g_secret;  // guarded by g_mu
+std::string g_shmTag;
+
+constexpr char kShmTagLabel[] = "jax_rccl shared-memory names";
 
 }  // namespace
 
@@ -54,6 +59,41 @@ Status SetWorldTable(WorldTable table) {
   std::lock_guard<std::mutex> lock(g_mu);
   g_table = std::move(p);
   return Status::Ok();
+}
+
+Status SetSessionSecret(std::string secret) {
+  JR_REQUIRE(secret.size() >= 16 && secret.size() <= 256, Code::kInvalidArgument,
+             "set_session_secret: the secret must be 16..256 bytes, got ", secret.size());
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (!g_secret.empty()) {
+    JR_REQUIRE(g_secret.size() == secret.size() &&
+                   ConstantTimeEqual(g_secret.data(), secret.data(), secret.size()),
+               Code::kInvalidUsage,
+               "set_session_secret: this process already has another session secret (one run "
+               "per process)");
+    return Status::Ok();
+  }
+  const Digest tag =
+      HmacSha256(secret.data(), secret.size(), kShmTagLabel, sizeof(kShmTagLabel) - 1);
+  static const char kHex[] = "0123456789abcdef";
+  std::string hex;
+  for (int i = 0; i < 8; ++i) {
+    hex += kHex[tag[size_t(i)] >> 4];
+    hex += kHex[tag[size_t(i)] & 15];
+  }
+  g_secret = std::move(secret);
+  g_shmTag = std::move(hex);
+  return Status::Ok();
+}
+
+std::string SessionSecret() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  return g_secret;
+}
+
+std::string ShmNameTag() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  return g_shmTag;
 }
 
 std::shared_ptr<const WorldTable> GetWorldTable() {
@@ -111,6 +151,12 @@ StatusOr<GroupPlacement> PlaceGroup(const std::vector<int64_t>& devices) {
              "process (",
              w->process, ")");
   g.crossProcess = procs.size() > 1;
+  if (g.crossProcess) {
+    g.shmTag = ShmNameTag();
+    JR_REQUIRE(!g.shmTag.empty(), Code::kInvalidUsage,
+               "jax_rccl: a replica group spans processes but this process has no session secret "
+               "(jax_rccl's bootstrap sets it from JAX's key-value store; set_session_secret)");
+  }
   return g;
 }
 

@@ -36,6 +36,18 @@ Status SetWorldTable(WorldTable table);
 // The table set, or null when none was.
 std::shared_ptr<const WorldTable> GetWorldTable();
 
+// The run's secret: random bytes (at least 16) that process 0 draws and every process of the run
+// reads from JAX's key-value store (jax_rccl/_bootstrap.py). It never appears in a name, a path or
+// a message: every socket connection proves knowledge of it before it carries data (socket.cc),
+// and shared-memory names carry a tag derived from it (ShmNameTag), so other users of the host
+// cannot predict them. Set once per process (the same value again is a no-op; another is an
+// error).
+Status SetSessionSecret(std::string secret);
+// The secret set, or empty.
+std::string SessionSecret();
+// 16 hex digits derived from the secret (an HMAC of a fixed label), or empty without a secret.
+std::string ShmNameTag();
+
 // Where the devices of one replica group live.
 struct GroupPlacement {
   bool crossProcess = false;  // some device belongs to another process
@@ -47,13 +59,15 @@ struct GroupPlacement {
   std::vector<uint8_t> local;         // by rank: owned by this process
   std::vector<int> processes;         // the distinct processes of the group, ascending
   std::string session;
+  std::string shmTag;  // ShmNameTag() (groups across processes)
 };
 
 // Classifies `devices` (rank order) against the world table: all local (no table, or every
 // device in this process), or spanning processes (of one host or several). Errors: a device
 // missing from the table (kInvalidArgument), devices on several hosts when the processes published
 // no socket endpoints (kUnsupported, naming the hosts), a group with none of this process's
-// devices (kInvalidArgument).
+// devices (kInvalidArgument), a group across processes without a session secret
+// (kInvalidUsage).
 StatusOr<GroupPlacement> PlaceGroup(const std::vector<int64_t>& devices);
 
 }  // namespace cpu

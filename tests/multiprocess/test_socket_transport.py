@@ -33,8 +33,9 @@ from test_shm_transport import (  # noqa: E402
 HERE = os.path.abspath(__file__)
 
 
-def exchange_endpoints(native, folder: str, process: int, nprocs: int, deadline: float):
-    port = native.socket_listen()
+def exchange_endpoints(native, world, folder: str, process: int, nprocs: int, deadline: float):
+    native.set_session_secret(world["secret"])
+    port = native.socket_listen("127.0.0.1")
     tmp = os.path.join(folder, f"{process}.tmp")
     with open(tmp, "w") as f:
         f.write(f"127.0.0.1:{port}")
@@ -57,7 +58,7 @@ def worker(args: dict) -> dict:
     hosts = args.get("hosts")
     world = world_of(p, nprocs, per, args["session"], (lambda q: hosts[q]) if hosts else None)
     world["endpoints"] = exchange_endpoints(
-        native, args["folder"], p, nprocs, time.monotonic() + 20
+        native, world, args["folder"], p, nprocs, time.monotonic() + 20
     )
     group = list(range(nprocs * per))
     local = [p * per + k for k in range(per)]

@@ -402,11 +402,81 @@ def prog_mismatch(args):
     report(ok=True, raised=False, values=vals, seconds=time.monotonic() - t0, session=session())
 
 
+def listening_sockets() -> list[str]:
+    """The TCP sockets this process listens on, as "address:port" (from /proc: every socket in
+    LISTEN state whose inode one of this process's descriptors holds)."""
+    import socket as pysocket
+    import struct
+
+    inodes = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            link = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[len("socket:[") : -1])
+    out = []
+    for table, family in (
+        ("/proc/net/tcp", pysocket.AF_INET),
+        ("/proc/net/tcp6", pysocket.AF_INET6),
+    ):
+        try:
+            with open(table) as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            cols = row.split()
+            if cols[3] != "0A" or cols[9] not in inodes:  # 0A: LISTEN
+                continue
+            hexaddr, hexport = cols[1].split(":")
+            raw = bytes.fromhex(hexaddr)
+            if family == pysocket.AF_INET:
+                addr = pysocket.inet_ntop(family, struct.pack("<I", int(hexaddr, 16)))
+            else:
+                words = struct.unpack("<4I", raw)
+                addr = pysocket.inet_ntop(family, struct.pack(">4I", *words))
+            out.append(f"{addr}:{int(hexport, 16)}")
+    return sorted(out)
+
+
+def prog_listeners(args):
+    """The listening sockets jax_rccl opens: those of this process after a psum, minus those
+    before (JAX's own coordination service listens in process 0)."""
+    jax = init(args)
+    import numpy as np
+    from jax.sharding import Mesh
+    from jax.sharding import PartitionSpec as P
+
+    import jax_rccl as jr
+    from jax_rccl import _jax_rccl
+
+    mesh = Mesh(np.array(jax.devices()), ("i",))
+    n = len(jax.devices())
+    full = np.arange(n * 4, dtype=np.float32).reshape(n, 4)
+    x = _global(jax, mesh, P("i"), full)
+    jax.block_until_ready(jax.jit(lambda v: v * 2)(x))  # what JAX itself opens on first use
+    before = set(listening_sockets())
+    y = _psum_fn(jax, jr, mesh)(x)
+    got = np.asarray(y.addressable_shards[0].data)
+    ok = bool(np.allclose(got[0], full.sum(0)))
+    opened = sorted(set(listening_sockets()) - before)
+    report(
+        ok=ok,
+        opened=opened,
+        port=int(_jax_rccl.socket_listener_port()),
+        endpoints=(_jax_rccl.world() or {}).get("endpoints"),
+        session=session(),
+    )
+
+
 PROGRAMS = {
     "probe": prog_probe,
     "collectives": prog_collectives,
     "killed": prog_killed,
     "mismatch": prog_mismatch,
+    "listeners": prog_listeners,
 }
 
 
