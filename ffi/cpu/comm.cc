@@ -818,7 +818,7 @@ static StatusOr<std::unique_ptr<Communicator>> CrossProcessCommunicator(
     char hex[17];
     std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(h));
     shm = std::make_unique<ShmGroup>(
-        detail::StrCat("/jrccl.", placement.session, ".", placement.shmTag, ".", hex), placement,
+        detail::StrCat("/jrccl.", placement.session, ".", hex, ".", ShmNameTag(hex)), placement,
         transport->geometry(), onHost);
     JR_CHECK(shm->CreateLocal());
   }

@@ -209,7 +209,7 @@ Status ShmGroup::OpenRemote(Clock::time_point deadline, const std::atomic<bool>*
     for (int r = 0; r < geo_.nRanks; ++r) {
       if (bases_[size_t(r)] != nullptr || !onHost_[size_t(r)]) continue;
       const std::string& name = names_[size_t(r)];
-      const int fd = shm_open(name.c_str(), O_RDWR | O_NOFOLLOW, 0600);
+      const int fd = shm_open(name.c_str(), O_RDWR | O_NOFOLLOW | O_NONBLOCK, 0600);
       if (fd < 0) {
         JR_REQUIRE(errno == ENOENT, Code::kSystem,
                    "jax_rccl: cannot open the shared-memory segment ", name, " of rank ", r, ": ",
@@ -422,14 +422,21 @@ int ReapSession(const std::string& session, bool ownToo) {
   DIR* dir = opendir("/dev/shm");
   if (dir == nullptr) return 0;
   std::vector<std::string> dead;
+  // Anyone can put an entry under the (public) session's names: only regular files of this user
+  // that no one else may access are opened (never a FIFO, a device or a link: the open could
+  // block or follow it), without blocking, and checked again once open.
+  const auto isOurs = [](const struct stat& sb) {
+    return S_ISREG(sb.st_mode) && sb.st_uid == geteuid() && (sb.st_mode & (S_IRWXG | S_IRWXO)) == 0;
+  };
   while (struct dirent* e = readdir(dir)) {
     const std::string name = e->d_name;
     if (name.compare(0, prefix.size(), prefix) != 0) continue;
-    const int fd = shm_open(("/" + name).c_str(), O_RDONLY | O_NOFOLLOW, 0);
-    if (fd < 0) continue;
     struct stat sb;
+    if (fstatat(dirfd(dir), name.c_str(), &sb, AT_SYMLINK_NOFOLLOW) != 0 || !isOurs(sb)) continue;
+    const int fd = openat(dirfd(dir), name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) continue;
     void* p = MAP_FAILED;
-    if (fstat(fd, &sb) == 0 && sb.st_uid == geteuid() && sb.st_size >= off_t(sizeof(ShmHeader))) {
+    if (fstat(fd, &sb) == 0 && isOurs(sb) && sb.st_size >= off_t(sizeof(ShmHeader))) {
       p = mmap(nullptr, sizeof(ShmHeader), PROT_READ, MAP_SHARED, fd, 0);
     }
     close(fd);

@@ -1,14 +1,14 @@
 // Shared-memory segments of the communicators that span processes of one host.
 //
 // One POSIX segment per rank, owned by the receiver: rank t's segment
-// "/jrccl.<session>.<tag>.<group hash>.<t>" is created by the process owning rank t (O_CREAT |
+// "/jrccl.<session>.<group hash>.<tag>.<t>" is created by the process owning rank t (O_CREAT |
 // O_EXCL, mode 0600), sized with ftruncate (sparse: pages materialize when touched) and mapped by
-// every process of the group. <tag> is derived from the run's secret (world.h: ShmNameTag), so
-// other users of the host cannot predict the names. It starts with a header (ShmHeader: a magic
-// word the creator sets last, the layout it was made with, one "mapped" bit per process and the
-// state peers read for messages), followed at `regionOffset` by the rank's transport region (its
-// doorbell and the connections to it, transport_host.h: RankRegion). Nothing in a segment is a
-// pointer.
+// every process of the group. <tag> is derived from the run's secret and the group hash (world.h:
+// ShmNameTag), so other users of the host cannot predict any group's names. It starts with a header
+// (ShmHeader: a magic word the creator sets last, the layout it was made with, one "mapped" bit per
+// process and the state peers read for messages), followed at `regionOffset` by the rank's
+// transport region (its doorbell and the connections to it, transport_host.h: RankRegion). Nothing
+// in a segment is a pointer.
 //
 // Before a peer's segment is mapped it must be a regular file of this user with no permission for
 // group or others and exactly the expected size; after, before it is used, every size and offset

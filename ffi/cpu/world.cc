@@ -17,7 +17,6 @@ namespace {
 std::mutex g_mu;
 std::shared_ptr<const WorldTable> g_table;
 std::string g_secret;  // guarded by g_mu
-std::string g_shmTag;
 
 constexpr char kShmTagLabel[] = "jax_rccl shared-memory names";
 
@@ -73,16 +72,7 @@ Status SetSessionSecret(std::string secret) {
                "per process)");
     return Status::Ok();
   }
-  const Digest tag =
-      HmacSha256(secret.data(), secret.size(), kShmTagLabel, sizeof(kShmTagLabel) - 1);
-  static const char kHex[] = "0123456789abcdef";
-  std::string hex;
-  for (int i = 0; i < 8; ++i) {
-    hex += kHex[tag[size_t(i)] >> 4];
-    hex += kHex[tag[size_t(i)] & 15];
-  }
   g_secret = std::move(secret);
-  g_shmTag = std::move(hex);
   return Status::Ok();
 }
 
@@ -91,9 +81,18 @@ std::string SessionSecret() {
   return g_secret;
 }
 
-std::string ShmNameTag() {
-  std::lock_guard<std::mutex> lock(g_mu);
-  return g_shmTag;
+std::string ShmNameTag(const std::string& group) {
+  const std::string secret = SessionSecret();
+  if (secret.empty()) return "";
+  const std::string msg = detail::StrCat(kShmTagLabel, "|", group);
+  const Digest tag = HmacSha256(secret.data(), secret.size(), msg.data(), msg.size());
+  static const char kHex[] = "0123456789abcdef";
+  std::string hex;
+  for (int i = 0; i < 8; ++i) {
+    hex += kHex[tag[size_t(i)] >> 4];
+    hex += kHex[tag[size_t(i)] & 15];
+  }
+  return hex;
 }
 
 std::shared_ptr<const WorldTable> GetWorldTable() {
@@ -152,8 +151,7 @@ StatusOr<GroupPlacement> PlaceGroup(const std::vector<int64_t>& devices) {
              w->process, ")");
   g.crossProcess = procs.size() > 1;
   if (g.crossProcess) {
-    g.shmTag = ShmNameTag();
-    JR_REQUIRE(!g.shmTag.empty(), Code::kInvalidUsage,
+    JR_REQUIRE(!SessionSecret().empty(), Code::kInvalidUsage,
                "jax_rccl: a replica group spans processes but this process has no session secret "
                "(jax_rccl's bootstrap sets it from JAX's key-value store; set_session_secret)");
   }

@@ -45,8 +45,9 @@ std::shared_ptr<const WorldTable> GetWorldTable();
 Status SetSessionSecret(std::string secret);
 // The secret set, or empty.
 std::string SessionSecret();
-// 16 hex digits derived from the secret (an HMAC of a fixed label), or empty without a secret.
-std::string ShmNameTag();
+// 16 hex digits derived from the secret and `group` (an HMAC of a label and the group's name
+// part), or empty without a secret: every group's names are unpredictable on their own.
+std::string ShmNameTag(const std::string& group);
 
 // Where the devices of one replica group live.
 struct GroupPlacement {
@@ -59,7 +60,6 @@ struct GroupPlacement {
   std::vector<uint8_t> local;         // by rank: owned by this process
   std::vector<int> processes;         // the distinct processes of the group, ascending
   std::string session;
-  std::string shmTag;  // ShmNameTag() (groups across processes)
 };
 
 // Classifies `devices` (rank order) against the world table: all local (no table, or every

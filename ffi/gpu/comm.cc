@@ -410,9 +410,10 @@ StatusOr<GpuComm*> GetOrCreateComm(const std::vector<int64_t>& devices, const Pa
     for (int64_t d : devices) h = cpu::HashMix(h, static_cast<uint64_t>(d));
     char hex[17];
     std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(h));
-    auto shm = std::make_unique<cpu::ShmGroup>(
-        detail::StrCat("/jrccl.", placement.session, ".", placement.shmTag, ".g", hex), placement,
-        g, std::vector<uint8_t>(devices.size(), 1));
+    auto shm =
+        std::make_unique<cpu::ShmGroup>(detail::StrCat("/jrccl.", placement.session, ".g", hex, ".",
+                                                       cpu::ShmNameTag(detail::StrCat("g", hex))),
+                                        placement, g, std::vector<uint8_t>(devices.size(), 1));
     JR_CHECK(shm->CreateLocal());
     comm->SetShared(std::move(placement), std::move(shm));
   }

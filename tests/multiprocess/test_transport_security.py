@@ -38,6 +38,7 @@ HERE = os.path.abspath(__file__)
 HELLO_MAGIC_V1 = 0x6A7263636E657431  # "jrccnet1": the hello of the transport before handshakes
 HELLO_MAGIC = 0x6A7263636E657432  # "jrccnet2"
 SHM_TAG_LABEL = b"jax_rccl shared-memory names"
+SHM_MAGIC = 0x6A72636370736D31  # "jrccpsm1"
 
 
 def _cases(n: int, count: int = 1000) -> list[dict]:
@@ -275,10 +276,12 @@ def _squat(session: str, build, *, as_user: str | None = None):
         assert name0.endswith(".0"), name0
         name1 = name0[:-2] + ".1"
         path0 = os.path.join("/dev/shm", name0)
-        while os.stat(path0).st_size == 0:
+        while True:  # until its creator has set the magic word (last)
+            with open(path0, "rb") as f:
+                seg0 = f.read()
+            if seg0[:8] == struct.pack("<Q", SHM_MAGIC):
+                break
             time.sleep(0.001)
-        with open(path0, "rb") as f:
-            seg0 = f.read()
         mode, content = build(name0, seg0)
         result["name"] = name1
         # Written whole under another name, then renamed: the job sees it complete at once.
@@ -392,7 +395,8 @@ def test_another_users_segment_is_refused():
 
 
 def test_segment_names_carry_a_tag_of_the_secret():
-    """The names hold 16 hex digits derived from the run's secret (not from the session id)."""
+    """The names hold 16 hex digits derived from the run's secret and the group (not from the
+    session id or the group alone): no group's names can be predicted from another's."""
     session = uuid.uuid4().hex
     seen: list[str] = []
 
@@ -422,8 +426,10 @@ def test_segment_names_carry_a_tag_of_the_secret():
         assert "error" not in r and r["failures"] == [], r
     assert seen
     secret = world_of(0, 2, 1, session)["secret"]
-    tag = hmac.new(secret, SHM_TAG_LABEL, hashlib.sha256).hexdigest()[:16]
-    assert seen[0].startswith(f"jrccl.{session}.{tag}."), (seen, tag)
+    prefix, group, tag, rank = seen[0].rsplit(".", 3)
+    assert prefix == f"jrccl.{session}" and rank in ("0", "1"), seen
+    want = hmac.new(secret, SHM_TAG_LABEL + b"|" + group.encode(), hashlib.sha256).hexdigest()
+    assert tag == want[:16], (seen, want)
 
 
 # ---- listeners (JAX processes) ----
