@@ -310,7 +310,22 @@ Status SocketLinks::Connect(Clock::time_point deadline, const std::atomic<bool>*
           close(s);
         }
       }
-      if (fd >= 0) break;
+      if (fd >= 0) {
+        // The handshake; a connection the listener dropped before it acknowledged (a flood of
+        // connections evicted it) is made again.
+        bool closed = false;
+        Status shake = ClientHandshake(
+            fd, LinkKey(group_, lk->channel, lk->local, lk->remote), placement_.thisProcess,
+            session_, deadline, detail::StrCat(rankString_(lk->remote), " at ", ep), &closed);
+        if (shake.ok()) break;
+        close(fd);
+        fd = -1;
+        if (!closed || Clock::now() >= deadline) {
+          freeaddrinfo(res);
+          JR_CHECK(shake);
+        }
+        lastErr = ECONNRESET;
+      }
       if (Clock::now() >= deadline || (aborted != nullptr && aborted->load())) {
         freeaddrinfo(res);
         JR_FAIL(Code::kTimeout, "jax_rccl: '", name, "' timed out after ", timeout,
@@ -322,13 +337,6 @@ Status SocketLinks::Connect(Clock::time_point deadline, const std::atomic<bool>*
       sleepMs = std::min(sleepMs * 2, 100);
     }
     freeaddrinfo(res);
-    Status shake = ClientHandshake(fd, LinkKey(group_, lk->channel, lk->local, lk->remote),
-                                   placement_.thisProcess, session_, deadline,
-                                   detail::StrCat(rankString_(lk->remote), " at ", ep));
-    if (!shake.ok()) {
-      close(fd);
-      JR_CHECK(shake);
-    }
     lk->fd = fd;
   }
   for (auto& lk : links_) {

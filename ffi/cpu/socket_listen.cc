@@ -33,6 +33,7 @@ constexpr uint64_t kHelloMagic = 0x6a7263636e657432ull;  // "jrccnet2"
 constexpr char kAcceptLabel[] = "jax_rccl socket handshake v1: accept";
 constexpr char kConnectLabel[] = "jax_rccl socket handshake v1: connect";
 constexpr size_t kNonceBytes = 16;
+constexpr char kAck = 'A';
 
 struct Hello {
   uint64_t magic;
@@ -195,7 +196,7 @@ bool Advance(Listener& L, Pending& p, const std::string& secret) {
       const ssize_t k = recv(p.fd, buf + p.done, want - p.done, MSG_DONTWAIT);
       if (k == 0) {
         Drop(L, p, p.stage == 0 ? "it closed before its hello" : "it closed before its proof",
-             p.stage == 2);
+             false);
         return false;
       }
       if (k < 0) {
@@ -226,6 +227,13 @@ bool Advance(Listener& L, Pending& p, const std::string& secret) {
                                         p.challenge.nonce);
       if (!ConstantTimeEqual(want2.data(), p.proof, kDigestBytes)) {
         Drop(L, p, "it failed authentication (it does not know this run's secret)", true);
+        return false;
+      }
+      // The acknowledgement (one byte into an empty send buffer: it does not block): the
+      // connector counts the connection as made only once it reads it.
+      const char ack = kAck;
+      if (send(p.fd, &ack, 1, MSG_NOSIGNAL | MSG_DONTWAIT) != 1) {
+        Drop(L, p, "the acknowledgement could not be sent", false);
         return false;
       }
       Park(L, p);
@@ -288,9 +296,14 @@ void AcceptLoop(Listener* Lp, std::string secret) {
         break;
       }
       if (int(pending.size()) >= kMaxPendingConnections) {
-        Drop(L, pending.front(), "too many connections in their handshakes (the oldest goes)",
-             false);
-        pending.erase(pending.begin());
+        // The oldest that has not sent a whole hello goes (a peer of the run sends its hello at
+        // once, so those are the idle ones); only when every one has, the oldest of all (its
+        // connector sees the close before the acknowledgement and connects again).
+        auto victim = std::find_if(pending.begin(), pending.end(),
+                                   [](const Pending& q) { return q.stage == 0; });
+        if (victim == pending.end()) victim = pending.begin();
+        Drop(L, *victim, "too many connections in their handshakes", false);
+        pending.erase(victim);
       }
       Pending p;
       p.fd = fd;
@@ -413,7 +426,8 @@ int AcceptFor(const LinkKey& key, Clock::time_point deadline, const std::atomic<
 }
 
 Status ClientHandshake(int fd, const LinkKey& key, int process, const std::string& session,
-                       Clock::time_point deadline, const std::string& peer) {
+                       Clock::time_point deadline, const std::string& peer, bool* closed) {
+  if (closed != nullptr) *closed = false;
   const std::string secret = SessionSecret();
   JR_REQUIRE(!secret.empty(), Code::kInvalidUsage,
              "jax_rccl: no session secret to authenticate the connection to ", peer,
@@ -428,13 +442,19 @@ Status ClientHandshake(int fd, const LinkKey& key, int process, const std::strin
   h.process = process;
   std::strncpy(h.session, session.c_str(), sizeof(h.session) - 1);
   JR_CHECK(RandomBytes(h.nonce, kNonceBytes));
-  JR_REQUIRE(WriteAll(fd, &h, sizeof(h), deadline), Code::kSystem, "jax_rccl: cannot greet ", peer,
-             ": ", ErrnoText(errno));
+  if (!WriteAll(fd, &h, sizeof(h), deadline)) {
+    const int e = errno;
+    if (closed != nullptr) *closed = e == EPIPE || e == ECONNRESET;
+    JR_FAIL(Code::kSystem, "jax_rccl: cannot greet ", peer, ": ", ErrnoText(e));
+  }
   Challenge c;
   const int got = ReadUntil(fd, &c, sizeof(c), deadline);
-  JR_REQUIRE(got != 0, Code::kInvalidUsage, "jax_rccl: ", peer,
-             " closed the connection during the handshake (is the process at that endpoint a "
-             "process of this run?)");
+  if (got == 0) {
+    if (closed != nullptr) *closed = true;
+    JR_FAIL(Code::kInvalidUsage, "jax_rccl: ", peer,
+            " closed the connection during the handshake (is the process at that endpoint a "
+            "process of this run?)");
+  }
   JR_REQUIRE(got > 0, Code::kTimeout, "jax_rccl: ", peer,
              " did not answer the handshake in time (its process may be stopped)");
   const Digest want = HandshakeMac(secret, kAcceptLabel, sizeof(kAcceptLabel) - 1, h, c.nonce);
@@ -443,8 +463,21 @@ Status ClientHandshake(int fd, const LinkKey& key, int process, const std::strin
              " failed authentication: it does not know this run's secret (another program on "
              "that port?); no data was sent to it");
   const Digest proof = HandshakeMac(secret, kConnectLabel, sizeof(kConnectLabel) - 1, h, c.nonce);
-  JR_REQUIRE(WriteAll(fd, proof.data(), proof.size(), deadline), Code::kSystem,
-             "jax_rccl: cannot finish the handshake with ", peer, ": ", ErrnoText(errno));
+  if (!WriteAll(fd, proof.data(), proof.size(), deadline)) {
+    const int e = errno;
+    if (closed != nullptr) *closed = e == EPIPE || e == ECONNRESET;
+    JR_FAIL(Code::kSystem, "jax_rccl: cannot finish the handshake with ", peer, ": ", ErrnoText(e));
+  }
+  char ack = 0;
+  const int acked = ReadUntil(fd, &ack, 1, deadline);
+  if (acked == 0) {
+    if (closed != nullptr) *closed = true;
+    JR_FAIL(Code::kInvalidUsage, "jax_rccl: ", peer,
+            " closed the connection before it acknowledged this process's proof (does this "
+            "process have the run's secret?)");
+  }
+  JR_REQUIRE(acked > 0 && ack == kAck, Code::kTimeout, "jax_rccl: ", peer,
+             " did not acknowledge the handshake in time (its process may be stopped)");
   return Status::Ok();
 }
 

@@ -10,12 +10,15 @@
 //   connector -> acceptor  Hello: magic, group, channel, ranks (lo, hi), process, session, nonce Nc
 //   acceptor -> connector  Challenge: nonce Na, HMAC-SHA-256(K, "accept" label | Hello | Na)
 //   connector -> acceptor  Proof: HMAC-SHA-256(K, "connect" label | Hello | Na)
+//   acceptor -> connector  one acknowledgement byte, once the proof checked out
 // Each side checks the other's MAC (in constant time) before it sends or accepts a byte of data;
 // the fresh nonces make a recorded handshake useless, and the labels keep one side's MAC from
 // serving as the other's. A connection that fails, or does not finish within
 // kHandshakeSeconds, is closed and logged (WARN); connections are served concurrently by one
-// acceptor thread (non-blocking, at most kMaxPendingConnections at once: the oldest is dropped
-// beyond that), so idle or slow clients cannot delay a job's connections. Authenticated
+// acceptor thread (non-blocking, at most kMaxPendingConnections at once: beyond that the oldest
+// that has not sent its hello is dropped, else the oldest), so idle or slow clients cannot delay
+// a job's connections; a connector whose connection was dropped before the acknowledgement
+// connects again until its deadline. Authenticated
 // connections are parked until their communicator claims them (AcceptFor). After the handshake,
 // the stream itself has no per-message protection: an on-path attacker of the network is out of
 // scope (docs/multiprocess.md, Security).
@@ -70,8 +73,10 @@ int AcceptFor(const LinkKey& key, Clock::time_point deadline, const std::atomic<
 // `process`, until `deadline`. Errors: kTimeout (no answer in time), kInvalidUsage (the listener
 // could not prove the secret, or closed the connection: it refused this process's proof); `peer`
 // names the rank in messages.
+// *closed (when given) says the listener closed the connection before the end (dropped it, e.g.
+// evicted under a flood of connections): the caller may connect again.
 Status ClientHandshake(int fd, const LinkKey& key, int process, const std::string& session,
-                       Clock::time_point deadline, const std::string& peer);
+                       Clock::time_point deadline, const std::string& peer, bool* closed = nullptr);
 
 }  // namespace cpu
 }  // namespace jax_rccl
