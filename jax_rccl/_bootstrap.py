@@ -19,10 +19,10 @@ collective is lowered, the processes meet once through JAX's own distributed key
 - the table goes to the runtime once: ``_jax_rccl.set_world(world)``.
 
 "host" is ``socket.gethostname()``, or ``JAX_RCCL_HOSTNAME`` when set (for tests: processes of
-one machine that claim different hosts talk over sockets). The listener's address is loopback
-when every process runs on this host, else ``JAX_RCCL_SOCKET_IFADDR`` when set, else the address
-of the first interface ``JAX_RCCL_SOCKET_IFNAME`` matches (NCCL's syntax), else the local address
-of the interface that reaches JAX's coordinator, else the address
+one machine that claim different hosts talk over sockets). The listener's address is
+``JAX_RCCL_SOCKET_IFADDR`` when set, else the address of the first interface
+``JAX_RCCL_SOCKET_IFNAME`` matches (NCCL's syntax), else loopback when every process runs on this
+host, else the local address of the interface that reaches JAX's coordinator, else the address
 ``gethostbyname(gethostname())`` gives.
 
 A single-process program does nothing here: every device is local.

@@ -400,15 +400,21 @@ Status Executor::AdvanceUnit(Unit* u, bool* progressed) {
     const Prim& p = u->cur;
     HostConn* in = nullptr;
     HostConn* out = nullptr;
+    char* inSlots = nullptr;
+    char* outSlots = nullptr;
     if (p.flags & kRecv) {
       in = tr_->Conn(u->channel, p.recvPeer, rank_);
-      JR_REQUIRE(in != nullptr, Code::kInternal, ctx_.name, ": no connection on channel ",
-                 u->channel, " from rank ", p.recvPeer, " to rank ", rank_);
+      inSlots = tr_->Slots(u->channel, p.recvPeer, rank_);
+      JR_REQUIRE(in != nullptr && inSlots != nullptr, Code::kInternal, ctx_.name,
+                 ": no connection on channel ", u->channel, " from rank ", p.recvPeer, " to rank ",
+                 rank_);
     }
     if (p.flags & kSend) {
       out = tr_->Conn(u->channel, rank_, p.sendPeer);
-      JR_REQUIRE(out != nullptr, Code::kInternal, ctx_.name, ": no connection on channel ",
-                 u->channel, " from rank ", rank_, " to rank ", p.sendPeer);
+      outSlots = tr_->Slots(u->channel, rank_, p.sendPeer);
+      JR_REQUIRE(out != nullptr && outSlots != nullptr, Code::kInternal, ctx_.name,
+                 ": no connection on channel ", u->channel, " from rank ", rank_, " to rank ",
+                 p.sendPeer);
     }
     while (u->piece < u->nPieces) {
       uint64_t rs = 0, ss = 0;
@@ -443,13 +449,13 @@ Status Executor::AdvanceUnit(Unit* u, bool* progressed) {
         JR_REQUIRE(got == bytes, Code::kInternal, ctx_.name, ": rank ", rank_, " channel ",
                    u->channel, ": expected a FIFO step of ", bytes, " bytes from rank ", p.recvPeer,
                    ", got ", got, " (the ranks' plans disagree)");
-        a.in = in->Slot(rs);
+        a.in = tr_->Slot(inSlots, rs);
       }
       if (p.flags & kSrcIn) a.src = t->send + (p.srcOff + lo) * us;
       if (p.flags & kSrcOut) a.src = t->recv + (p.srcOff + lo) * us;
       a.preSrc = (p.flags & kSrcIn) != 0;
       if (p.flags & kDst) a.dst = t->recv + (p.dstOff + lo) * us;
-      if (out != nullptr) a.out = out->Slot(ss);
+      if (out != nullptr) a.out = tr_->Slot(outSlots, ss);
       a.post = (p.flags & kPostOp) != 0;
       t->piece(a, t->opArg);
       if (out != nullptr) {

@@ -77,8 +77,10 @@ bool SplitEndpoint(const std::string& ep, std::string* host, std::string* port) 
 struct SocketLink {
   int channel = 0, local = 0, remote = 0;
   int fd = -1;
-  HostConn* out = nullptr;  // Conn(channel, local, remote): the send proxy FIFO
-  HostConn* in = nullptr;   // Conn(channel, remote, local): filled from the socket
+  HostConn* out = nullptr;   // Conn(channel, local, remote): the send proxy FIFO
+  HostConn* in = nullptr;    // Conn(channel, remote, local): filled from the socket
+  char* outSlots = nullptr;  // their slots (HostFifoTransport::Slots)
+  char* inSlots = nullptr;
   // send state
   uint64_t sent = 0;  // steps of `out` fully on the wire
   FrameHeader sendHdr{};
@@ -268,9 +270,12 @@ Status SocketLinks::Connect(Clock::time_point deadline, const std::atomic<bool>*
         link->remote = r;
         link->out = tr_->Conn(c, l, r);
         link->in = tr_->Conn(c, r, l);
-        JR_REQUIRE(link->out != nullptr && link->in != nullptr, Code::kInternal,
-                   "jax_rccl: no FIFO for the socket link of channel ", c, " between ranks ", l,
-                   " and ", r);
+        link->outSlots = tr_->Slots(c, l, r);
+        link->inSlots = tr_->Slots(c, r, l);
+        JR_REQUIRE(link->out != nullptr && link->in != nullptr && link->outSlots != nullptr &&
+                       link->inSlots != nullptr,
+                   Code::kInternal, "jax_rccl: no FIFO for the socket link of channel ", c,
+                   " between ranks ", l, " and ", r);
         links_.push_back(std::move(link));
       }
     }
@@ -412,7 +417,7 @@ bool SocketLinks::PumpSend(SocketLink& lk, bool* wantWrite) {
       }
       const int64_t pdone = std::max<int64_t>(0, lk.sendDone - hdr);
       if (lk.sendHdr.bytes > pdone) {
-        iov[niov].iov_base = lk.out->Slot(lk.sent) + pdone;
+        iov[niov].iov_base = tr_->Slot(lk.outSlots, lk.sent) + pdone;
         iov[niov].iov_len = size_t(lk.sendHdr.bytes - pdone);
         ++niov;
       }
@@ -502,7 +507,7 @@ bool SocketLinks::PumpRecv(SocketLink& lk, bool* wantRead) {
                              (h.type == kFrameStatus && h.bytes == int64_t(sizeof(StatusAnswer)));
       const bool okData = h.type == kFrameData && h.channel == lk.channel && h.from == lk.remote &&
                           h.to == lk.local && h.step == lk.received && h.bytes >= 0 &&
-                          h.bytes <= lk.in->slotBytes;
+                          h.bytes <= tr_->slotBytes();
       if (!okControl && !okData) {
         lk.dead = true;
         SetFailed(detail::StrCat("a malformed frame arrived from ", rankString_(lk.remote),
@@ -533,7 +538,7 @@ bool SocketLinks::PumpRecv(SocketLink& lk, bool* wantRead) {
     if (h.type == kFrameData) {
       // Only into a free slot: a full FIFO leaves the bytes in the socket (TCP holds the sender).
       if (lk.received - lk.in->head.load(std::memory_order_acquire) >= uint64_t(kSteps)) break;
-      if (!readInto(lk.in->Slot(lk.received), h.bytes, &lk.payloadGot)) break;
+      if (!readInto(tr_->Slot(lk.inSlots, lk.received), h.bytes, &lk.payloadGot)) break;
       lk.in->slotSizes[lk.received % kSteps] = h.bytes;
       lk.in->tags[lk.received % kSteps] = h.tag;
       lk.received += 1;

@@ -346,6 +346,17 @@ StatusOr<int> SocketListen(const std::string& address) {
   JR_REQUIRE(gai == 0 && res != nullptr, Code::kInvalidArgument, "jax_rccl: cannot listen on '",
              address, "': not a numeric IPv4 or IPv6 address (", gai_strerror(gai),
              "; JAX_RCCL_SOCKET_IFADDR / JAX_RCCL_SOCKET_IFNAME)");
+  const bool wildcard =
+      (res->ai_family == AF_INET &&
+       reinterpret_cast<const sockaddr_in*>(res->ai_addr)->sin_addr.s_addr == htonl(INADDR_ANY)) ||
+      (res->ai_family == AF_INET6 &&
+       IN6_IS_ADDR_UNSPECIFIED(&reinterpret_cast<const sockaddr_in6*>(res->ai_addr)->sin6_addr));
+  if (wildcard) {
+    freeaddrinfo(res);
+    JR_FAIL(Code::kInvalidArgument, "jax_rccl: cannot listen on '", address,
+            "': the listener binds one address of this host, not every interface "
+            "(JAX_RCCL_SOCKET_IFADDR / JAX_RCCL_SOCKET_IFNAME)");
+  }
   const int fd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) {
     const int e = errno;

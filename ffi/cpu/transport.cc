@@ -118,6 +118,13 @@ HostConn* HostFifoTransport::Conn(int channel, int from, int to) {
   return c;
 }
 
+char* HostFifoTransport::Slots(int channel, int from, int to) {
+  HostConn* c = Conn(channel, from, to);
+  if (c == nullptr) return nullptr;
+  if (shared_) return regions_[size_t(to)] + RankRegion::DataOffset(geo_, channel, from);
+  return reinterpret_cast<char*>(c) + RankRegion::kConnHeaderBytes;  // the heap block's layout
+}
+
 void HostFifoTransport::Ring(int rank) {
   Doorbell& b = Bell(rank);
   b.seq.fetch_add(1, std::memory_order_seq_cst);

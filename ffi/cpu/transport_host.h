@@ -61,12 +61,10 @@ struct alignas(64) HostConn {
   char pad1[64 - sizeof(std::atomic<uint64_t>)];
   int64_t slotSizes[kSteps] = {};  // bytes in each slot (written before tail is published)
   StepTag tags[kSteps] = {};       // the sender's tag of each slot (written before tail)
+  // The layout, for a reader of the memory (ShmGroup::CheckLayout checks it); the slots' address
+  // is never taken from here (a peer can write this header): HostFifoTransport::Slots.
   int64_t slotBytes = 0;
   int64_t dataOffset = 0;  // bytes from this header to slot 0 (kSteps slots of slotBytes)
-  char* Slot(uint64_t step) const {
-    return const_cast<char*>(reinterpret_cast<const char*>(this)) + dataOffset +
-           int64_t(step % kSteps) * slotBytes;
-  }
 };
 
 struct alignas(64) Doorbell {
@@ -139,6 +137,13 @@ class HostFifoTransport final : public HostTransport {
   // allocated on first use; thread-safe). Null when the channel is out of range, allocation
   // failed or the receiver's region is not attached.
   HostConn* Conn(int channel, int from, int to);
+  // Slot 0 of that connection (kSteps slots of slotBytes() follow), from this process's own view
+  // of the layout; null where Conn is.
+  char* Slots(int channel, int from, int to);
+  // Slot `step % kSteps` of `slots`.
+  char* Slot(char* slots, uint64_t step) const {
+    return slots + int64_t(step % kSteps) * geo_.slotBytes;
+  }
 
   // Per rank and task slot, the reduction argument (PreMulSum scalar bits) the rank resolved for
   // this execution, so Direct can scale a peer's input by the peer's own scalar. A rank writes

@@ -461,6 +461,26 @@ def test_forced_sockets_on_one_host_listen_on_loopback_only():
     assert res[0]["endpoints"] == [f"127.0.0.1:{r['port']}" for r in res]
 
 
+def test_the_listener_refuses_a_wildcard_address():
+    """Run in a fresh process: the listener is process-wide."""
+    code = (
+        "from jax_rccl import _jax_rccl as n\n"
+        "n.set_session_secret(b'k' * 32)\n"
+        "for a in ('0.0.0.0', '::', 'not-an-address'):\n"
+        "    try:\n"
+        "        n.socket_listen(a)\n"
+        "        print('listened', a)\n"
+        "    except ValueError as e:\n"
+        "        print('refused', a, e)\n"
+        "print('port', n.socket_listener_port())\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-P", "-c", code], capture_output=True, text=True, timeout=60
+    ).stdout
+    assert out.count("refused") == 3 and "listened" not in out, out
+    assert "JAX_RCCL_SOCKET_IFADDR" in out and "port 0" in out, out
+
+
 def test_socket_ifname_picks_the_interface_and_names_the_variable():
     from jax_rccl import _bootstrap, _jax_rccl
 
