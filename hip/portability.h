@@ -80,6 +80,10 @@ constexpr hipError_t hipSuccess = cudaSuccess;
 #define hipFuncSetAttribute cudaFuncSetAttribute
 #define hipFuncGetAttributes cudaFuncGetAttributes
 #define hipFuncAttributes cudaFuncAttributes
+#define hipDeviceGetAttribute cudaDeviceGetAttribute
+#define hipDeviceGetPCIBusId cudaDeviceGetPCIBusId
+#define hipDeviceAttributeMultiprocessorCount cudaDevAttrMultiProcessorCount
+#define hipOccupancyMaxActiveBlocksPerMultiprocessor cudaOccupancyMaxActiveBlocksPerMultiprocessor
 #define JR_HAS_STACK_LIMIT 1
 #define hipDeviceGetLimit cudaDeviceGetLimit
 #define hipDeviceSetLimit cudaDeviceSetLimit

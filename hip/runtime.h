@@ -40,6 +40,38 @@ std::string DeviceBuildInfo();
 // running kernel while the driver reallocates it, and a rank spinning on a peer whose launch is the
 // one waiting would hang until the timeout.
 Status LoadKernels(const std::vector<int>& classes);
+// Every kernel this build has, loaded on the current device with the stack limit raised to the
+// largest of them (LoadKernels of every class; once per device). Loading a kernel and raising the
+// stack limit may wait for every kernel running on the device - under MPS, other processes'
+// kernels too - so this runs before any peer can have a kernel waiting for this rank: GpuComm::Join
+// calls it before the rank publishes its region (no peer launches before every rank published),
+// Harness::Create before its first launch. A plan's own LoadKernels then finds nothing to do, also
+// when a later collective brings a new element type while a peer's kernel already spins on this
+// rank (NCCL loads all its kernels and sets the stack limit at communicator init for this reason).
+Status PrepareDevice();
+
+// What the current device holds of this build's collective kernels at once for this process.
+// smCount: the multiprocessors this process sees (under MPS with an active thread percentage, its
+// share: 66 of an H200's 132 at 50%); blocksPerSm: blocks of kMaxLaunchThreads one multiprocessor
+// holds, the fewest over every collective kernel (occupancy from their registers, shared memory and
+// threads; 1 on an H200: 128 registers x 512 threads fill its register file);
+// mpsActiveThreadPercent: CUDA_MPS_ACTIVE_THREAD_PERCENTAGE as this process has it (100 when
+// unset; NVIDIA only); residentBlocks: smCount x blocksPerSm.
+struct DeviceCapacity {
+  int smCount = 0;
+  int blocksPerSm = 0;
+  int mpsActiveThreadPercent = 100;
+  int residentBlocks = 0;
+};
+StatusOr<DeviceCapacity> QueryDeviceCapacity();
+// The current device's PCI bus id ("0000:1b:00.0"): the same physical GPU in every process.
+StatusOr<std::string> DeviceBusId();
+// Channels each of `ranksOnDevice` ranks sharing one device may use so that the blocks of one
+// launch of every rank are resident at once (`residentBlocks` / ranksOnDevice, at most `want`).
+// A channel's block spins for its peers' blocks on the same channel; one that cannot be scheduled
+// because the others' spinning blocks fill the device never comes, and every rank times out.
+// Error (kUnsupported) when not even one block per rank fits.
+StatusOr<int> ResidentChannels(int want, int ranksOnDevice, int residentBlocks);
 
 // Device memory on the current device.
 StatusOr<void*> DeviceAlloc(int64_t bytes);

@@ -2,6 +2,7 @@
 // the floors.
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <set>
@@ -119,6 +120,12 @@ Status LoadKernels(const std::vector<int>& classes) {
     if (cls == -1) {
       fns = {reinterpret_cast<const void*>(&FillSlotsKernel),
              reinterpret_cast<const void*>(&CopyKernel)};
+      // The one-rank scaled copies (PreMulSum / SumPostDiv) of every element type.
+#define JR_CASE(name, enumName, T)                                              \
+  fns.push_back(reinterpret_cast<const void*>(&ScaleKernel<FuncPreMulSum<T>>)); \
+  fns.push_back(reinterpret_cast<const void*>(&ScaleKernel<FuncSumPostDiv<T>>));
+      JR_DEVICE_DTYPES(JR_CASE)
+#undef JR_CASE
     } else {
       CollKernelFn fn = KernelOfClass(cls);
       JR_REQUIRE(fn != nullptr, Code::kUnsupported, "no device kernel for class ", cls);
@@ -142,6 +149,58 @@ Status LoadKernels(const std::vector<int>& classes) {
   (void)stack;  // a HIP without hipLimitStackSize: its runtime sizes scratch per launch
 #endif
   return Status::Ok();
+}
+
+StatusOr<DeviceCapacity> QueryDeviceCapacity() {
+  int dev = 0;
+  JR_HIP_CHECK(hipGetDevice(&dev));
+  DeviceCapacity c;
+  JR_HIP_CHECK(hipDeviceGetAttribute(&c.smCount, hipDeviceAttributeMultiprocessorCount, dev));
+  std::vector<CollKernelFn> fns = {&CollKernel_copy};
+#define JR_CASE(name, enumName, T) fns.push_back(&CollKernel_##name);
+  JR_DEVICE_DTYPES(JR_CASE)
+#undef JR_CASE
+  c.blocksPerSm = 1 << 30;
+  for (CollKernelFn fn : fns) {
+    int b = 0;
+    JR_HIP_CHECK(hipOccupancyMaxActiveBlocksPerMultiprocessor(&b, fn, kMaxLaunchThreads, 0));
+    c.blocksPerSm = std::min(c.blocksPerSm, b);
+  }
+#if !defined(JAX_RCCL_AMD)
+  if (const char* e = std::getenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")) {
+    const double pct = std::atof(e);
+    if (pct > 0 && pct < 100) c.mpsActiveThreadPercent = std::max(1, int(pct));
+  }
+#endif
+  // Under MPS with an active thread percentage the multiprocessor count is already the client's
+  // share (seen on an H200: 66 of 132 at 50%).
+  c.residentBlocks = c.smCount * c.blocksPerSm;
+  return c;
+}
+
+StatusOr<std::string> DeviceBusId() {
+  int dev = 0;
+  JR_HIP_CHECK(hipGetDevice(&dev));
+  char buf[64] = {};
+  JR_HIP_CHECK(hipDeviceGetPCIBusId(buf, int(sizeof(buf)) - 1, dev));
+  return std::string(buf);
+}
+
+StatusOr<int> ResidentChannels(int want, int ranksOnDevice, int residentBlocks) {
+  const int per = residentBlocks / std::max(1, ranksOnDevice);
+  JR_REQUIRE(per >= 1, Code::kUnsupported, ranksOnDevice, " ranks share one GPU that holds ",
+             residentBlocks,
+             " collective blocks at once: not even one block per rank is resident at once (under "
+             "MPS, CUDA_MPS_ACTIVE_THREAD_PERCENTAGE lowers what a process holds)");
+  return std::max(1, std::min(want, per));
+}
+
+Status PrepareDevice() {
+  std::vector<int> classes = {kCopyClass};
+#define JR_CASE(name, enumName, T) classes.push_back(int(DataType::enumName));
+  JR_DEVICE_DTYPES(JR_CASE)
+#undef JR_CASE
+  return LoadKernels(classes);
 }
 
 Geometry GeometryOf(const TopologyView& topo) {
@@ -446,7 +505,20 @@ StatusOr<std::unique_ptr<Harness>> Harness::Create(const TopologyView& topo, dou
   h->topo_ = topo;
   h->geo_ = GeometryOf(topo);
   h->timeoutNs_ = uint64_t(std::max(0.001, timeoutS) * 1e9);
+  JR_CHECK(PrepareDevice());
   const int n = topo.nRanks;
+  // All ranks share this GPU: one launch of each must be resident at once (ResidentChannels).
+  {
+    JR_ASSIGN_OR_RETURN(DeviceCapacity cap, QueryDeviceCapacity());
+    JR_ASSIGN_OR_RETURN(int ch, ResidentChannels(topo.nChannels, n, cap.residentBlocks));
+    if (ch < topo.nChannels) {
+      h->topo_.nChannels = ch;
+      int p2p = 1;
+      while (p2p * 2 <= ch) p2p *= 2;
+      h->topo_.p2pnChannels = std::min(h->topo_.p2pnChannels, p2p);
+      h->topo_.p2pnChannelsPerPeer = std::min(h->topo_.p2pnChannelsPerPeer, h->topo_.p2pnChannels);
+    }
+  }
   for (int r = 0; r < n; ++r) {
     JR_ASSIGN_OR_RETURN(void* reg, AllocRegion(h->geo_));
     h->regions_.push_back(reg);

@@ -73,6 +73,20 @@ void BindGpu(nb::module_& m) {
         return nb::bytes(buf.data(), buf.size());
       },
       nb::arg("ptr"), nb::arg("nbytes"));
+  g.def(
+      "device_capacity",
+      []() {
+        gpu::DeviceCapacity c = ValueOrThrow(gpu::QueryDeviceCapacity());
+        nb::dict d;
+        d["sm_count"] = c.smCount;
+        d["blocks_per_sm"] = c.blocksPerSm;
+        d["mps_active_thread_percent"] = c.mpsActiveThreadPercent;
+        d["resident_blocks"] = c.residentBlocks;
+        d["max_threads"] = gpu::kMaxLaunchThreads;
+        return d;
+      },
+      "What the current device holds of the collective kernels at once: multiprocessors, blocks "
+      "per multiprocessor (at the largest block), MPS active thread percentage, resident blocks.");
   g.attr("TRACE_EVENTS") = gpu::kTraceEvents;  // timeline words per block (Harness.trace)
   g.def(
       "floors",

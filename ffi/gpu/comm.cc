@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <thread>
@@ -127,6 +128,7 @@ GpuComm::GpuComm(std::vector<int64_t> devices, std::vector<int> ordinals, Topolo
       ordinals_(std::move(ordinals)),
       topo_(topo),
       geo_(GeometryOf(topo)),
+      planTopo_(topo),
       timeout_(timeout),
       timeoutNs_(static_cast<uint64_t>(std::max(0.001, timeout) * 1e9)),
       groupText_(ListText(devices_)),
@@ -168,13 +170,20 @@ Status GpuComm::Join(int rank, const std::string& who) {
   std::lock_guard<std::mutex> joinLock(rs.joinMu);
   if (rs.joined.load(std::memory_order_acquire)) return Status::Ok();
   const int n = nRanks();
+  RelaxedCapture relaxed;
+  DeviceGuard guard(ordinal(rank));
+  JR_CHECK(guard.status());
+  // Every kernel loaded and the stack limit raised now, while no peer can have a kernel waiting
+  // for this rank (none launches before every rank published): done later, at a plan's upload, it
+  // could wait for a peer's kernel that waits for this rank (hip/runtime.h: PrepareDevice).
+  {
+    Status s = PrepareDevice();
+    if (!s.ok()) return n == 1 ? s : Fail(s);
+  }
   if (n == 1) {
     rs.joined.store(true, std::memory_order_release);
     return Status::Ok();
   }
-  RelaxedCapture relaxed;
-  DeviceGuard guard(ordinal(rank));
-  JR_CHECK(guard.status());
   if (rs.region == nullptr) {
     StatusOr<void*> region = AllocRegion(geo_);
     if (!region.ok()) return Fail(region.status());
@@ -238,13 +247,33 @@ Status GpuComm::Join(int rank, const std::string& who) {
 
 // Where a rank's IPC record lies in its segment's region (the doorbell page, after the doorbell).
 struct alignas(64) IpcRecord {
-  std::atomic<uint32_t> ready;  // 1 once handle is written (release)
+  std::atomic<uint32_t> ready;  // 1 once the fields below are written (release)
   int32_t pid;
   char handle[kIpcHandleBytes];
+  char busId[32];          // the rank's physical GPU (PCI bus id)
+  int32_t residentBlocks;  // collective blocks that GPU holds at once for the rank's process
+  int32_t knownSharers;    // ranks on that GPU in the process's earlier groups (at least 1)
 };
+
 constexpr int64_t kIpcRecordOffset = 1024;
 static_assert(kIpcRecordOffset + int64_t(sizeof(IpcRecord)) <= cpu::RankRegion::kHeadersOffset,
               "the IPC record fits the doorbell page");
+
+namespace {
+
+// Per physical GPU (bus id): the most ranks on it any group of this process has seen. A group
+// counts only its own ranks; a later group of fewer ranks on the GPU (one axis of a mesh) still
+// plans for the processes an earlier one saw there.
+std::mutex& SharersMu() {
+  static std::mutex* mu = new std::mutex();
+  return *mu;
+}
+std::map<std::string, int>& KnownSharers() {
+  static std::map<std::string, int>* m = new std::map<std::string, int>();
+  return *m;
+}
+
+}  // namespace
 
 Status GpuComm::TradeRegions(int rank, const std::string& who) {
   const int n = nRanks();
@@ -260,6 +289,16 @@ Status GpuComm::TradeRegions(int rank, const std::string& who) {
     auto* rec = reinterpret_cast<IpcRecord*>(region + kIpcRecordOffset);
     JR_CHECK(IpcHandleOf(rs.region, rec->handle));
     rec->pid = static_cast<int32_t>(getpid());
+    JR_ASSIGN_OR_RETURN(std::string bus, DeviceBusId());
+    JR_ASSIGN_OR_RETURN(DeviceCapacity cap, QueryDeviceCapacity());
+    std::memset(rec->busId, 0, sizeof(rec->busId));
+    std::memcpy(rec->busId, bus.data(), std::min(bus.size(), sizeof(rec->busId) - 1));
+    rec->residentBlocks = cap.residentBlocks;
+    {
+      std::lock_guard<std::mutex> lock(SharersMu());
+      auto it = KnownSharers().find(bus);
+      rec->knownSharers = it == KnownSharers().end() ? 1 : it->second;
+    }
     rec->ready.store(1, std::memory_order_release);
   }
   int missing = -1;
@@ -297,6 +336,47 @@ Status GpuComm::TradeRegions(int rank, const std::string& who) {
       published_[static_cast<size_t>(r)] = peer;
       ++nPublished_;
     }
+  }
+  // Every rank's record is in: the channels every rank's launch may use so that the blocks of one
+  // launch of all the ranks sharing each GPU are resident at once. Each process runs one launch
+  // at a time (XLA's stream), so that is what the GPU must hold; every rank computes the same
+  // count from the same records.
+  std::vector<const IpcRecord*> recs(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) {
+    recs[static_cast<size_t>(r)] =
+        reinterpret_cast<const IpcRecord*>(shm_->Region(r) + kIpcRecordOffset);
+  }
+  auto busOf = [&](int r) {
+    const IpcRecord* rec = recs[static_cast<size_t>(r)];
+    return std::string(rec->busId, strnlen(rec->busId, sizeof(rec->busId)));
+  };
+  int channels = topo_.nChannels;
+  int mySharers = 1;
+  for (int r = 0; r < n; ++r) {
+    int sharers = 0;
+    for (int q = 0; q < n; ++q) sharers += busOf(q) == busOf(r) ? 1 : 0;
+    if (r == rank) mySharers = sharers;
+    const IpcRecord* rec = recs[static_cast<size_t>(r)];
+    StatusOr<int> ch = ResidentChannels(topo_.nChannels, std::max(sharers, rec->knownSharers),
+                                        rec->residentBlocks);
+    if (!ch.ok()) {
+      return Status(ch.status().code(),
+                    detail::StrCat("jax_rccl '", who, "': GPU group ", groupText_, ", rank ", r,
+                                   " (GPU ", busOf(r), "): ", ch.status().message()));
+    }
+    channels = std::min(channels, ch.value());
+  }
+  {
+    std::lock_guard<std::mutex> lock(SharersMu());
+    int& known = KnownSharers()[busOf(rank)];
+    known = std::max(known, mySharers);
+  }
+  if (channels < planTopo_.nChannels) {
+    planTopo_.nChannels = channels;
+    int p2p = 1;
+    while (p2p * 2 <= channels) p2p *= 2;
+    planTopo_.p2pnChannels = std::min(planTopo_.p2pnChannels, p2p);
+    planTopo_.p2pnChannelsPerPeer = std::min(planTopo_.p2pnChannelsPerPeer, planTopo_.p2pnChannels);
   }
   shm_->MaybeUnlink();
   return Status::Ok();

@@ -67,7 +67,10 @@ class GpuComm {
   bool shared() const { return shm_ != nullptr; }
 
   int nRanks() const { return topo_.nRanks; }
-  const TopologyView& topo() const { return topo_; }
+  // The topology plans are made with. Groups sharing a GPU across processes: after the join, its
+  // channels lowered to what the GPU holds for all the group's ranks on it at once (every rank
+  // computes the same count from the records the ranks trade; the regions keep the first count).
+  const TopologyView& topo() const { return planTopo_; }
   const Geometry& geo() const { return geo_; }
   int ordinal(int rank) const { return ordinals_[static_cast<size_t>(rank)]; }
   const std::vector<int64_t>& devices() const { return devices_; }
@@ -109,6 +112,7 @@ class GpuComm {
   const std::vector<int> ordinals_;
   const TopologyView topo_;
   const Geometry geo_;
+  TopologyView planTopo_;  // set before `joined` (a shared group: in TradeRegions)
   const double timeout_;
   const uint64_t timeoutNs_;
   bool systemFence_ = false;
@@ -127,7 +131,8 @@ class GpuComm {
   // Across processes.
   cpu::GroupPlacement placement_;
   std::unique_ptr<cpu::ShmGroup> shm_;
-  // Exports `rank`'s region, maps the other processes' regions into published_ (deadline).
+  // Exports `rank`'s region, maps the other processes' regions into published_ (deadline), and
+  // lowers planTopo_'s channels to what the GPUs hold for the ranks sharing them.
   Status TradeRegions(int rank, const std::string& who);
 };
 

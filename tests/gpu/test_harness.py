@@ -496,3 +496,52 @@ def test_trace_refuses_plans_of_several_launches():
     with pytest.raises(ValueError, match="one kernel launch"):
         h.trace(h.buffers())
     h.free()
+
+
+def test_device_capacity():
+    """What the device holds of the collective kernels at once (an H200: 132 x 1, the kernels'
+    128 registers x 512 threads fill a multiprocessor's register file)."""
+    from jax_rccl import _jax_rccl
+
+    c = _jax_rccl.gpu.device_capacity()
+    assert c["sm_count"] >= 1 and c["blocks_per_sm"] >= 1, c
+    assert c["resident_blocks"] == c["sm_count"] * c["blocks_per_sm"], c
+    assert c["max_threads"] == 512, c
+
+
+def test_ranks_beyond_what_the_device_holds_get_fewer_channels():
+    """Ranks sharing the GPU whose topology asks for more blocks than it holds at once (8 ranks x
+    32 channels on an H200 of 132) plan with what it holds per rank; an all_reduce
+    and an all_to_all of 16 MB per rank come out right."""
+    from jax_rccl import _jax_rccl
+
+    nranks = 8
+    resident = _jax_rccl.gpu.device_capacity()["resident_blocks"]
+    if nranks * 32 <= resident:
+        pytest.skip(f"the device holds {resident} blocks: {nranks} x 32 fit")
+    topo = harness.gpu_topology(nranks, nchannels=32, direct=False)
+    h = harness.Harness(nranks, topo, timeout=20.0)
+    count = 1 << 22
+    rng = np.random.default_rng(5)
+    xs = [rng.integers(-6, 7, size=count).astype(np.int32) for _ in range(nranks)]
+    tot = np.sum(xs, axis=0)
+    task = {"coll": "all_reduce", "count": count, "dtype": "int32", "op": "sum"}
+    summary = h.build([task], algorithm="Ring", protocol="Simple")
+    assert 1 <= summary[0]["nchannels"] <= resident // nranks, summary
+    outs = h.run([task], [[x] for x in xs], algorithm="Ring", protocol="Simple", repeat=2)
+    for r in range(nranks):
+        same(outs[r][0], tot)
+    b = count // nranks
+    p2p = [
+        [{"coll": "send", "count": b, "dtype": "int32", "peer": p} for p in range(nranks)]
+        + [{"coll": "recv", "count": b, "dtype": "int32", "peer": p} for p in range(nranks)]
+        for _ in range(nranks)
+    ]
+    ins = [
+        [x[p * b : (p + 1) * b] for p in range(nranks)] + [np.zeros(0, np.int32)] * nranks
+        for x in xs
+    ]
+    outs = h.run(p2p, ins)
+    for r in range(nranks):
+        for p in range(nranks):
+            same(outs[r][nranks + p], xs[p][r * b : (r + 1) * b])

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -194,3 +195,189 @@ def test_processes_with_one_gpu_each(nprocs, share):
     assert moved > 0
     leftovers = [f for f in os.listdir("/dev/shm") if f.startswith("jrccl.")]
     assert not leftovers, leftovers
+
+
+# --- one step of every collective at large sizes, processes sharing the GPU under MPS ----------
+
+_STEP_WORKER = textwrap.dedent(
+    """
+    import json, sys
+    import numpy as np
+    import jax
+    process, nprocs, port, count, steps = (int(a) for a in sys.argv[1:6])
+    jax.distributed.initialize(f"127.0.0.1:{port}", nprocs, process, initialization_timeout=120)
+    import jax.numpy as jnp
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    import jax_rccl
+    from jax_rccl import _jax_rccl
+
+    devs = jax.devices()
+    n = len(devs)
+    mesh = Mesh(np.array(devs), ("i",))
+    spec = NamedSharding(mesh, P("i"))
+    perm = [(k, (k + 1) % n) for k in range(n)]
+
+    # State (x int32, y float32), both donated: x moves one rank on per step (ppermute), y becomes
+    # its psum; every collective of the step reads them, so each step's results have a closed form.
+    def body(x, y):
+        s_i = jax_rccl.psum(x, "i")
+        s_f = jax_rccl.psum(y, "i")
+        ag = jax_rccl.all_gather(x, "i", tiled=True)
+        rs = jax_rccl.psum_scatter(x, "i", tiled=True)
+        pp = jax_rccl.ppermute(x, "i", perm)
+        a2a = jax_rccl.all_to_all(x, "i", 0, 0, tiled=True)
+        return pp, s_f, (s_i, ag, rs, a2a)
+
+    step = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P("i"), P("i")),
+                                 out_specs=(P("i"), P("i"), (P("i"),) * 4)), donate_argnums=(0, 1))
+    x0 = [((np.arange(count) + 7 * r) % 13 - 6).astype(np.int32) for r in range(n)]
+    x = jax.make_array_from_callback((n * count,), spec, lambda idx: np.concatenate(x0)[idx])
+    y = jax.jit(lambda v: v.astype(jnp.float32))(x)
+    tot = np.sum(x0, axis=0)
+    me, b = process, count // n
+    bad = {}
+    for k in range(steps):
+        x, y, outs = step(x, y)
+        cur = [x0[(r - k) % n] for r in range(n)]  # this step's inputs
+        got = [np.asarray(o.addressable_shards[0].data) for o in (x, y) + tuple(outs)]
+        want = [cur[(me - 1) % n], (tot * n ** k).astype(np.float32), tot, np.concatenate(cur),
+                tot[me * b:(me + 1) * b], np.concatenate([c[me * b:(me + 1) * b] for c in cur])]
+        names = ["ppermute", "psum_f32", "psum_i32", "all_gather", "psum_scatter", "all_to_all"]
+        for name, g, w in zip(names, got, want):
+            if g.shape != w.shape or not np.array_equal(g, w):
+                same_shape = g.shape == w.shape
+                bad[f"step {k} {name}"] = int(np.count_nonzero(g != w)) if same_shape else -1
+        print(f"step {k} done", flush=True)
+    ids = [d.id for d in devs]
+    rank = ids.index(jax.local_devices()[0].id)
+    print("RESULT " + json.dumps({
+        "rank": rank, "bad": bad, "errors": int(jax_rccl.runtime_stats()["errors"]),
+        "counters": [list(r) for r in _jax_rccl.gpu.connection_counters(ids, rank)],
+    }), flush=True)
+    """
+)
+
+
+_COMMAND_BUFFERS = (
+    "--xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL --xla_gpu_graph_min_graph_size=1"
+)
+
+
+def _mps_running() -> bool:
+    for pid in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{pid}/comm") as f:
+                if f.read().strip() == "nvidia-cuda-mps-control":
+                    return True
+        except OSError:
+            continue
+    return False
+
+
+@pytest.fixture(scope="module")
+def mps_env(tmp_path_factory):
+    """The environment of processes that share the GPU under MPS: a running daemon's, or one this
+    fixture starts (as root; `nvidia-cuda-mps-control -d`) and stops again. Skips without MPS:
+    time-sliced, a large step waits a time slice per FIFO hand-off."""
+    if not _has_gpu_runtime() or _gpu_count() == 0:
+        pytest.skip("needs a GPU build and a GPU")
+    env = dict(os.environ)
+    if _mps_running():
+        yield env
+        return
+    control = shutil.which("nvidia-cuda-mps-control")
+    if control is None or os.geteuid() != 0:
+        pytest.skip("needs MPS (nvidia-cuda-mps-control, started as root)")
+    d = tmp_path_factory.mktemp("mps")
+    env["CUDA_MPS_PIPE_DIRECTORY"] = str(d / "pipe")
+    env["CUDA_MPS_LOG_DIRECTORY"] = str(d / "log")
+    os.makedirs(env["CUDA_MPS_PIPE_DIRECTORY"])
+    os.makedirs(env["CUDA_MPS_LOG_DIRECTORY"])
+    if subprocess.run([control, "-d"], env=env, timeout=30).returncode != 0:
+        pytest.skip("nvidia-cuda-mps-control -d failed")
+    try:
+        yield env
+    finally:
+        subprocess.run([control], input="quit\n", text=True, env=env, timeout=30)
+
+
+def _run_step_processes(env_base: dict, nprocs: int, count: int, steps: int, cb: bool) -> list:
+    port = _free_port()
+    procs = []
+    for p in range(nprocs):
+        env = dict(env_base)
+        env["CUDA_VISIBLE_DEVICES"] = "0"
+        env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
+        env["JAX_RCCL_TIMEOUT"] = "30"
+        env["PYTHONFAULTHANDLER"] = "1"
+        if cb:
+            env["XLA_FLAGS"] = _COMMAND_BUFFERS
+        else:
+            env.pop("XLA_FLAGS", None)
+        procs.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-c",
+                    _STEP_WORKER,
+                    str(p),
+                    str(nprocs),
+                    str(port),
+                    str(count),
+                    str(steps),
+                ],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
+    texts = []
+    for p in procs:
+        try:
+            text, _ = p.communicate(timeout=240)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            pytest.fail("a process did not finish within 240 s")
+        texts.append(text)
+    failed = [k for k, p in enumerate(procs) if p.returncode != 0]
+    assert not failed, "\n".join(
+        f"--- process {k}: exit {procs[k].returncode}\n{texts[k][-3000:]}" for k in failed
+    )
+    out = []
+    for text in texts:
+        line = [ln for ln in text.splitlines() if ln.startswith("RESULT ")][-1]
+        out.append(json.loads(line[len("RESULT ") :]))
+    return out
+
+
+@pytest.mark.parametrize(
+    "nprocs, count, cb",
+    [
+        (2, 1 << 24, False),  # 64 MB per rank
+        (3, (1 << 22) - 1, False),  # 16 MB per rank (a multiple of 3 elements)
+        (3, (1 << 24) - 1, True),
+        (4, 1 << 20, True),
+        (4, 1 << 22, False),  # 16 MB per rank: issue 21's step
+        (4, 1 << 22, True),
+        (4, 1 << 24, False),  # 64 MB per rank
+    ],
+)
+def test_step_of_every_collective_sharing_one_gpu(mps_env, nprocs, count, cb):
+    """psum (int32, float32), all_gather, psum_scatter, ppermute and all_to_all in one jitted step
+    of `nprocs` processes on one GPU, every result against its closed form, three steps; command
+    buffers on or off. The connections end where they began (every sent step consumed)."""
+    results = _run_step_processes(mps_env, nprocs, count, 3, cb)
+    for r in results:
+        assert r["bad"] == {}, r["bad"]
+        assert r["errors"] == 0
+    by_rank = {
+        r["rank"]: {(c, p): (t, h, st) for c, p, t, h, st, _ in r["counters"]} for r in results
+    }
+    assert sorted(by_rank) == list(range(nprocs))
+    for s in range(nprocs):
+        for (c, p), (_, _, sent) in by_rank[s].items():
+            if p != s:
+                tail, head, _ = by_rank[p][(c, s)]
+                assert sent == head == tail, (s, p, c, sent, head, tail)
