@@ -85,6 +85,14 @@ def check_unreduced(avals, axes, name):
         fn(list(avals), tuple(axes), name)
 
 
+def manual_axes() -> tuple:
+    """The mesh axes of the enclosing shard_map bodies, in mesh order: the axes a value's type
+    may vary over (an axis bound by jax.vmap is none of them)."""
+    from jax._src.mesh import get_abstract_mesh
+
+    return tuple(get_abstract_mesh().manual_axes)
+
+
 def drop_size_one_axes(axes: tuple) -> tuple:
     """Mirror jax.lax: with remove_size_one_mesh_axis_from_type, size-1 mesh axes vanish."""
     flag = getattr(_config, "remove_size_one_mesh_axis_from_type", None)

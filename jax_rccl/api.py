@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import contextlib
 import numbers
-from collections.abc import Sequence
+import operator
+from collections.abc import Iterable
 
 import jax
 import jax.numpy as jnp
@@ -155,18 +156,28 @@ def _mesh_size(axes) -> int:
     return int(np.prod([compat.axis_size(a) for a in axes], dtype=np.int64))
 
 
+def _int(value, what: str) -> int:
+    """`value` as an int: a Python or NumPy integer (a 0-d integer array too), never a float
+    or a bool (which would be truncated or read as 0/1 silently). TypeError naming `what`."""
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{what}; got the bool {value!r}")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{what}; got the {type(value).__name__} {value!r}") from None
+
+
 def _groups(axis_index_groups, axes, api: str):
     """Canonical axis_index_groups (tuple of tuples) and the group size."""
     size = _mesh_size(axes)
     if axis_index_groups is None:
         return None, size
+    what = f"jax_rccl.{api}: axis_index_groups must be a list of lists of ints"
     try:
-        groups = tuple(tuple(int(i) for i in g) for g in axis_index_groups)
+        rows = [list(g) for g in axis_index_groups]
     except TypeError as e:
-        raise TypeError(
-            f"jax_rccl.{api}: axis_index_groups must be a list of lists of ints, got "
-            f"{axis_index_groups!r}"
-        ) from e
+        raise TypeError(f"{what}, got {axis_index_groups!r}") from e
+    groups = tuple(tuple(_int(i, what) for i in g) for g in rows)
     flat = [i for g in groups for i in g]
     if sorted(flat) != list(range(size)):
         raise ValueError(
@@ -191,11 +202,13 @@ def _canonical_dim(dim, ndim, api, arg):
 
 
 def _pvary(x, axes):
-    """What jax.lax does to an input not yet varying over `axes` (check_vma + auto_pcast)."""
-    if not (compat.check_vma_enabled() and compat.auto_pcast_enabled()):
+    """What jax.lax does to an input not yet varying over `axes` (check_vma + auto_pcast).
+
+    Only mesh axes take part: a value never varies over an axis bound by jax.vmap in its type
+    (jax.lax's own pvary fails on one)."""
+    if not compat.auto_pcast_enabled():
         return x
-    missing = tuple(a for a in axes if a not in compat.varying(compat.typeof(x)))
-    return compat.pvary(x, missing) if missing else x
+    return P.vary_over(x, axes)
 
 
 # --- dtypes: what the runtime takes, and the conversions around it -----------------------------
@@ -369,14 +382,13 @@ def pbroadcast(x, axis_name, source):
 def _rooted(x, axis_name, root, api, arg, prim, use, axis_index_groups):
     axes = _axes(axis_name, api)
     groups, n = _groups(axis_index_groups, axes, api)
-    if not isinstance(root, (int, np.integer)) or isinstance(root, bool):
-        raise TypeError(f"jax_rccl.{api}: {arg} must be an int, got {root!r}")
+    root = _int(root, f"jax_rccl.{api}: {arg} must be an int")
     if not 0 <= root < n:
         raise ValueError(f"jax_rccl.{api}: {arg}={root} is outside the group of size {n}")
 
     def run(leaves):
         flat, decoders, counts = _encode_all(leaves, api, use, axes)
-        outs = prim.bind(*flat, axes=axes, groups=groups, root=int(root), tuning=_tuning())
+        outs = prim.bind(*flat, axes=axes, groups=groups, root=root, tuning=_tuning())
         return _decode_all(outs, decoders, counts)
 
     return _map_leaves(x, run)
@@ -524,22 +536,34 @@ def all_to_all(x, axis_name, split_axis, concat_axis, *, tiled=False, axis_index
     return _map_leaves(x, run)
 
 
-def ppermute(x, axis_name, perm: Sequence[tuple[int, int]]):
-    """Send each device's value to another one (as jax.lax.ppermute); no sender -> zeros."""
+def _pairs(perm, api: str) -> tuple[tuple[int, int], ...]:
+    """perm as a tuple of int pairs: any iterable of (source, destination) pairs, as jax.lax
+    takes (a list, a zip, a generator, an (n, 2) integer array)."""
+    if isinstance(perm, (str, bytes)) or not isinstance(perm, Iterable):
+        raise TypeError(
+            f"jax_rccl.{api}: perm must be an iterable of (source, destination) int pairs, "
+            f"got {type(perm).__name__} {perm!r}"
+        )
+    what = f"jax_rccl.{api}: perm must hold (source, destination) int pairs"
+    pairs = []
+    for pair in perm:
+        try:
+            s, d = pair
+        except (TypeError, ValueError):
+            raise TypeError(f"{what}, got {pair!r}") from None
+        pairs.append((_int(s, f"{what}; pair {pair!r}"), _int(d, f"{what}; pair {pair!r}")))
+    return tuple(pairs)
+
+
+def ppermute(x, axis_name, perm: Iterable[tuple[int, int]]):
+    """Send each device's value to another one (as jax.lax.ppermute); no sender -> zeros.
+
+    `perm`: any iterable of (source, destination) int pairs (a list, a zip, a generator, an
+    (n, 2) integer array)."""
     api = "ppermute"
     axes = _axes(axis_name, api)
     n = _mesh_size(axes)
-    if not isinstance(perm, (list, tuple)):
-        raise TypeError(
-            f"jax_rccl.{api}: perm must be a list or tuple of (source, "
-            f"destination) pairs, got {type(perm).__name__}"
-        )
-    try:
-        pairs = tuple((int(s), int(d)) for s, d in perm)
-    except (TypeError, ValueError) as e:
-        raise TypeError(
-            f"jax_rccl.{api}: perm must hold (source, destination) int pairs, got {perm!r}"
-        ) from e
+    pairs = _pairs(perm, api)
     for s, d in pairs:
         if not (0 <= s < n and 0 <= d < n):
             raise ValueError(f"jax_rccl.{api}: perm pair {(s, d)} is outside the axis of size {n}")
