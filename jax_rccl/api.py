@@ -239,11 +239,14 @@ def _encode(leaf, api: str, use: str, index: int):
     return [x], lambda ys: ys[0]
 
 
-def _encode_all(leaves, api, use, axes):
+def _encode_all(leaves, api, use, axes, *, vary=True):
+    """Leaves -> the primitive's leaves (made varying over `axes` unless `vary`, one bool or
+    one per leaf, is False), a decoder per leaf and how many primitive leaves each became."""
+    varies = [vary] * len(leaves) if isinstance(vary, bool) else list(vary)
     flat, decoders, counts = [], [], []
-    for i, leaf in enumerate(leaves):
+    for i, (leaf, v) in enumerate(zip(leaves, varies, strict=True)):
         parts, dec = _encode(leaf, api, use, i)
-        flat.extend(_pvary(p, axes) for p in parts)
+        flat.extend(_pvary(p, axes) if v else p for p in parts)
         decoders.append(dec)
         counts.append(len(parts))
     return flat, decoders, counts
@@ -369,12 +372,12 @@ def all_reduce(x, axis_name, *, op="sum", premul=None, axis_index_groups=None):
     )
 
 
-def preduce(x, axis_name, root, *, axis_index_groups=None):
+def preduce(x, axis_name, root: int, *, axis_index_groups=None):
     """Sum over `axis_name` delivered to the device at index `root`; the others get zeros."""
     return _rooted(x, axis_name, root, "preduce", "root", P.reduce_p, "sum", axis_index_groups)
 
 
-def pbroadcast(x, axis_name, source):
+def pbroadcast(x, axis_name, source: int):
     """Every device gets the value of the device at index `source` (as jax.lax.pbroadcast)."""
     return _rooted(x, axis_name, source, "pbroadcast", "source", P.broadcast_p, "move", None)
 
@@ -401,11 +404,33 @@ def _moveaxis(x, src, dst):
     return x if src == dst else jnp.moveaxis(x, src, dst)
 
 
-def all_gather(x, axis_name, *, axis=0, tiled=False, axis_index_groups=None):
-    """Gather every device's value along `axis` (as jax.lax.all_gather)."""
+def all_gather(
+    x,
+    axis_name,
+    *,
+    axis_index_groups=None,
+    axis: int = 0,
+    tiled: bool = False,
+    to: str = "varying",
+):
+    """Gather every device's value along `axis` (as jax.lax.all_gather).
+
+    `to` types the result over `axis_name` as jax.lax does: "varying" (as the input),
+    "invarying" (the same on every device; its gradient keeps each device's own block) or
+    "reduced" (explicit sharding: a varying input, a result reduced over `axis_name` whose
+    cotangent is unreduced and goes back through a psum_scatter)."""
     api = "all_gather"
+    if not isinstance(to, str) or to not in P.GATHER_TO:
+        raise ValueError(
+            f"jax_rccl.{api}: to={to!r} is not one of " + ", ".join(map(repr, P.GATHER_TO))
+        )
     axes = _axes(axis_name, api)
     groups, n = _groups(axis_index_groups, axes, api)
+    if groups is not None and to != "varying":
+        raise NotImplementedError(
+            f"jax_rccl.{api}: axis_index_groups with to={to!r} is not supported (nor by "
+            "jax.lax); use to='varying'"
+        )
 
     def run(leaves):
         dims = []
@@ -416,8 +441,11 @@ def all_gather(x, axis_name, *, axis=0, tiled=False, axis_index_groups=None):
                     f"jax_rccl.{api}: tiled=True needs leaves of rank >= 1; leaf {i} is a scalar"
                 )
             dims.append(_canonical_dim(axis, nd if tiled else nd + 1, api, "axis"))
-        flat, decoders, counts = _encode_all(leaves, api, "move", axes)
-        outs = P.all_gather_p.bind(*flat, axes=axes, groups=groups, axis_size=n, tuning=_tuning())
+        # as jax.lax: a reduced result needs an input already varying (no pvary)
+        flat, decoders, counts = _encode_all(leaves, api, "move", axes, vary=to != "reduced")
+        outs = P.all_gather_p.bind(
+            *flat, axes=axes, groups=groups, axis_size=n, to=to, tuning=_tuning()
+        )
         res, k = [], 0
         for d, c, dec in zip(dims, counts, decoders, strict=True):
             ys = []
@@ -435,8 +463,30 @@ def all_gather(x, axis_name, *, axis=0, tiled=False, axis_index_groups=None):
     return _map_leaves(x, run)
 
 
-def psum_scatter(x, axis_name, *, scatter_dimension=0, tiled=False, axis_index_groups=None):
-    """Sum over `axis_name`, each device keeping its block of `scatter_dimension`."""
+def _scatter_source(leaf, axes, api: str, index: int) -> str:
+    """ "unreduced" for a leaf typed unreduced over `axes` (partial sums, explicit sharding),
+    else "varying"; a leaf unreduced over only some of them is refused, as by jax.lax."""
+    u = compat.unreduced(compat.typeof(leaf)) & set(axes)
+    if not u:
+        return "varying"
+    if u != set(axes):
+        raise ValueError(
+            f"jax_rccl.{api}: leaf {index} is unreduced over {sorted(map(str, u))} but not over "
+            f"the rest of axis_name {tuple(axes)}; its type must be the same over all of them"
+        )
+    return "unreduced"
+
+
+def psum_scatter(
+    x,
+    axis_name,
+    *,
+    scatter_dimension: int = 0,
+    axis_index_groups=None,
+    tiled: bool = False,
+):
+    """Sum over `axis_name`, each device keeping its block of `scatter_dimension` (as
+    jax.lax.psum_scatter, also of values typed unreduced over `axis_name`)."""
     api = "psum_scatter"
     axes = _axes(axis_name, api)
     axes = compat.drop_size_one_axes(axes)
@@ -465,19 +515,37 @@ def psum_scatter(x, axis_name, *, scatter_dimension=0, tiled=False, axis_index_g
                     f"must equal the group size {n} (or pass tiled=True)"
                 )
             blocks.append(d)
-        flat, decoders, counts = _encode_all(leaves, api, "sum", axes)
-        ins, k = [], 0
-        for d, c in zip(blocks, counts, strict=True):
+        srcs = [_scatter_source(leaf, axes, api, i) for i, leaf in enumerate(leaves)]
+        if groups is not None and "unreduced" in srcs:
+            raise NotImplementedError(
+                f"jax_rccl.{api}: axis_index_groups with an unreduced input is not supported "
+                "(nor by jax.lax)"
+            )
+        vary = [src == "varying" for src in srcs]  # as jax.lax: no pvary of partial sums
+        flat, decoders, counts = _encode_all(leaves, api, "sum", axes, vary=vary)
+        ins, flat_srcs, k = [], [], 0
+        for d, c, src in zip(blocks, counts, srcs, strict=True):
             for v in flat[k : k + c]:
                 if tiled:
                     shape = list(v.shape)
                     shape[d : d + 1] = [n, shape[d] // n]
                     v = v.reshape(shape)
                 ins.append(_moveaxis(v, d, 0))
+                flat_srcs.append(src)
             k += c
-        outs = P.reduce_scatter_p.bind(
-            *ins, axes=axes, groups=groups, axis_size=n, tuning=_tuning()
-        )
+        outs = [None] * len(ins)
+        for src in sorted(set(flat_srcs)):  # one call per type of input (usually one)
+            idx = [j for j, s_ in enumerate(flat_srcs) if s_ == src]
+            res = P.reduce_scatter_p.bind(
+                *[ins[j] for j in idx],
+                axes=axes,
+                groups=groups,
+                axis_size=n,
+                src=src,
+                tuning=_tuning(),
+            )
+            for j, r in zip(idx, res, strict=True):
+                outs[j] = r
         return _decode_all(outs, decoders, counts)
 
     return _map_leaves(x, run)

@@ -475,16 +475,66 @@ compat.batching.fancy_primitive_batchers[broadcast_p] = partial(_rooted_batch, b
 
 
 # --- all_gather_p (x[s] -> y[n, s]) <-> reduce_scatter_p (x[n, s] -> y[s]) ------------------
+# all_gather_p's `to` types its result over `axes` as jax.lax.all_gather(to=...) does:
+# "varying" (keeps the input's type), "invarying" (invariant over `axes`; transposes to each
+# device's own block) or "reduced" (explicit sharding: reduced over `axes`, its cotangent
+# unreduced). reduce_scatter_p's `src` is "varying", or "unreduced" for the dual of "reduced"
+# (partial sums in, varying blocks out: jax.lax.psum_scatter of an unreduced value).
 
 all_gather_p = _defprim("all_gather")
 reduce_scatter_p = _defprim("reduce_scatter")
 
+GATHER_TO = ("varying", "invarying", "reduced")
 
-def _all_gather_abstract_eval(*avals, axes, groups, axis_size, tuning):
+
+def _all_gather_abstract_eval(*avals, axes, groups, axis_size, to, tuning):
     del groups, tuning
-    _common_checks(avals, axes, "jax_rccl.all_gather")
-    _require_varying(avals, axes, "jax_rccl.all_gather")
-    return ([a.update(shape=(axis_size, *a.shape)) for a in avals], compat.named_axis_effects(axes))
+    api = "jax_rccl.all_gather"
+    check_axis_names(axes, api)
+    _check_leaf_dtypes(avals, api)
+    if to not in GATHER_TO:
+        raise ValueError(f"{api}: to={to!r} is not one of {GATHER_TO}")
+    if to == "reduced":
+        _reduced_gather_checks(avals, axes, api)
+    else:
+        compat.check_unreduced(avals, axes, api)
+    if to == "varying":
+        _require_varying(avals, axes, api)
+    outs = []
+    for a in avals:
+        out = a.update(shape=(axis_size, *a.shape))
+        if to != "varying":
+            vma = compat.varying(a) - set(axes)
+            red = compat.reduced(a) | set(axes) if to == "reduced" else None
+            out = compat.with_axis_types(out, varying=vma, reduced=red)
+        outs.append(out)
+    return outs, compat.named_axis_effects(axes)
+
+
+def _reduced_gather_checks(avals, axes, api):
+    """jax.lax's rule for a Varying -> Reduced gather."""
+    for i, a in enumerate(avals):
+        vma = compat.varying(a)
+        if not vma & set(axes):
+            raise ValueError(
+                f"{api}(to='reduced'): leaf {i} must be varying over axis_name {tuple(axes)}, "
+                f"but its type varies over {sorted(map(str, vma))} (a shard_map body under "
+                "check_vma, with the value split over those axes)"
+            )
+        if compat.reduced(a) & set(axes):
+            raise ValueError(
+                f"{api}(to='reduced'): leaf {i} is already reduced over axis_name {tuple(axes)}"
+            )
+
+
+def _all_gather_dual(cts, *, axes, groups, axis_size, to, tuning):
+    if to == "invarying":  # each device's own block of the invariant cotangent
+        r = lax.axis_index(tuple(axes))
+        return [lax.dynamic_index_in_dim(ct, r, 0, keepdims=False) for ct in cts]
+    src = "unreduced" if to == "reduced" else "varying"
+    return reduce_scatter_p.bind(
+        *cts, axes=axes, groups=groups, axis_size=axis_size, src=src, tuning=tuning
+    )
 
 
 def _all_gather_batch(axis_data, vals, dims, **params):
@@ -499,15 +549,20 @@ def _all_gather_batch(axis_data, vals, dims, **params):
     ]
 
 
-def _all_gather_over_vmapped_axis(axis_data, vals, dims, *, axes, groups, axis_size, tuning):
+def _all_gather_over_vmapped_axis(axis_data, vals, dims, *, axes, groups, axis_size, to, tuning):
     """y[n, s] = every element's x, the same for all elements (unbatched)."""
+    if to == "reduced":
+        raise NotImplementedError(
+            "jax_rccl.all_gather: to='reduced' over an axis bound by jax.vmap "
+            f"({axis_data.name!r}) is not supported (nor by jax.lax)"
+        )
     rest, M, V, m = _vmapped_split(axis_data, axes, groups, "jax_rccl.all_gather")
     # Batched leaves x[V, s] gather over the rest to [M m, V, s]; unbatched ones to [M m, s].
     xs = [
         x if d is compat.not_mapped else _moveaxis(x, d, 0) for x, d in zip(vals, dims, strict=True)
     ]
     if rest:
-        xs = all_gather_p.bind(*xs, axes=rest, groups=None, axis_size=M * m, tuning=tuning)
+        xs = all_gather_p.bind(*xs, axes=rest, groups=None, axis_size=M * m, to=to, tuning=tuning)
     outs = []
     for x, d in zip(xs, dims, strict=True):
         if not rest:
@@ -522,7 +577,7 @@ def _all_gather_over_vmapped_axis(axis_data, vals, dims, *, axes, groups, axis_s
 all_gather_p.def_effectful_abstract_eval(_all_gather_abstract_eval)
 compat.ad.primitive_jvps[all_gather_p] = partial(_linear_jvp, all_gather_p)
 compat.ad.primitive_transposes[all_gather_p] = partial(
-    _linear_transpose, lambda cts, **p: reduce_scatter_p.bind(*cts, **p), all_gather_p
+    _linear_transpose, _all_gather_dual, all_gather_p
 )
 compat.batching.fancy_primitive_batchers[all_gather_p] = _all_gather_batch
 
@@ -536,12 +591,40 @@ def _leading_blocks_check(avals, axis_size, api):
             )
 
 
-def _reduce_scatter_abstract_eval(*avals, axes, groups, axis_size, tuning):
+def _reduce_scatter_abstract_eval(*avals, axes, groups, axis_size, src, tuning):
     del groups, tuning
-    _common_checks(avals, axes, "jax_rccl.psum_scatter")
-    _leading_blocks_check(avals, axis_size, "jax_rccl.psum_scatter")
-    _require_varying(avals, axes, "jax_rccl.psum_scatter")
-    return [a.update(shape=a.shape[1:]) for a in avals], compat.named_axis_effects(axes)
+    api = "jax_rccl.psum_scatter"
+    _leading_blocks_check(avals, axis_size, api)
+    if src == "varying":
+        _common_checks(avals, axes, api)
+        _require_varying(avals, axes, api)
+        return [a.update(shape=a.shape[1:]) for a in avals], compat.named_axis_effects(axes)
+    check_axis_names(axes, api)
+    _check_leaf_dtypes(avals, api)
+    outs = []
+    for i, a in enumerate(avals):  # jax.lax's rule for an Unreduced -> Varying scatter
+        if not compat.unreduced(a) & set(axes):
+            raise ValueError(f"{api}: leaf {i} is not unreduced over axis_name {tuple(axes)}")
+        if compat.varying(a) & set(axes):
+            raise ValueError(f"{api}: leaf {i} is unreduced and varying over {tuple(axes)}")
+        if not compat.unreduced_by_sum(a):
+            raise ValueError(f"{api}: leaf {i} is unreduced with partial values that are no sums")
+        out = a.update(shape=a.shape[1:])
+        outs.append(
+            compat.with_axis_types(
+                out,
+                varying=compat.varying(a) | set(axes),
+                unreduced=compat.unreduced(a) - set(axes),
+            )
+        )
+    return outs, compat.named_axis_effects(axes)
+
+
+def _reduce_scatter_dual(cts, *, axes, groups, axis_size, src, tuning):
+    to = "reduced" if src == "unreduced" else "varying"
+    return all_gather_p.bind(
+        *cts, axes=axes, groups=groups, axis_size=axis_size, to=to, tuning=tuning
+    )
 
 
 def _blocks_batch(prim, axis_data, vals, dims, **params):
@@ -562,9 +645,16 @@ def _blocks_batch(prim, axis_data, vals, dims, **params):
     ]
 
 
-def _reduce_scatter_over_vmapped_axis(axis_data, vals, dims, *, axes, groups, axis_size, tuning):
+def _reduce_scatter_over_vmapped_axis(
+    axis_data, vals, dims, *, axes, groups, axis_size, src, tuning
+):
     """Element j of device (a, b) gets block (a, j, b) of the sum: sum the batch here, then
     scatter the blocks over the rest, each device keeping its V blocks."""
+    if src == "unreduced":
+        raise NotImplementedError(
+            "jax_rccl.psum_scatter of an unreduced value over an axis bound by jax.vmap "
+            f"({axis_data.name!r}) is not supported (nor by jax.lax)"
+        )
     rest, M, V, m = _vmapped_split(axis_data, axes, groups, "jax_rccl.psum_scatter")
     ts = [_sum_batch(x, d, V) for x, d in zip(vals, dims, strict=True)]  # t[n, s]
     if rest:
@@ -573,6 +663,7 @@ def _reduce_scatter_over_vmapped_axis(axis_data, vals, dims, *, axes, groups, ax
             axes=rest,
             groups=None,
             axis_size=M * m,
+            src=src,
             tuning=tuning,
         )
     return list(ts), [0] * len(ts)
@@ -581,7 +672,7 @@ def _reduce_scatter_over_vmapped_axis(axis_data, vals, dims, *, axes, groups, ax
 reduce_scatter_p.def_effectful_abstract_eval(_reduce_scatter_abstract_eval)
 compat.ad.primitive_jvps[reduce_scatter_p] = partial(_linear_jvp, reduce_scatter_p)
 compat.ad.primitive_transposes[reduce_scatter_p] = partial(
-    _linear_transpose, lambda cts, **p: all_gather_p.bind(*cts, **p), reduce_scatter_p
+    _linear_transpose, _reduce_scatter_dual, reduce_scatter_p
 )
 compat.batching.fancy_primitive_batchers[reduce_scatter_p] = partial(
     _blocks_batch, reduce_scatter_p

@@ -206,7 +206,7 @@ def run_mapped(fn, layout: Layout, tree, extra=(), *, check_vma=True):
     return jax.jit(local)(tree, extra)
 
 
-def run_twin(fn, layout: Layout, tree, extra=()):
+def run_twin(fn, layout: Layout, tree, extra=(), *, check_vma=True):
     """The same computation with every axis of `layout` a mesh axis (one element per device):
     what a collective over a vmapped axis must equal."""
     axes = layout.mesh + layout.vmap
@@ -216,5 +216,11 @@ def run_twin(fn, layout: Layout, tree, extra=()):
         out = fn(jax.tree_util.tree_map(lambda a: a[0], t), e)
         return jax.tree_util.tree_map(lambda y: jnp.expand_dims(y, 0), out)
 
-    sm = jax.shard_map(body, mesh=_mesh_of(axes), in_specs=(P(names), P()), out_specs=P(names))
+    sm = jax.shard_map(
+        body,
+        mesh=_mesh_of(axes),
+        in_specs=(P(names), P()),
+        out_specs=P(names),
+        check_vma=check_vma,
+    )
     return jax.jit(sm)(tree, extra)

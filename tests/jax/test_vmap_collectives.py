@@ -100,7 +100,7 @@ DTYPES = ("float32", "int32", "bfloat16")
 # --- the cases: per family, element shapes for a group of size n and the collective(s) per leaf
 
 
-def _reductions(lib, axes, n):
+def _reductions(lib, axes, n, lax_vmap=False):
     shapes = {"scalar": (), "odd": (3, 5), "empty": (0,)}
 
     def op(key, v):
@@ -109,7 +109,7 @@ def _reductions(lib, axes, n):
     return shapes, op
 
 
-def _all_reduce(lib, axes, n):
+def _all_reduce(lib, axes, n, lax_vmap=False):
     shapes = {"scalar": (), "odd": (3, 5), "empty": (0,)}
 
     def op(key, v):
@@ -123,7 +123,7 @@ def _all_reduce(lib, axes, n):
     return shapes, op
 
 
-def _all_gather(lib, axes, n):
+def _all_gather(lib, axes, n, lax_vmap=False):
     shapes = {"scalar": (), "odd": (7,), "2d": (3, 5), "empty": (0,)}
     kws = {
         "scalar": [{}],
@@ -131,10 +131,12 @@ def _all_gather(lib, axes, n):
         "2d": [dict(axis=1), dict(axis=2), dict(axis=-1, tiled=True)],
         "empty": [{}, dict(axis=1)],  # (jax.lax cannot gather an empty dimension tiled)
     }
+    if not lax_vmap:  # jax.lax's own to="invarying" fails over a vmapped axis (its pvary)
+        kws["2d"].append(dict(to="invarying"))
     return shapes, lambda key, v: [lib.all_gather(v, axes, **kw) for kw in kws[key]]
 
 
-def _psum_scatter(lib, axes, n):
+def _psum_scatter(lib, axes, n, lax_vmap=False):
     shapes = {"blocks": (n, 3), "tiled": (3, 2 * n), "flat": (2 * n,), "empty": (n, 0)}
     kws = {
         "blocks": dict(scatter_dimension=0),
@@ -145,7 +147,7 @@ def _psum_scatter(lib, axes, n):
     return shapes, lambda key, v: lib.psum_scatter(v, axes, **kws[key])
 
 
-def _all_to_all(lib, axes, n):
+def _all_to_all(lib, axes, n, lax_vmap=False):
     shapes = {"blocks": (n, 3), "tiled": (3, 2 * n), "tiled0": (2 * n, 5), "empty": (n, 0)}
     args = {
         "blocks": [(0, 1, False), (0, 0, False)],
@@ -166,20 +168,20 @@ def _perms(n):
     }
 
 
-def _ppermute(lib, axes, n, *, full_only=False):
+def _ppermute(lib, axes, n, lax_vmap=False):
     shapes = {"scalar": (), "odd": (3, 5), "empty": (0,)}
     perms = _perms(n)
-    if full_only:  # jax.lax's vmap rule takes only permutations of the whole axis
+    if lax_vmap:  # jax.lax's vmap rule takes only permutations of the whole axis
         perms = {k: p for k, p in perms.items() if len(p) == n}
     return shapes, lambda key, v: [lib.ppermute(v, axes, p) for p in perms.values()]
 
 
-def _pbroadcast(lib, axes, n):
+def _pbroadcast(lib, axes, n, lax_vmap=False):
     shapes = {"scalar": (), "odd": (3, 5), "empty": (0,)}
     return shapes, lambda key, v: [lib.pbroadcast(v, axes, s) for s in sorted({0, n // 2, n - 1})]
 
 
-def _preduce(lib, axes, n):
+def _preduce(lib, axes, n, lax_vmap=False):
     shapes = {"scalar": (), "odd": (3, 5), "empty": (0,)}
     return shapes, lambda key, v: [lib.preduce(v, axes, r) for r in sorted({0, n - 1})]
 
@@ -271,9 +273,8 @@ LAX_VMAP_COMBOS = [
 )
 def test_matches_lax_under_the_same_vmap(combo, family):
     layout, axes = combo
-    kw = dict(full_only=True) if family == "ppermute" else {}
-    fn, tree = _case(family, jax_rccl, layout, axes, **kw)
-    ref, _ = _case(family, lax, layout, axes, **kw)
+    fn, tree = _case(family, jax_rccl, layout, axes, lax_vmap=True)
+    ref, _ = _case(family, lax, layout, axes, lax_vmap=True)
     assert_same(
         run_mapped(fn, layout, tree, check_vma=False),
         run_mapped(ref, layout, tree, check_vma=False),
@@ -283,7 +284,7 @@ def test_matches_lax_under_the_same_vmap(combo, family):
 # --- transforms around and inside the vmaps ----------------------------------------------------
 
 
-def _linear(lib, axes, n):
+def _linear(lib, axes, n, *, invarying=True):
     """Every differentiable collective on one float32 element x[2n, 3]."""
     perm = _perms(n)["partial"]
 
@@ -295,6 +296,7 @@ def _linear(lib, axes, n):
             lib.pmean(v * v, axes),
             lib.all_gather(v, axes, axis=1),
             lib.all_gather(v, axes, tiled=True),
+            *([lib.all_gather(v * v, axes, axis=1, to="invarying")] if invarying else []),
             lib.psum_scatter(v, axes, tiled=True),
             lib.psum_scatter(v[:n], axes),
             lib.all_to_all(v, axes, 0, 1, tiled=True),
@@ -338,21 +340,27 @@ def test_grad_through_the_vmaps(combo):
 def test_grad_inside_the_vmaps(combo):
     """Transposes bound over the vmapped axis, then batched (per-example gradients).
 
-    A vmapped axis is untyped: as in jax.lax's own vmap rules (and shard_map without
-    check_vma), the gradient an element gets is that of the sum of all elements' losses over
-    it; over the mesh axes the types decide, as in jax.lax. The twin: each element's loss
-    summed over the axes that the layout vmaps, on a mesh under check_vma."""
+    A vmapped axis is untyped, as in jax.lax's own vmap rules: with only vmapped axes, the
+    twin is the mesh without check_vma (psum transposes to psum, an invariant gather to each
+    device's own block). With mesh axes too, those follow check_vma's types, as in jax.lax;
+    the twin is then typed throughout, with each element's loss summed over the axes that
+    the layout vmaps (which is what transposing a psum to a psum computes). (to="invarying"
+    has no such twin there: its transpose takes each element's own block.)"""
     layout, axes = combo
     n, tree = _group_size(layout, axes), _float_input(layout, axes)
     vmapped = tuple(a for a, _ in layout.vmap)
+    typed = bool(layout.mesh)
 
     def per_element(lib, total):
-        body = _linear(lib, axes, n)
+        body = _linear(lib, axes, n, invarying=not typed)
         return lambda t, e: jax.grad(lambda u: total(_loss(body(u, e))))(t)
 
     got = run_mapped(per_element(jax_rccl, lambda v: v), layout, tree)
-    ref = per_element(LaxRef.of(layout), lambda v: lax.psum(v, vmapped))
-    assert_same(got, run_twin(ref, layout, tree), rtol=1e-5)
+    if typed:
+        ref = per_element(LaxRef.of(layout), lambda v: lax.psum(v, vmapped))
+    else:
+        ref = per_element(LaxRef.of(layout), lambda v: v)
+    assert_same(got, run_twin(ref, layout, tree, check_vma=typed), rtol=1e-5)
 
 
 def _lax_linear(lib, axes, n):
@@ -458,6 +466,22 @@ def test_vmap_of_shard_map(family, check_vma):
             _vmap_of_shard_map(fn, tree, check_vma=False),
             _vmap_of_shard_map(ref, tree, check_vma=False),
         )
+
+
+def test_all_gather_to_reduced_over_a_vmapped_axis_is_refused_like_lax():
+    x = jnp.zeros((2, 3))
+    for lib in (lax, jax_rccl):
+        with pytest.raises((NotImplementedError, ValueError)):
+            jax.vmap(lambda v, lib=lib: lib.all_gather(v, "v", to="reduced"), axis_name="v")(x)
+    with pytest.raises(NotImplementedError, match="to='reduced' over an axis bound by jax.vmap"):
+        jax.jit(
+            jax.shard_map(
+                jax.vmap(lambda v: jax_rccl.all_gather(v, ("v", "i"), to="reduced"), axis_name="v"),
+                mesh=jax.sharding.Mesh(np.array(jax.devices()[:4]), ("i",)),
+                in_specs=jax.P("i"),
+                out_specs=jax.P("i"),
+            )
+        ).trace(jnp.zeros((8, 3)))
 
 
 # --- axis_index_groups --------------------------------------------------------------------------
