@@ -54,6 +54,36 @@ def varying(aval) -> frozenset:
     return frozenset(getattr(aval, "vma", frozenset()))  # older: aval.vma
 
 
+def reduced(aval) -> frozenset:
+    """The manual axes over which values of type `aval` are reduced: equal on every device,
+    their cotangents unreduced (explicit sharding)."""
+    return frozenset(getattr(getattr(aval, "mat", None), "reduced", frozenset()))
+
+
+def unreduced(aval) -> frozenset:
+    """The manual axes over which values of type `aval` are partial sums still to be added."""
+    return frozenset(getattr(getattr(aval, "mat", None), "unreduced", frozenset()))
+
+
+def with_axis_types(aval, *, varying, reduced=None, unreduced=None):
+    """`aval` with its varying (and reduced / unreduced, when given) manual axes replaced."""
+    fields = {"varying": frozenset(varying)}
+    if reduced is not None:
+        fields["reduced"] = frozenset(reduced)
+    if unreduced is not None:
+        fields["unreduced"] = frozenset(unreduced)
+        if not fields["unreduced"] and hasattr(aval.mat, "unreduced_kind"):  # 0.11+
+            fields["unreduced_kind"] = None
+    return aval.update(manual_axis_type=aval.mat.update(**fields))
+
+
+def unreduced_by_sum(aval) -> bool:
+    """Whether the unreduced partial values of `aval` add up (0.11 records how they combine;
+    0.10 has sums only)."""
+    kind = getattr(getattr(aval, "mat", None), "unreduced_kind", None)
+    return kind is None or getattr(kind, "name", str(kind)).lower().endswith("sum")
+
+
 def with_varying(aval, vma):
     """`aval` with its varying manual axes replaced by `vma`."""
     vma = frozenset(vma)
@@ -83,6 +113,14 @@ def check_unreduced(avals, axes, name):
     fn = getattr(_core, "check_unreduced_args", None)
     if fn is not None:
         fn(list(avals), tuple(axes), name)
+
+
+def manual_axes() -> tuple:
+    """The mesh axes of the enclosing shard_map bodies, in mesh order: the axes a value's type
+    may vary over (an axis bound by jax.vmap is none of them)."""
+    from jax._src.mesh import get_abstract_mesh
+
+    return tuple(get_abstract_mesh().manual_axes)
 
 
 def drop_size_one_axes(axes: tuple) -> tuple:

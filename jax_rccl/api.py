@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import contextlib
 import numbers
-from collections.abc import Sequence
+import operator
+from collections.abc import Iterable
 
 import jax
 import jax.numpy as jnp
@@ -155,18 +156,28 @@ def _mesh_size(axes) -> int:
     return int(np.prod([compat.axis_size(a) for a in axes], dtype=np.int64))
 
 
+def _int(value, what: str) -> int:
+    """`value` as an int: a Python or NumPy integer (a 0-d integer array too), never a float
+    or a bool (which would be truncated or read as 0/1 silently). TypeError naming `what`."""
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{what}; got the bool {value!r}")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{what}; got the {type(value).__name__} {value!r}") from None
+
+
 def _groups(axis_index_groups, axes, api: str):
     """Canonical axis_index_groups (tuple of tuples) and the group size."""
     size = _mesh_size(axes)
     if axis_index_groups is None:
         return None, size
+    what = f"jax_rccl.{api}: axis_index_groups must be a list of lists of ints"
     try:
-        groups = tuple(tuple(int(i) for i in g) for g in axis_index_groups)
+        rows = [list(g) for g in axis_index_groups]
     except TypeError as e:
-        raise TypeError(
-            f"jax_rccl.{api}: axis_index_groups must be a list of lists of ints, got "
-            f"{axis_index_groups!r}"
-        ) from e
+        raise TypeError(f"{what}, got {axis_index_groups!r}") from e
+    groups = tuple(tuple(_int(i, what) for i in g) for g in rows)
     flat = [i for g in groups for i in g]
     if sorted(flat) != list(range(size)):
         raise ValueError(
@@ -191,11 +202,13 @@ def _canonical_dim(dim, ndim, api, arg):
 
 
 def _pvary(x, axes):
-    """What jax.lax does to an input not yet varying over `axes` (check_vma + auto_pcast)."""
-    if not (compat.check_vma_enabled() and compat.auto_pcast_enabled()):
+    """What jax.lax does to an input not yet varying over `axes` (check_vma + auto_pcast).
+
+    Only mesh axes take part: a value never varies over an axis bound by jax.vmap in its type
+    (jax.lax's own pvary fails on one)."""
+    if not compat.auto_pcast_enabled():
         return x
-    missing = tuple(a for a in axes if a not in compat.varying(compat.typeof(x)))
-    return compat.pvary(x, missing) if missing else x
+    return P.vary_over(x, axes)
 
 
 # --- dtypes: what the runtime takes, and the conversions around it -----------------------------
@@ -226,11 +239,14 @@ def _encode(leaf, api: str, use: str, index: int):
     return [x], lambda ys: ys[0]
 
 
-def _encode_all(leaves, api, use, axes):
+def _encode_all(leaves, api, use, axes, *, vary=True):
+    """Leaves -> the primitive's leaves (made varying over `axes` unless `vary`, one bool or
+    one per leaf, is False), a decoder per leaf and how many primitive leaves each became."""
+    varies = [vary] * len(leaves) if isinstance(vary, bool) else list(vary)
     flat, decoders, counts = [], [], []
-    for i, leaf in enumerate(leaves):
+    for i, (leaf, v) in enumerate(zip(leaves, varies, strict=True)):
         parts, dec = _encode(leaf, api, use, i)
-        flat.extend(_pvary(p, axes) for p in parts)
+        flat.extend(_pvary(p, axes) if v else p for p in parts)
         decoders.append(dec)
         counts.append(len(parts))
     return flat, decoders, counts
@@ -356,12 +372,12 @@ def all_reduce(x, axis_name, *, op="sum", premul=None, axis_index_groups=None):
     )
 
 
-def preduce(x, axis_name, root, *, axis_index_groups=None):
+def preduce(x, axis_name, root: int, *, axis_index_groups=None):
     """Sum over `axis_name` delivered to the device at index `root`; the others get zeros."""
     return _rooted(x, axis_name, root, "preduce", "root", P.reduce_p, "sum", axis_index_groups)
 
 
-def pbroadcast(x, axis_name, source):
+def pbroadcast(x, axis_name, source: int):
     """Every device gets the value of the device at index `source` (as jax.lax.pbroadcast)."""
     return _rooted(x, axis_name, source, "pbroadcast", "source", P.broadcast_p, "move", None)
 
@@ -369,14 +385,13 @@ def pbroadcast(x, axis_name, source):
 def _rooted(x, axis_name, root, api, arg, prim, use, axis_index_groups):
     axes = _axes(axis_name, api)
     groups, n = _groups(axis_index_groups, axes, api)
-    if not isinstance(root, (int, np.integer)) or isinstance(root, bool):
-        raise TypeError(f"jax_rccl.{api}: {arg} must be an int, got {root!r}")
+    root = _int(root, f"jax_rccl.{api}: {arg} must be an int")
     if not 0 <= root < n:
         raise ValueError(f"jax_rccl.{api}: {arg}={root} is outside the group of size {n}")
 
     def run(leaves):
         flat, decoders, counts = _encode_all(leaves, api, use, axes)
-        outs = prim.bind(*flat, axes=axes, groups=groups, root=int(root), tuning=_tuning())
+        outs = prim.bind(*flat, axes=axes, groups=groups, root=root, tuning=_tuning())
         return _decode_all(outs, decoders, counts)
 
     return _map_leaves(x, run)
@@ -389,11 +404,33 @@ def _moveaxis(x, src, dst):
     return x if src == dst else jnp.moveaxis(x, src, dst)
 
 
-def all_gather(x, axis_name, *, axis=0, tiled=False, axis_index_groups=None):
-    """Gather every device's value along `axis` (as jax.lax.all_gather)."""
+def all_gather(
+    x,
+    axis_name,
+    *,
+    axis_index_groups=None,
+    axis: int = 0,
+    tiled: bool = False,
+    to: str = "varying",
+):
+    """Gather every device's value along `axis` (as jax.lax.all_gather).
+
+    `to` types the result over `axis_name` as jax.lax does: "varying" (as the input),
+    "invarying" (the same on every device; its gradient keeps each device's own block) or
+    "reduced" (explicit sharding: a varying input, a result reduced over `axis_name` whose
+    cotangent is unreduced and goes back through a psum_scatter)."""
     api = "all_gather"
+    if not isinstance(to, str) or to not in P.GATHER_TO:
+        raise ValueError(
+            f"jax_rccl.{api}: to={to!r} is not one of " + ", ".join(map(repr, P.GATHER_TO))
+        )
     axes = _axes(axis_name, api)
     groups, n = _groups(axis_index_groups, axes, api)
+    if groups is not None and to != "varying":
+        raise NotImplementedError(
+            f"jax_rccl.{api}: axis_index_groups with to={to!r} is not supported (nor by "
+            "jax.lax); use to='varying'"
+        )
 
     def run(leaves):
         dims = []
@@ -404,8 +441,11 @@ def all_gather(x, axis_name, *, axis=0, tiled=False, axis_index_groups=None):
                     f"jax_rccl.{api}: tiled=True needs leaves of rank >= 1; leaf {i} is a scalar"
                 )
             dims.append(_canonical_dim(axis, nd if tiled else nd + 1, api, "axis"))
-        flat, decoders, counts = _encode_all(leaves, api, "move", axes)
-        outs = P.all_gather_p.bind(*flat, axes=axes, groups=groups, axis_size=n, tuning=_tuning())
+        # as jax.lax: a reduced result needs an input already varying (no pvary)
+        flat, decoders, counts = _encode_all(leaves, api, "move", axes, vary=to != "reduced")
+        outs = P.all_gather_p.bind(
+            *flat, axes=axes, groups=groups, axis_size=n, to=to, tuning=_tuning()
+        )
         res, k = [], 0
         for d, c, dec in zip(dims, counts, decoders, strict=True):
             ys = []
@@ -423,8 +463,30 @@ def all_gather(x, axis_name, *, axis=0, tiled=False, axis_index_groups=None):
     return _map_leaves(x, run)
 
 
-def psum_scatter(x, axis_name, *, scatter_dimension=0, tiled=False, axis_index_groups=None):
-    """Sum over `axis_name`, each device keeping its block of `scatter_dimension`."""
+def _scatter_source(leaf, axes, api: str, index: int) -> str:
+    """ "unreduced" for a leaf typed unreduced over `axes` (partial sums, explicit sharding),
+    else "varying"; a leaf unreduced over only some of them is refused, as by jax.lax."""
+    u = compat.unreduced(compat.typeof(leaf)) & set(axes)
+    if not u:
+        return "varying"
+    if u != set(axes):
+        raise ValueError(
+            f"jax_rccl.{api}: leaf {index} is unreduced over {sorted(map(str, u))} but not over "
+            f"the rest of axis_name {tuple(axes)}; its type must be the same over all of them"
+        )
+    return "unreduced"
+
+
+def psum_scatter(
+    x,
+    axis_name,
+    *,
+    scatter_dimension: int = 0,
+    axis_index_groups=None,
+    tiled: bool = False,
+):
+    """Sum over `axis_name`, each device keeping its block of `scatter_dimension` (as
+    jax.lax.psum_scatter, also of values typed unreduced over `axis_name`)."""
     api = "psum_scatter"
     axes = _axes(axis_name, api)
     axes = compat.drop_size_one_axes(axes)
@@ -453,19 +515,37 @@ def psum_scatter(x, axis_name, *, scatter_dimension=0, tiled=False, axis_index_g
                     f"must equal the group size {n} (or pass tiled=True)"
                 )
             blocks.append(d)
-        flat, decoders, counts = _encode_all(leaves, api, "sum", axes)
-        ins, k = [], 0
-        for d, c in zip(blocks, counts, strict=True):
+        srcs = [_scatter_source(leaf, axes, api, i) for i, leaf in enumerate(leaves)]
+        if groups is not None and "unreduced" in srcs:
+            raise NotImplementedError(
+                f"jax_rccl.{api}: axis_index_groups with an unreduced input is not supported "
+                "(nor by jax.lax)"
+            )
+        vary = [src == "varying" for src in srcs]  # as jax.lax: no pvary of partial sums
+        flat, decoders, counts = _encode_all(leaves, api, "sum", axes, vary=vary)
+        ins, flat_srcs, k = [], [], 0
+        for d, c, src in zip(blocks, counts, srcs, strict=True):
             for v in flat[k : k + c]:
                 if tiled:
                     shape = list(v.shape)
                     shape[d : d + 1] = [n, shape[d] // n]
                     v = v.reshape(shape)
                 ins.append(_moveaxis(v, d, 0))
+                flat_srcs.append(src)
             k += c
-        outs = P.reduce_scatter_p.bind(
-            *ins, axes=axes, groups=groups, axis_size=n, tuning=_tuning()
-        )
+        outs = [None] * len(ins)
+        for src in sorted(set(flat_srcs)):  # one call per type of input (usually one)
+            idx = [j for j, s_ in enumerate(flat_srcs) if s_ == src]
+            res = P.reduce_scatter_p.bind(
+                *[ins[j] for j in idx],
+                axes=axes,
+                groups=groups,
+                axis_size=n,
+                src=src,
+                tuning=_tuning(),
+            )
+            for j, r in zip(idx, res, strict=True):
+                outs[j] = r
         return _decode_all(outs, decoders, counts)
 
     return _map_leaves(x, run)
@@ -524,22 +604,34 @@ def all_to_all(x, axis_name, split_axis, concat_axis, *, tiled=False, axis_index
     return _map_leaves(x, run)
 
 
-def ppermute(x, axis_name, perm: Sequence[tuple[int, int]]):
-    """Send each device's value to another one (as jax.lax.ppermute); no sender -> zeros."""
+def _pairs(perm, api: str) -> tuple[tuple[int, int], ...]:
+    """perm as a tuple of int pairs: any iterable of (source, destination) pairs, as jax.lax
+    takes (a list, a zip, a generator, an (n, 2) integer array)."""
+    if isinstance(perm, (str, bytes)) or not isinstance(perm, Iterable):
+        raise TypeError(
+            f"jax_rccl.{api}: perm must be an iterable of (source, destination) int pairs, "
+            f"got {type(perm).__name__} {perm!r}"
+        )
+    what = f"jax_rccl.{api}: perm must hold (source, destination) int pairs"
+    pairs = []
+    for pair in perm:
+        try:
+            s, d = pair
+        except (TypeError, ValueError):
+            raise TypeError(f"{what}, got {pair!r}") from None
+        pairs.append((_int(s, f"{what}; pair {pair!r}"), _int(d, f"{what}; pair {pair!r}")))
+    return tuple(pairs)
+
+
+def ppermute(x, axis_name, perm: Iterable[tuple[int, int]]):
+    """Send each device's value to another one (as jax.lax.ppermute); no sender -> zeros.
+
+    `perm`: any iterable of (source, destination) int pairs (a list, a zip, a generator, an
+    (n, 2) integer array)."""
     api = "ppermute"
     axes = _axes(axis_name, api)
     n = _mesh_size(axes)
-    if not isinstance(perm, (list, tuple)):
-        raise TypeError(
-            f"jax_rccl.{api}: perm must be a list or tuple of (source, "
-            f"destination) pairs, got {type(perm).__name__}"
-        )
-    try:
-        pairs = tuple((int(s), int(d)) for s, d in perm)
-    except (TypeError, ValueError) as e:
-        raise TypeError(
-            f"jax_rccl.{api}: perm must hold (source, destination) int pairs, got {perm!r}"
-        ) from e
+    pairs = _pairs(perm, api)
     for s, d in pairs:
         if not (0 <= s < n and 0 <= d < n):
             raise ValueError(f"jax_rccl.{api}: perm pair {(s, d)} is outside the axis of size {n}")

@@ -83,11 +83,13 @@ def _check_leaf_dtypes(avals, api: str) -> None:
 
 
 def _require_varying(avals, axes, api: str) -> None:
-    """jax.lax's rule for collectives that keep the varying type (check_vma only)."""
+    """jax.lax's rule for collectives that keep the varying type (check_vma only). Axes bound
+    by jax.vmap are not part of a value's type, so only mesh axes are checked."""
     if not compat.check_vma_enabled():
         return
+    mesh_axes = compat.manual_axes()
     for a in avals:
-        missing = [n for n in axes if n not in compat.varying(a)]
+        missing = [n for n in axes if n in mesh_axes and n not in compat.varying(a)]
         if missing:
             raise ValueError(
                 f"{api} must be applied to a value varying over {tuple(axes)}, but its type "
@@ -143,11 +145,79 @@ def _moved_perm(ndim, src, dst):
     return perm
 
 
-def _vmap_over_collective_axis(prim_name: str):
-    raise NotImplementedError(
-        f"jax_rccl.{prim_name}: a collective over an axis bound by jax.vmap is not supported; "
-        "use it over shard_map mesh axes"
-    )
+# --- collectives over an axis bound by jax.vmap ----------------------------------------------
+# The batching rule of a collective whose axes hold the vmapped axis `v` (size V) does the `v`
+# part as local array operations over the batch dimension, and the rest through the same
+# primitive over the remaining axes. A rank of the group over axes (..., v, ...) is row-major:
+# r = (a * V + j) * m + b, with a the rank over the axes before `v` (M of them in all), j the
+# index along `v`, b the rank over the axes after it (m); a * m + b is the rank over the rest.
+
+
+def _vmapped_split(axis_data, axes, groups, api: str):
+    """(rest axes, M, V, m) of a collective over `axes` that holds the vmapped axis."""
+    name = axis_data.name
+    if groups is not None:
+        raise NotImplementedError(
+            f"{api}: axis_index_groups with an axis bound by jax.vmap ({name!r} in axis_name "
+            f"{tuple(axes)}) is not supported (nor by jax.lax); use axis_index_groups=None or "
+            "a shard_map mesh axis"
+        )
+    p = axes.index(name)
+    major = int(np.prod([compat.axis_size(a) for a in axes[:p]], dtype=np.int64))
+    minor = int(np.prod([compat.axis_size(a) for a in axes[p + 1 :]], dtype=np.int64))
+    return axes[:p] + axes[p + 1 :], major, int(axis_data.size), minor
+
+
+def _split_rank(r, V, m):
+    """(j, rest rank) of rank r of the whole group."""
+    a, rem = divmod(int(r), V * m)
+    j, b = divmod(rem, m)
+    return j, a * m + b
+
+
+def _batch_first(x, d, size):
+    """x with its batch dimension first (broadcast to `size` when it has none)."""
+    return lax.broadcast(x, (size,)) if d is compat.not_mapped else _moveaxis(x, d, 0)
+
+
+def _sum_batch(x, d, size):
+    """The sum over the batch dimension (size * x when x has none)."""
+    if d is compat.not_mapped:
+        return x * np.asarray(size, x.dtype)
+    return lax.reduce_sum(x, (d,))
+
+
+def _to_rest_major(t, M, V, m):
+    """t[n, s] in group-rank order -> [M m, V, s]: rank (a, j, b) -> ((a, b), j)."""
+    s = t.shape[1:]
+    t = lax.reshape(t, (M, V, m, *s))
+    t = lax.transpose(t, (0, 2, 1, *range(3, 3 + len(s))))
+    return lax.reshape(t, (M * m, V, *s))
+
+
+def _from_rest_major(t, M, V, m):
+    """The inverse of _to_rest_major: [M m, V, s] -> [n, s] in group-rank order."""
+    s = t.shape[2:]
+    t = lax.reshape(t, (M, m, V, *s))
+    t = lax.transpose(t, (0, 2, 1, *range(3, 3 + len(s))))
+    return lax.reshape(t, (M * V * m, *s))
+
+
+def _take_or_zeros(x, index, size):
+    """y[j] = x[index[j]] along the leading dimension; zeros where index[j] == size."""
+    index = np.asarray(index)
+    if np.array_equal(index, np.arange(size)):
+        return x
+    return jnp.take(x, index, axis=0, mode="fill", fill_value=0)
+
+
+def vary_over(x, axes):
+    """x typed varying over the mesh axes among `axes` (under check_vma; vmapped axes are
+    never part of a type)."""
+    if not compat.check_vma_enabled():
+        return x
+    mesh_axes, have = compat.manual_axes(), compat.varying(compat.typeof(x))
+    return compat.pvary(x, tuple(a for a in axes if a in mesh_axes and a not in have))
 
 
 # --- all_reduce_p ------------------------------------------------------------------------------
@@ -174,12 +244,14 @@ def _all_reduce_abstract_eval(*avals, axes, groups, op, premul, premul_value, in
 
 
 def _sum_transpose_of(cts, *, axes, groups, invariant, tuning):
-    """Cotangent of a plain sum-all-reduce (jax.lax: psum <-> pvary, or psum when untyped)."""
+    """Cotangent of a plain sum-all-reduce (jax.lax: psum <-> pvary, or psum when untyped).
+    Axes bound by jax.vmap are untyped: over them the cotangent is summed (jax.lax's vmap)."""
     if invariant and compat.check_vma_enabled():
-        return [
-            compat.pvary(ct, tuple(a for a in axes if a not in compat.varying(compat.typeof(ct))))
-            for ct in cts
-        ]
+        mesh_axes = compat.manual_axes()
+        untyped = tuple(a for a in axes if a not in mesh_axes)
+        if untyped:
+            cts = _sum_transpose_of(cts, axes=untyped, groups=None, invariant=False, tuning=tuning)
+        return [vary_over(ct, axes) for ct in cts]
     return all_reduce_p.bind(
         *cts,
         axes=axes,
@@ -267,58 +339,62 @@ def _all_reduce_batch(
     )
     n = len(vals) // 2 if premul == 2 else len(vals)
     if axis_data.name in axes:
-        return _all_reduce_over_vmapped_axis(axis_data, vals[:n], dims[:n], **params)
+        return _all_reduce_over_vmapped_axis(axis_data, vals, dims, n, **params)
     if premul == 2 and any(d is not compat.not_mapped for d in dims[n:]):
         # A batched scale is no longer a scalar: apply it here and sum without a premul.
-        xs = []
-        for x, d, s, ds in zip(vals[:n], dims[:n], vals[n:], dims[n:], strict=True):
-            x = (
-                lax.broadcast(x, (axis_data.size,))
-                if d is compat.not_mapped
-                else _moveaxis(x, d, 0)
-            )
-            s = lax.broadcast(s, (axis_data.size,)) if ds is compat.not_mapped else s
-            s = lax.broadcast_in_dim(s.astype(x.dtype), x.shape, (0,))
-            xs.append(x * s)
-        outs = all_reduce_p.bind(*xs, **dict(params, premul=0))
-        return outs, [0] * n
+        pairs = [
+            _scaled(*a, axis_data.size)
+            for a in zip(vals[:n], dims[:n], vals[n:], dims[n:], strict=True)
+        ]
+        outs = all_reduce_p.bind(*[x for x, _ in pairs], **dict(params, premul=0))
+        return outs, [d for _, d in pairs]
     outs = all_reduce_p.bind(*vals, **params)
     return outs, list(dims[:n])
 
 
+def _scaled(x, d, scale, ds, size):
+    """(x * scale, its batch dimension) for a per-device scale scalar, either one batched."""
+    if d is compat.not_mapped and ds is compat.not_mapped:
+        return x * scale.astype(x.dtype), d
+    x, scale = _batch_first(x, d, size), _batch_first(scale, ds, size)
+    return x * lax.broadcast_in_dim(scale.astype(x.dtype), x.shape, (0,)), 0
+
+
 def _all_reduce_over_vmapped_axis(
-    axis_data, xs, dims, *, axes, groups, op, premul, premul_value, invariant, tuning
+    axis_data, vals, dims, n, *, axes, groups, op, premul, premul_value, invariant, tuning
 ):
-    if groups is not None or premul == 2:
-        _vmap_over_collective_axis("all_reduce with axis_index_groups or an array premul")
-    size = axis_data.size
+    """The vmapped axis reduced over the batch dimension, the rest by the runtime. avg sums
+    first and divides by the whole group size once (integers truncate, as the runtime)."""
+    rest, M, V, m = _vmapped_split(axis_data, axes, groups, "jax_rccl.all_reduce")
+    xs, ds = list(vals[:n]), list(dims[:n])
+    if premul == 1:
+        xs = [x * np.asarray(premul_value, x.dtype) for x in xs]
+    elif premul == 2:
+        pairs = [_scaled(*a, V) for a in zip(xs, ds, vals[n:], dims[n:], strict=True)]
+        xs, ds = [x for x, _ in pairs], [d for _, d in pairs]
+    local_op = "sum" if op == "avg" else op
     outs = []
-    for x, d in zip(xs, dims, strict=True):
-        if premul == 1:
-            x = x * np.asarray(premul_value, x.dtype)
-        if d is compat.not_mapped:
-            if op == "sum":
-                x = x * np.asarray(size, x.dtype)
-            elif op == "prod":
-                x = lax.integer_pow(x, size)
-        else:
-            if op == "avg":
-                x = lax.reduce_sum(x, (d,)) / np.asarray(size, x.dtype)
-            else:
-                x = _REDUCERS[op](x, (d,))
+    for x, d in zip(xs, ds, strict=True):
+        if d is not compat.not_mapped:
+            x = _REDUCERS[local_op](x, (d,))
+        elif local_op == "sum":
+            x = x * np.asarray(V, x.dtype)
+        elif local_op == "prod":
+            x = lax.integer_pow(x, V)
         outs.append(x)
-    rest = tuple(a for a in axes if a != axis_data.name)
     if rest:
         outs = all_reduce_p.bind(
             *outs,
             axes=rest,
             groups=None,
-            op=op,
+            op=local_op,
             premul=0,
             premul_value=0.0,
             invariant=invariant,
             tuning=tuning,
         )
+    if op == "avg":
+        outs = [lax.div(x, np.asarray(M * V * m, x.dtype)) for x in outs]
     return list(outs), [compat.not_mapped] * len(outs)
 
 
@@ -358,10 +434,29 @@ def _rooted_abstract_eval(*avals, axes, groups, root, tuning, api):
     return list(avals), compat.named_axis_effects(axes)
 
 
-def _rooted_batch(prim, axis_data, vals, dims, **params):
-    if axis_data.name in params["axes"]:
-        _vmap_over_collective_axis(prim.name)
-    return prim.bind(*vals, **params), list(dims)
+def _rooted_batch(prim, axis_data, vals, dims, *, axes, groups, root, tuning):
+    if axis_data.name not in axes:
+        return prim.bind(*vals, axes=axes, groups=groups, root=root, tuning=tuning), list(dims)
+    api = "jax_rccl.preduce" if prim is reduce_p else "jax_rccl.pbroadcast"
+    rest, M, V, m = _vmapped_split(axis_data, axes, groups, api)
+    j, rest_root = _split_rank(root, V, m)
+    if prim is broadcast_p:  # every element gets element j of the root's device
+        xs = [
+            x if d is compat.not_mapped else lax.index_in_dim(x, j, d, keepdims=False)
+            for x, d in zip(vals, dims, strict=True)
+        ]
+    else:  # the sum over the batch, delivered to element j of the root's device
+        xs = [_sum_batch(x, d, V) for x, d in zip(vals, dims, strict=True)]
+    if rest:
+        xs = prim.bind(*xs, axes=rest, groups=None, root=rest_root, tuning=tuning)
+    if prim is broadcast_p:
+        return list(xs), [compat.not_mapped] * len(xs)
+    # element j holds the result, the others zeros
+    outs = [
+        lax.pad(x[None], np.zeros((), x.dtype), [(j, V - 1 - j, 0)] + [(0, 0, 0)] * x.ndim)
+        for x in xs
+    ]
+    return outs, [0] * len(outs)
 
 
 reduce_p.def_effectful_abstract_eval(partial(_rooted_abstract_eval, api="jax_rccl.preduce"))
@@ -380,21 +475,71 @@ compat.batching.fancy_primitive_batchers[broadcast_p] = partial(_rooted_batch, b
 
 
 # --- all_gather_p (x[s] -> y[n, s]) <-> reduce_scatter_p (x[n, s] -> y[s]) ------------------
+# all_gather_p's `to` types its result over `axes` as jax.lax.all_gather(to=...) does:
+# "varying" (keeps the input's type), "invarying" (invariant over `axes`; transposes to each
+# device's own block) or "reduced" (explicit sharding: reduced over `axes`, its cotangent
+# unreduced). reduce_scatter_p's `src` is "varying", or "unreduced" for the dual of "reduced"
+# (partial sums in, varying blocks out: jax.lax.psum_scatter of an unreduced value).
 
 all_gather_p = _defprim("all_gather")
 reduce_scatter_p = _defprim("reduce_scatter")
 
+GATHER_TO = ("varying", "invarying", "reduced")
 
-def _all_gather_abstract_eval(*avals, axes, groups, axis_size, tuning):
+
+def _all_gather_abstract_eval(*avals, axes, groups, axis_size, to, tuning):
     del groups, tuning
-    _common_checks(avals, axes, "jax_rccl.all_gather")
-    _require_varying(avals, axes, "jax_rccl.all_gather")
-    return ([a.update(shape=(axis_size, *a.shape)) for a in avals], compat.named_axis_effects(axes))
+    api = "jax_rccl.all_gather"
+    check_axis_names(axes, api)
+    _check_leaf_dtypes(avals, api)
+    if to not in GATHER_TO:
+        raise ValueError(f"{api}: to={to!r} is not one of {GATHER_TO}")
+    if to == "reduced":
+        _reduced_gather_checks(avals, axes, api)
+    else:
+        compat.check_unreduced(avals, axes, api)
+    if to == "varying":
+        _require_varying(avals, axes, api)
+    outs = []
+    for a in avals:
+        out = a.update(shape=(axis_size, *a.shape))
+        if to != "varying":
+            vma = compat.varying(a) - set(axes)
+            red = compat.reduced(a) | set(axes) if to == "reduced" else None
+            out = compat.with_axis_types(out, varying=vma, reduced=red)
+        outs.append(out)
+    return outs, compat.named_axis_effects(axes)
+
+
+def _reduced_gather_checks(avals, axes, api):
+    """jax.lax's rule for a Varying -> Reduced gather."""
+    for i, a in enumerate(avals):
+        vma = compat.varying(a)
+        if not vma & set(axes):
+            raise ValueError(
+                f"{api}(to='reduced'): leaf {i} must be varying over axis_name {tuple(axes)}, "
+                f"but its type varies over {sorted(map(str, vma))} (a shard_map body under "
+                "check_vma, with the value split over those axes)"
+            )
+        if compat.reduced(a) & set(axes):
+            raise ValueError(
+                f"{api}(to='reduced'): leaf {i} is already reduced over axis_name {tuple(axes)}"
+            )
+
+
+def _all_gather_dual(cts, *, axes, groups, axis_size, to, tuning):
+    if to == "invarying":  # each device's own block of the invariant cotangent
+        r = lax.axis_index(tuple(axes))
+        return [lax.dynamic_index_in_dim(ct, r, 0, keepdims=False) for ct in cts]
+    src = "unreduced" if to == "reduced" else "varying"
+    return reduce_scatter_p.bind(
+        *cts, axes=axes, groups=groups, axis_size=axis_size, src=src, tuning=tuning
+    )
 
 
 def _all_gather_batch(axis_data, vals, dims, **params):
     if axis_data.name in params["axes"]:
-        _vmap_over_collective_axis("all_gather")
+        return _all_gather_over_vmapped_axis(axis_data, vals, dims, **params)
     # A batched leaf x[B, s] gathers to y[n, B, s]: the batch dimension ends up at 1.
     xs = [
         v if d is compat.not_mapped else _moveaxis(v, d, 0) for v, d in zip(vals, dims, strict=True)
@@ -404,10 +549,35 @@ def _all_gather_batch(axis_data, vals, dims, **params):
     ]
 
 
+def _all_gather_over_vmapped_axis(axis_data, vals, dims, *, axes, groups, axis_size, to, tuning):
+    """y[n, s] = every element's x, the same for all elements (unbatched)."""
+    if to == "reduced":
+        raise NotImplementedError(
+            "jax_rccl.all_gather: to='reduced' over an axis bound by jax.vmap "
+            f"({axis_data.name!r}) is not supported (nor by jax.lax)"
+        )
+    rest, M, V, m = _vmapped_split(axis_data, axes, groups, "jax_rccl.all_gather")
+    # Batched leaves x[V, s] gather over the rest to [M m, V, s]; unbatched ones to [M m, s].
+    xs = [
+        x if d is compat.not_mapped else _moveaxis(x, d, 0) for x, d in zip(vals, dims, strict=True)
+    ]
+    if rest:
+        xs = all_gather_p.bind(*xs, axes=rest, groups=None, axis_size=M * m, to=to, tuning=tuning)
+    outs = []
+    for x, d in zip(xs, dims, strict=True):
+        if not rest:
+            x = x[None]
+        if d is compat.not_mapped:
+            shape = (x.shape[0], V, *x.shape[1:])
+            x = lax.broadcast_in_dim(x, shape, (0, *range(2, len(shape))))
+        outs.append(_from_rest_major(x, M, V, m))
+    return outs, [compat.not_mapped] * len(outs)
+
+
 all_gather_p.def_effectful_abstract_eval(_all_gather_abstract_eval)
 compat.ad.primitive_jvps[all_gather_p] = partial(_linear_jvp, all_gather_p)
 compat.ad.primitive_transposes[all_gather_p] = partial(
-    _linear_transpose, lambda cts, **p: reduce_scatter_p.bind(*cts, **p), all_gather_p
+    _linear_transpose, _all_gather_dual, all_gather_p
 )
 compat.batching.fancy_primitive_batchers[all_gather_p] = _all_gather_batch
 
@@ -421,18 +591,51 @@ def _leading_blocks_check(avals, axis_size, api):
             )
 
 
-def _reduce_scatter_abstract_eval(*avals, axes, groups, axis_size, tuning):
+def _reduce_scatter_abstract_eval(*avals, axes, groups, axis_size, src, tuning):
     del groups, tuning
-    _common_checks(avals, axes, "jax_rccl.psum_scatter")
-    _leading_blocks_check(avals, axis_size, "jax_rccl.psum_scatter")
-    _require_varying(avals, axes, "jax_rccl.psum_scatter")
-    return [a.update(shape=a.shape[1:]) for a in avals], compat.named_axis_effects(axes)
+    api = "jax_rccl.psum_scatter"
+    _leading_blocks_check(avals, axis_size, api)
+    if src == "varying":
+        _common_checks(avals, axes, api)
+        _require_varying(avals, axes, api)
+        return [a.update(shape=a.shape[1:]) for a in avals], compat.named_axis_effects(axes)
+    check_axis_names(axes, api)
+    _check_leaf_dtypes(avals, api)
+    outs = []
+    for i, a in enumerate(avals):  # jax.lax's rule for an Unreduced -> Varying scatter
+        if not compat.unreduced(a) & set(axes):
+            raise ValueError(f"{api}: leaf {i} is not unreduced over axis_name {tuple(axes)}")
+        if compat.varying(a) & set(axes):
+            raise ValueError(f"{api}: leaf {i} is unreduced and varying over {tuple(axes)}")
+        if not compat.unreduced_by_sum(a):
+            raise ValueError(f"{api}: leaf {i} is unreduced with partial values that are no sums")
+        out = a.update(shape=a.shape[1:])
+        outs.append(
+            compat.with_axis_types(
+                out,
+                varying=compat.varying(a) | set(axes),
+                unreduced=compat.unreduced(a) - set(axes),
+            )
+        )
+    return outs, compat.named_axis_effects(axes)
+
+
+def _reduce_scatter_dual(cts, *, axes, groups, axis_size, src, tuning):
+    to = "reduced" if src == "unreduced" else "varying"
+    return all_gather_p.bind(
+        *cts, axes=axes, groups=groups, axis_size=axis_size, to=to, tuning=tuning
+    )
 
 
 def _blocks_batch(prim, axis_data, vals, dims, **params):
     """x[n, s] with a batch dimension: put it right after the block dimension."""
     if axis_data.name in params["axes"]:
-        _vmap_over_collective_axis(prim.name)
+        over = (
+            _reduce_scatter_over_vmapped_axis
+            if prim is reduce_scatter_p
+            else _all_to_all_over_vmapped_axis
+        )
+        return over(axis_data, vals, dims, **params)
     xs = [
         v if d is compat.not_mapped else _moveaxis(v, d, 1) for v, d in zip(vals, dims, strict=True)
     ]
@@ -442,10 +645,34 @@ def _blocks_batch(prim, axis_data, vals, dims, **params):
     ]
 
 
+def _reduce_scatter_over_vmapped_axis(
+    axis_data, vals, dims, *, axes, groups, axis_size, src, tuning
+):
+    """Element j of device (a, b) gets block (a, j, b) of the sum: sum the batch here, then
+    scatter the blocks over the rest, each device keeping its V blocks."""
+    if src == "unreduced":
+        raise NotImplementedError(
+            "jax_rccl.psum_scatter of an unreduced value over an axis bound by jax.vmap "
+            f"({axis_data.name!r}) is not supported (nor by jax.lax)"
+        )
+    rest, M, V, m = _vmapped_split(axis_data, axes, groups, "jax_rccl.psum_scatter")
+    ts = [_sum_batch(x, d, V) for x, d in zip(vals, dims, strict=True)]  # t[n, s]
+    if rest:
+        ts = reduce_scatter_p.bind(
+            *[_to_rest_major(t, M, V, m) for t in ts],
+            axes=rest,
+            groups=None,
+            axis_size=M * m,
+            src=src,
+            tuning=tuning,
+        )
+    return list(ts), [0] * len(ts)
+
+
 reduce_scatter_p.def_effectful_abstract_eval(_reduce_scatter_abstract_eval)
 compat.ad.primitive_jvps[reduce_scatter_p] = partial(_linear_jvp, reduce_scatter_p)
 compat.ad.primitive_transposes[reduce_scatter_p] = partial(
-    _linear_transpose, lambda cts, **p: all_gather_p.bind(*cts, **p), reduce_scatter_p
+    _linear_transpose, _reduce_scatter_dual, reduce_scatter_p
 )
 compat.batching.fancy_primitive_batchers[reduce_scatter_p] = partial(
     _blocks_batch, reduce_scatter_p
@@ -463,6 +690,30 @@ def _all_to_all_abstract_eval(*avals, axes, groups, axis_size, tuning):
     _leading_blocks_check(avals, axis_size, "jax_rccl.all_to_all")
     _require_varying(avals, axes, "jax_rccl.all_to_all")
     return [a.update(weak_type=False) for a in avals], compat.named_axis_effects(axes)
+
+
+def _all_to_all_over_vmapped_axis(axis_data, vals, dims, *, axes, groups, axis_size, tuning):
+    """Element j of device (a, b) gets block (a, j, b) of every element (a', j', b'):
+    x[j', (a, j, b)] is swapped to [(a, b), j, j'] here, exchanged over the rest, and the
+    arriving [(a', b'), j, j'] is laid out as y[j, (a', j', b')]."""
+    rest, M, V, m = _vmapped_split(axis_data, axes, groups, "jax_rccl.all_to_all")
+    xs = [_batch_first(x, d, V) for x, d in zip(vals, dims, strict=True)]  # x[V, n, s]
+    if not rest:
+        return [_moveaxis(x, 1, 0) for x in xs], [0] * len(xs)
+    ins = []
+    for x in xs:
+        s = x.shape[2:]
+        x = lax.reshape(x, (V, M, V, m, *s))
+        x = lax.transpose(x, (1, 3, 2, 0, *range(4, 4 + len(s))))
+        ins.append(lax.reshape(x, (M * m, V, V, *s)))
+    outs = all_to_all_p.bind(*ins, axes=rest, groups=None, axis_size=M * m, tuning=tuning)
+    ys = []
+    for y in outs:
+        s = y.shape[3:]
+        y = lax.reshape(y, (M, m, V, V, *s))
+        y = lax.transpose(y, (2, 0, 3, 1, *range(4, 4 + len(s))))
+        ys.append(lax.reshape(y, (V, M * V * m, *s)))
+    return ys, [0] * len(ys)
 
 
 all_to_all_p.def_effectful_abstract_eval(_all_to_all_abstract_eval)
@@ -492,8 +743,52 @@ def _ppermute_transpose_dual(cts, *, axes, perm, tuning):
 
 def _ppermute_batch(axis_data, vals, dims, **params):
     if axis_data.name in params["axes"]:
-        _vmap_over_collective_axis("ppermute")
+        return _ppermute_over_vmapped_axis(axis_data, vals, dims, **params)
     return ppermute_p.bind(*vals, **params), list(dims)
+
+
+def _ppermute_rank_order(axes) -> tuple:
+    """The axes of a ppermute, major to minor in its rank numbering."""
+    mesh_axes = compat.manual_axes()
+    return tuple(a for a in mesh_axes if a in axes) + tuple(a for a in axes if a not in mesh_axes)
+
+
+def _ppermute_over_vmapped_axis(axis_data, vals, dims, *, axes, perm, tuning):
+    """Pairs (a, j, b) -> (a', j', b') grouped by their pairs over the rest: the pairs of one
+    group move as one local gather along the batch (j -> j') and one ppermute over the rest.
+
+    jax.lax.ppermute over several mesh axes numbers the devices in mesh order whatever the
+    order of `axes`; with vmapped axes among them, the mesh axes stay major (in mesh order)
+    and the vmapped ones follow in the order of `axes`."""
+    axes = _ppermute_rank_order(axes)
+    rest, M, V, m = _vmapped_split(axis_data, axes, None, "jax_rccl.ppermute")
+    xs = [_batch_first(x, d, V) for x, d in zip(vals, dims, strict=True)]
+    rest_pairs: dict = {}  # (j, j') -> the pairs over the rest
+    for src, dst in perm:
+        (js, rs), (jd, rd) = _split_rank(src, V, m), _split_rank(dst, V, m)
+        rest_pairs.setdefault((js, jd), []).append((rs, rd))
+    moves: dict = {}  # pairs over the rest -> the batch index each element takes (V: none)
+    for (js, jd), pairs in rest_pairs.items():
+        moves.setdefault(tuple(sorted(pairs)), np.full(V, V)).__setitem__(jd, js)
+    if not moves:
+        moves[()] = np.full(V, V)
+    outs = None
+    for pairs, index in moves.items():
+        ys = [_take_or_zeros(x, index, V) for x in xs]
+        if rest and pairs and outs is None:
+            ys = ppermute_p.bind(*ys, axes=rest, perm=pairs, tuning=tuning)
+        elif rest and pairs:
+            # The groups deliver to disjoint (element, device) pairs: a flag per element
+            # travels with the data and says where this group's result is the one to keep.
+            flag = _take_or_zeros(vary_over(np.ones(V, np.uint8), rest), index, V)
+            *ys, flag = ppermute_p.bind(*ys, flag, axes=rest, perm=pairs, tuning=tuning)
+            keep = flag.astype(np.bool_)
+            ys = [
+                lax.select(lax.broadcast_in_dim(keep, y.shape, (0,)), y, o)
+                for y, o in zip(ys, outs, strict=True)
+            ]
+        outs = list(ys)
+    return outs, [0] * len(outs)
 
 
 ppermute_p.def_effectful_abstract_eval(_ppermute_abstract_eval)

@@ -357,8 +357,8 @@ def _broadcast_rule(ctx, *args, axes, groups, root, tuning):
 def _moving_rule(kind, api):
     """The rule of a data-movement primitive (all_gather, reduce_scatter, all_to_all)."""
 
-    def rule(ctx, *args, axes, groups, axis_size, tuning):
-        del axis_size
+    def rule(ctx, *args, axes, groups, axis_size, tuning, **typing):
+        del axis_size, typing  # all_gather's `to`, reduce_scatter's `src`: types only
         return lower_collective(
             ctx, *args, kind=kind, axes=axes, groups=groups, tuning=tuning, name=_label(api, axes)
         )

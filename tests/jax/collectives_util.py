@@ -3,6 +3,7 @@ jit(shard_map) next to its jax.lax twin, and comparing the two."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 
@@ -148,3 +149,78 @@ def maybe_empty(tree):
     if not EMPTY_LEAF_IN_TREE_OK:
         tree = {k: v for k, v in tree.items() if k != "empty"}
     return tree
+
+
+# --- named axes bound by jax.vmap, and their twins on a mesh -----------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """Named axes of a test, outer to inner: shard_map mesh axes, then jax.vmap axes.
+
+    An element of a test's input is one point of the grid of all axes; the global input's
+    leading dimension enumerates them row-major in this order (mesh axes, then vmap axes)."""
+
+    mesh: tuple[tuple[str, int], ...] = ()
+    vmap: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def size(self) -> int:
+        return int(np.prod([s for _, s in self.mesh + self.vmap], dtype=np.int64))
+
+    def __str__(self):
+        parts = [f"{n}{s}" for n, s in self.mesh] + [f"vmap:{n}{s}" for n, s in self.vmap]
+        return ",".join(parts)
+
+
+def _mesh_of(axes) -> Mesh:
+    n = int(np.prod([s for _, s in axes], dtype=np.int64))
+    devs = np.array(jax.devices()[:n]).reshape([s for _, s in axes])
+    return Mesh(devs, tuple(a for a, _ in axes))
+
+
+def run_mapped(fn, layout: Layout, tree, extra=(), *, check_vma=True):
+    """jit of `fn` mapped over `layout`: shard_map over its mesh axes around nested jax.vmaps
+    over its vmap axes. `tree` leaves are [layout.size, ...] (one row per element); `extra`
+    reaches every element as it is (replicated, unbatched): fn(element, extra)."""
+    sizes = [s for _, s in layout.vmap]
+    f = fn
+    for name, _ in reversed(layout.vmap):
+        f = jax.vmap(f, in_axes=(0, None), axis_name=name)
+
+    def local(t, e):
+        t = jax.tree_util.tree_map(lambda a: a.reshape(*sizes, *a.shape[1:]), t)
+        out = f(t, e)
+        rows = int(np.prod(sizes, dtype=np.int64))
+        return jax.tree_util.tree_map(lambda a: a.reshape(rows, *a.shape[len(sizes) :]), out)
+
+    if layout.mesh:
+        names = tuple(a for a, _ in layout.mesh)
+        local = jax.shard_map(
+            local,
+            mesh=_mesh_of(layout.mesh),
+            in_specs=(P(names), P()),
+            out_specs=P(names),
+            check_vma=check_vma,
+        )
+    return jax.jit(local)(tree, extra)
+
+
+def run_twin(fn, layout: Layout, tree, extra=(), *, check_vma=True):
+    """The same computation with every axis of `layout` a mesh axis (one element per device):
+    what a collective over a vmapped axis must equal."""
+    axes = layout.mesh + layout.vmap
+    names = tuple(a for a, _ in axes)
+
+    def body(t, e):
+        out = fn(jax.tree_util.tree_map(lambda a: a[0], t), e)
+        return jax.tree_util.tree_map(lambda y: jnp.expand_dims(y, 0), out)
+
+    sm = jax.shard_map(
+        body,
+        mesh=_mesh_of(axes),
+        in_specs=(P(names), P()),
+        out_specs=P(names),
+        check_vma=check_vma,
+    )
+    return jax.jit(sm)(tree, extra)

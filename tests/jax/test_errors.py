@@ -28,7 +28,13 @@ def test_unknown_axis_name_lists_bound_names():
         ([(0, 1), (0, 2)], "repeats a source"),
         ([(0, 1), (2, 1)], "repeats a destination"),
         ([(0, 8)], "outside the axis"),
-        ("01", "list or tuple"),
+        ("01", "iterable of"),
+        (3, "iterable of"),
+        ([(0, 1, 2)], "perm must hold"),
+        ([(0.7, 1), (1, 0)], r"perm.*0\.7"),  # once truncated to (0, 1)
+        ([(0, 1.0), (1, 0)], "perm.*float"),
+        (np.array([[0.0, 1.0], [1.0, 0.0]]), "perm.*float"),
+        ([(True, 0)], "perm.*bool"),
     ],
 )
 def test_bad_permutation(perm, match):
@@ -88,6 +94,40 @@ def test_bad_premul_and_op():
         _trace(lambda v: jax_rccl.all_reduce(v, "i", op="mean"))
     with pytest.raises(ValueError, match="premul must be a scalar"):
         _trace(lambda v: jax_rccl.all_reduce(v, "i", premul=v[0]))
+
+
+@pytest.mark.parametrize(
+    "fn, match",
+    [
+        (lambda v: jax_rccl.pbroadcast(v, "i", 1.0), "source must be an int"),
+        (lambda v: jax_rccl.pbroadcast(v, "i", np.float32(2)), "source must be an int"),
+        (lambda v: jax_rccl.preduce(v, "i", 0.7), "root must be an int"),
+        (
+            lambda v: jax_rccl.psum(v, "i", axis_index_groups=[[0.5, 1, 2, 3], [4, 5, 6, 7]]),
+            r"axis_index_groups.*0\.5",
+        ),
+        (
+            lambda v: jax_rccl.all_gather(v, "i", axis_index_groups=np.arange(8.0).reshape(2, 4)),
+            "axis_index_groups.*float",
+        ),
+        (
+            lambda v: jax_rccl.psum_scatter(v, "i", scatter_dimension=1.0),
+            "scatter_dimension must be an int",
+        ),
+        (lambda v: jax_rccl.all_gather(v, "i", axis=np.float64(0)), "axis must be an int"),
+    ],
+)
+def test_float_integer_arguments_are_refused(fn, match):
+    """Integer arguments given as floats fail at trace time, never truncated."""
+    with pytest.raises(TypeError, match=match):
+        _trace(fn)
+
+
+def test_integer_arguments_of_numpy_types():
+    groups = np.arange(8).reshape(2, 4)
+    _trace(lambda v: jax_rccl.psum(v, "i", axis_index_groups=groups))
+    _trace(lambda v: jax_rccl.pbroadcast(v, "i", np.int32(3)))
+    _trace(lambda v: jax_rccl.preduce(v, "i", np.uint8(7)))
 
 
 def test_bad_axis_index_groups_and_roots():

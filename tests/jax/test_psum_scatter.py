@@ -1,6 +1,8 @@
 """jax_rccl.psum_scatter next to jax.lax.psum_scatter under jit(shard_map) on 8 CPU devices."""
 
+import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from collectives_util import (
     assert_same,
@@ -77,3 +79,38 @@ def test_axis_index_groups():
     groups = [[0, 1, 2, 3], [7, 6, 5, 4]]
     fn = lambda lib: lambda v: lib.psum_scatter(v, "i", axis_index_groups=groups)  # noqa: E731
     assert_same(per_device(fn(jax_rccl), mesh)(x), per_device(fn(lax), mesh, check_vma=False)(x))
+
+
+@needs_runtime
+@pytest.mark.parametrize("tiled", [True, False])
+def test_unreduced_input(tiled):
+    """Partial sums typed unreduced (explicit sharding), as all_gather(to='reduced')'s
+    cotangents are: scattered to varying blocks, as jax.lax.psum_scatter does."""
+    mesh = jax.make_mesh(
+        (2,), ("x",), axis_types=(jax.sharding.AxisType.Explicit,), devices=jax.devices()[:2]
+    )
+    with jax.set_mesh(mesh):
+        a = jax.device_put(np.arange(8.0).reshape(2, 4), jax.P(None, "x"))
+        b = jax.device_put(np.arange(24.0).reshape(4, 6), jax.P("x", None))
+        types = {}
+
+        def f(lib):
+            @jax.jit
+            def g(a, b):
+                c = jnp.einsum("ij,jk->ik", a, b, out_sharding=jax.P(unreduced={"x"}))
+                c = c if tiled else c[:, :2]
+
+                @jax.shard_map(in_specs=jax.P(unreduced={"x"}), out_specs=jax.P("x"))
+                def rs(v):
+                    y = lib.psum_scatter(v, "x", scatter_dimension=1, tiled=tiled)
+                    types[lib] = str(jax.typeof(y))
+                    return y if tiled else y[None]
+
+                return rs(c)
+
+            return g
+
+        got, want = f(jax_rccl)(a, b), f(lax)(a, b)
+        assert types[jax_rccl] == types[lax] and "V:x" in types[lax], types
+        assert_same(got, want)
+        assert got.sharding == want.sharding
