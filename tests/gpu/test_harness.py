@@ -524,7 +524,7 @@ def test_ranks_beyond_what_the_device_holds_get_fewer_channels():
     count = 1 << 22
     rng = np.random.default_rng(5)
     xs = [rng.integers(-6, 7, size=count).astype(np.int32) for _ in range(nranks)]
-    tot = np.sum(xs, axis=0)
+    tot = np.sum(xs, axis=0).astype(np.int32)
     task = {"coll": "all_reduce", "count": count, "dtype": "int32", "op": "sum"}
     summary = h.build([task], algorithm="Ring", protocol="Simple")
     assert 1 <= summary[0]["nchannels"] <= resident // nranks, summary
