@@ -44,6 +44,23 @@ def world_of(p: int, nprocs: int, session: str) -> dict:
     }
 
 
+def _run(native, world, group: list[int], p: int, size: int, name: str, repeat: int) -> float:
+    """`repeat` all-reduces of `size` bytes on `group` (this process's rank p); seconds per call."""
+    _, secs = native.internal.run_plan_process(
+        world,
+        group,
+        [p],
+        [{"coll": "all_reduce", "count": size // 4, "dtype": "float32", "op": "sum"}],
+        [[bytes(size)]],
+        timeout_s=60.0,
+        algorithm="Ring",
+        protocol="Simple",
+        call_site=size * 2 + (name == "checked"),
+        repeat=repeat,
+    )
+    return secs
+
+
 def worker(args: dict) -> dict:
     from jax_rccl import _jax_rccl as native
 
@@ -71,40 +88,16 @@ def worker(args: dict) -> dict:
     out: dict = {"process": p, "times": {}}
     first = True
     for size in SIZES:
-        count = size // 4
-        tasks = [{"coll": "all_reduce", "count": count, "dtype": "float32", "op": "sum"}]
-        inputs = [[bytes(size)]]
         times = {"checked": [], "unchecked": []}
-        for name, group in groups.items():  # form both communicators (the setting is read then)
+
+        for name in groups:  # form both communicators (the setting is read then)
             os.environ["JAX_RCCL_CHECK_CALLS"] = "1" if name == "checked" else "0"
-            native.internal.run_plan_process(
-                world if first else None,
-                group,
-                [p],
-                tasks,
-                inputs,
-                timeout_s=60.0,
-                algorithm="Ring",
-                protocol="Simple",
-                call_site=size * 2 + (name == "checked"),
-            )
+            _run(native, world if first else None, groups[name], p, size, name, 1)
             first = False
         for b in range(args["blocks"]):
             order = list(groups) if b % 2 == 0 else list(groups)[::-1]
             for name in order:
-                _, secs = native.internal.run_plan_process(
-                    None,
-                    groups[name],
-                    [p],
-                    tasks,
-                    inputs,
-                    timeout_s=60.0,
-                    algorithm="Ring",
-                    protocol="Simple",
-                    call_site=size * 2 + (name == "checked"),
-                    repeat=args["calls"],
-                )
-                times[name].append(secs)
+                times[name].append(_run(native, None, groups[name], p, size, name, args["calls"]))
         out["times"][str(size)] = times
     return out
 

@@ -257,6 +257,25 @@ def test_idle_connections_do_not_delay_the_first_collective(idle):
 # ---- shared memory ----
 
 
+def _shm_job(session: str, *, delay: float, check_left: bool = True) -> list[dict]:
+    """One all-reduce of 2 processes over shared memory in `session`; process 1 comes `delay`
+    seconds late."""
+    return spawn(
+        HERE,
+        2,
+        1,
+        "shm",
+        timeout_s=60,
+        env_extra={"JAX_RCCL_TRANSPORT": "shm"},
+        session=session,
+        check_left=check_left,
+        late=1,
+        delay=delay,
+        cases=_cases(1),
+        timeout=8.0,
+    )
+
+
 def _segments(session: str) -> list[str]:
     return sorted(s for s in os.listdir("/dev/shm") if s.startswith(f"jrccl.{session}."))
 
@@ -299,20 +318,7 @@ def _squat(session: str, build, *, as_user: str | None = None):
     t = threading.Thread(target=attack, daemon=True)
     t.start()
     try:
-        res = spawn(
-            HERE,
-            2,
-            1,
-            "shm",
-            timeout_s=60,
-            env_extra={"JAX_RCCL_TRANSPORT": "shm"},
-            session=session,
-            check_left=False,
-            late=1,
-            delay=3.0,
-            cases=_cases(1),
-            timeout=8.0,
-        )
+        res = _shm_job(session, delay=3.0, check_left=False)
     finally:
         t.join(10)
         name = result.get("name")
@@ -409,19 +415,7 @@ def test_segment_names_carry_a_tag_of_the_secret():
 
     t = threading.Thread(target=watch, daemon=True)
     t.start()
-    res = spawn(
-        HERE,
-        2,
-        1,
-        "shm",
-        timeout_s=60,
-        env_extra={"JAX_RCCL_TRANSPORT": "shm"},
-        session=session,
-        late=1,
-        delay=0.5,
-        cases=_cases(1),
-        timeout=8.0,
-    )
+    res = _shm_job(session, delay=0.5)
     t.join(10)
     for r in res:
         assert "error" not in r and r["failures"] == [], r
