@@ -20,6 +20,7 @@ per-device premul scalar (premul 2) raises NotImplementedError.
 from __future__ import annotations
 
 import hashlib
+import threading
 import weakref
 from functools import partial
 
@@ -47,18 +48,20 @@ def _runtime():
     return _ffi
 
 
-# The position of the latest jax_rccl call in the module being lowered: (a weak reference to the
-# module, the count of calls lowered into it so far).
-_position: list = []
+# What the lowering remembers of the module being lowered, per thread (a module is lowered by one
+# thread, and several threads may lower modules at once):
+#   position:  (a weak reference to the module, the count of jax_rccl calls lowered into it so far)
+#   last_call: (a weak reference to the module, the block, the latest jax_rccl call's first result)
+_lowering = threading.local()
 
 
 def _position_in_module(ctx) -> int:
     module = ctx.module_context.module
-    if not _position or _position[0][0]() is not module:
-        _position[:] = [(weakref.ref(module), 0)]
-    ref, n = _position[0]
-    _position[0] = (ref, n + 1)
-    return n
+    pos = getattr(_lowering, "position", None)
+    if pos is None or pos[0]() is not module:
+        pos = (weakref.ref(module), 0)
+    _lowering.position = (pos[0], pos[1] + 1)
+    return pos[1]
 
 
 def call_identity(ctx, kind, attrs, operand_types, result_types) -> int:
@@ -269,17 +272,17 @@ def _is_kept_parameter(value) -> bool:
 # run in program order on every device, as XLA runs its own. No token and no side effect: JAX's
 # fast dispatch path stays. (An optimization barrier is not enough: XLA's CPU pipeline removes it.)
 
-# The latest jax_rccl call lowered: (a weak reference to its module, block, value). A block
-# compares equal by address, and a later module may reuse a freed block's address: the value is
-# used only while the same module is being lowered.
-_last_call: list = []
+# The latest jax_rccl call lowered in this thread (_lowering.last_call). A block compares equal by
+# address, and a later module may reuse a freed block's address: the value is used only while the
+# same module is being lowered.
 
 
 def _after_previous_call(ctx, operands):
     block = ir.InsertionPoint.current.block
     module = ctx.module_context.module
-    if _last_call and _last_call[0][0]() is module and _last_call[0][1] == block:
-        prev = _last_call[0][2]
+    last = getattr(_lowering, "last_call", None)
+    if last is not None and last[0]() is module and last[1] == block:
+        prev = last[2]
         t = ir.RankedTensorType(prev.type)
         if t.rank != 1:  # an all_reduce result keeps its leaf's shape
             flat = ir.RankedTensorType.get([int(np.prod(t.shape))], t.element_type)
@@ -292,7 +295,7 @@ def _after_previous_call(ctx, operands):
 
 def _remember_call(ctx, value):
     module = weakref.ref(ctx.module_context.module)
-    _last_call[:] = [(module, ir.InsertionPoint.current.block, value)]
+    _lowering.last_call = (module, ir.InsertionPoint.current.block, value)
 
 
 # --- per-primitive rules: parameters -> the helper ------------------------------------------
