@@ -8,7 +8,9 @@ collective is lowered, the processes meet once through JAX's own distributed key
   shared-memory segments, so stale segments of a crashed run never meet a new one) and a random
   256-bit secret (``jax_rccl/secret``): it goes to the runtime (``set_session_secret``) and never
   into a name, a path, a log line or ``world()``; socket connections prove it in their handshake
-  and shared-memory names carry a tag derived from it;
+  and shared-memory names carry a tag derived from it. Every process reads both before it
+  publishes its world entry, so once process 0 has read every entry, every process has the
+  secret: process 0 then deletes it from the store (a later reader of the store finds none);
 - every process publishes ``{"process", "host", "devices", "pid", "settings"}`` under
   ``jax_rccl/world/<process>`` and reads everyone's (each wait bounded by ``JAX_RCCL_TIMEOUT``;
   a process that never publishes is named in the error);
@@ -255,6 +257,11 @@ def _bootstrap() -> None:
     if me == 0:
         _compat.kv_set(client, SESSION_KEY, secrets.token_hex(8))
         _compat.kv_set(client, SECRET_KEY, secrets.token_hex(32))
+    # The session and the secret first: a world entry says its process holds both.
+    session = _get(client, SESSION_KEY, deadline, timeout, nprocesses, me, waiting_for=[0])
+    secret = _get(client, SECRET_KEY, deadline, timeout, nprocesses, me, waiting_for=[0])
+    _jax_rccl.set_session_secret(bytes.fromhex(secret))
+    del secret
     mine = {
         "process": me,
         "host": hostname(),
@@ -263,11 +270,6 @@ def _bootstrap() -> None:
         "settings": agreed_settings(),
     }
     _compat.kv_set(client, world_key(me), json.dumps(mine))
-
-    session = _get(client, SESSION_KEY, deadline, timeout, nprocesses, me, waiting_for=[0])
-    secret = _get(client, SECRET_KEY, deadline, timeout, nprocesses, me, waiting_for=[0])
-    _jax_rccl.set_session_secret(bytes.fromhex(secret))
-    del secret
     peers = []
     for p in range(nprocesses):
         if p == me:
@@ -280,6 +282,8 @@ def _bootstrap() -> None:
                 f"jax_rccl: the world entry of process {p} names process {entry.get('process')}"
             )
         peers.append(entry)
+    if me == 0:  # every process has read the secret (see above)
+        _compat.kv_delete(client, SECRET_KEY)
 
     _check_settings(peers)
     devices = []

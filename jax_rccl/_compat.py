@@ -199,6 +199,10 @@ def kv_set(client, key: str, value: str) -> None:
     client.key_value_set(key, value)
 
 
+def kv_delete(client, key: str) -> None:
+    client.key_value_delete(key)
+
+
 def kv_get(client, key: str, timeout_s: float) -> str:
     """The value of `key`, waiting up to `timeout_s` for someone to set it (raises past it)."""
     value = client.blocking_key_value_get(key, max(1, int(timeout_s * 1000)))

@@ -455,6 +455,15 @@ def test_forced_sockets_on_one_host_listen_on_loopback_only():
     assert res[0]["endpoints"] == [f"127.0.0.1:{r['port']}" for r in res]
 
 
+@pytest.mark.parametrize("transport", ["auto", "socket"])
+def test_the_secret_leaves_the_key_value_store_once_every_process_has_it(transport):
+    """Process 0 deletes the run's secret from JAX's key-value store once every process has read
+    it (each reads it before it publishes its world entry), so a later reader of the store
+    (anyone who reaches the coordinator's port) finds none."""
+    for r in _listeners({"JAX_RCCL_TRANSPORT": transport}):
+        assert r["secret_left"] is False, r
+
+
 def test_the_listener_refuses_a_wildcard_address():
     """Run in a fresh process: the listener is process-wide."""
     code = (

@@ -462,9 +462,13 @@ def prog_listeners(args):
     got = np.asarray(y.addressable_shards[0].data)
     ok = bool(np.allclose(got[0], full.sum(0)))
     opened = sorted(set(listening_sockets()) - before)
+    from jax_rccl import _bootstrap, _compat
+
+    client = _compat.distributed_client()
     report(
         ok=ok,
         opened=opened,
+        secret_left=_compat.kv_try_get(client, _bootstrap.SECRET_KEY) is not None,
         port=int(_jax_rccl.socket_listener_port()),
         endpoints=(_jax_rccl.world() or {}).get("endpoints"),
         session=session(),
