@@ -110,13 +110,16 @@ struct RankLaunch {
 class DevicePlan {
  public:
   // Uploads `plan` (built for one rank) to the current device. Errors: a protocol or element
-  // type the device code lacks (kUnsupported), a PreMulSum scalar given by pointer.
+  // type the device code lacks (kUnsupported). A PreMulSum scalar given by pointer (a per-device
+  // scalar) is not taken from the plan: each launch gives its address in the task's
+  // SlotPtrs::scalar, and the kernel reads the value when it runs.
   static StatusOr<std::unique_ptr<DevicePlan>> Upload(const Plan& plan, const Geometry& geo);
   ~DevicePlan();
   DevicePlan(const DevicePlan&) = delete;
   DevicePlan& operator=(const DevicePlan&) = delete;
 
-  // Launches one execution: `slots[i]` are task i's buffers (device pointers).
+  // Launches one execution: `slots[i]` are task i's buffers (device pointers); a task whose op
+  // reads a per-device scalar needs `slots[i].scalar` (kInvalidArgument otherwise).
   Status Launch(const RankLaunch& rl, const std::vector<SlotPtrs>& slots) const;
 
   int nKernels() const { return static_cast<int>(kernels_.size()); }
@@ -148,6 +151,7 @@ class DevicePlan {
   Geometry geo_;
   bool oneRank_ = false;
   std::vector<OneRankTask> oneRankTasks_;
+  std::vector<int> scalarSlots_;  // tasks whose op reads SlotPtrs::scalar
 };
 
 // Formats a failed launch's status ("timed out on channel 3 waiting for data from rank 2 ...").

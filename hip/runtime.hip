@@ -36,11 +36,22 @@ __global__ void FillSlotsKernel(SlotPtrs* table, int offset, int n, const SlotCh
   if (i < n) table[offset + i] = chunk.s[i];
 }
 
-// One rank, PreMulSum or SumPostDiv: out = PostOp(PreOp(in)) element-wise.
+// One rank, PreMulSum or SumPostDiv: out = PostOp(PreOp(in)) element-wise. The op's argument is
+// `opArg`, or the element at `opArgAt` when given (a per-device scalar, read when the kernel runs).
 template <typename F>
 __global__ void ScaleKernel(const typename F::Elem* in, typename F::Elem* out, int64_t n,
-                            uint64_t opArg) {
-  using Tr = ElemTraits<typename F::Elem>;
+                            uint64_t opArg, const typename F::Elem* opArgAt) {
+  using T = typename F::Elem;
+  using Tr = ElemTraits<T>;
+  if (opArgAt != nullptr) {
+    union {
+      uint64_t u;
+      T t;
+    } v;
+    v.u = 0;
+    v.t = *opArgAt;
+    opArg = v.u;
+  }
   const F fn(opArg);
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
@@ -53,23 +64,25 @@ __global__ void ScaleKernel(const typename F::Elem* in, typename F::Elem* out, i
 
 template <typename T>
 void LaunchScale(DevRedOp op, const void* in, void* out, int64_t n, uint64_t arg,
-                 hipStream_t stream) {
+                 const void* argAt, hipStream_t stream) {
   const int blocks = int(std::min<int64_t>(1024, (n + 255) / 256));
+  const T* at = static_cast<const T*>(argAt);
   if (op == DevRedOp::kPreMulSum) {
     hipLaunchKernelGGL(ScaleKernel<FuncPreMulSum<T>>, blocks, 256, 0, stream,
-                       static_cast<const T*>(in), static_cast<T*>(out), n, arg);
+                       static_cast<const T*>(in), static_cast<T*>(out), n, arg, at);
   } else {
     hipLaunchKernelGGL(ScaleKernel<FuncSumPostDiv<T>>, blocks, 256, 0, stream,
-                       static_cast<const T*>(in), static_cast<T*>(out), n, arg);
+                       static_cast<const T*>(in), static_cast<T*>(out), n, arg, at);
   }
 }
 
+// `argAt`: null, or the device address of the op's argument (one element of type `dt`).
 bool LaunchScaleFor(DataType dt, DevRedOp op, const void* in, void* out, int64_t n, uint64_t arg,
-                    hipStream_t stream) {
+                    const void* argAt, hipStream_t stream) {
   switch (dt) {
-#define JR_CASE(name, enumName, T)               \
-  case DataType::enumName:                       \
-    LaunchScale<T>(op, in, out, n, arg, stream); \
+#define JR_CASE(name, enumName, T)                      \
+  case DataType::enumName:                              \
+    LaunchScale<T>(op, in, out, n, arg, argAt, stream); \
     return true;
     JR_DEVICE_DTYPES(JR_CASE)
 #undef JR_CASE
@@ -334,13 +347,15 @@ StatusOr<std::unique_ptr<DevicePlan>> DevicePlan::Upload(const Plan& plan, const
     t.proto = uint8_t(std::max<int>(0, int(tp.proto)));
     t.unitSize = uint8_t(copy ? 1 : DataTypeSize(tp.dtype));
     t.copy = copy ? 1 : 0;
-    t.opArg = tp.opFull.scalarArg;
+    // A scalar given by pointer (a per-device PreMulSum scalar) is read by the kernel from the
+    // launch's slot (SlotPtrs::scalar), never from the address the plan holds.
+    t.opArgIsPtr = !copy && tp.opFull.scalarArgIsPtr ? 1 : 0;
+    t.opArg = t.opArgIsPtr ? 0 : tp.opFull.scalarArg;
+    if (t.opArgIsPtr && tp.count > 0) dp->scalarSlots_.push_back(int(i));
     if (!copy) {
       JR_REQUIRE(DeviceHasDtype(tp.dtype), Code::kUnsupported, "task ", i, " (", CollName(tp.coll),
                  "): this build's device code has no reductions over ", DataTypeName(tp.dtype),
                  " (built with JR_DEVICE_QUICK)");
-      JR_REQUIRE(!tp.opFull.scalarArgIsPtr, Code::kUnsupported, "task ", i,
-                 ": a PreMulSum scalar given per device is not supported on GPUs yet");
     }
     if (!plan.oneRank && tp.kernel >= 0 && tp.count > 0) {
       JR_REQUIRE(tp.proto == Proto::kLL || tp.proto == Proto::kSimple ||
@@ -428,12 +443,17 @@ Status DevicePlan::Launch(const RankLaunch& rl, const std::vector<SlotPtrs>& slo
   hipStream_t stream = static_cast<hipStream_t>(rl.stream);
   JR_REQUIRE(int(slots.size()) >= nTasks_, Code::kInvalidArgument, "a launch got ", slots.size(),
              " buffer slots, the plan has ", nTasks_, " tasks");
+  for (int i : scalarSlots_) {
+    JR_REQUIRE(slots[size_t(i)].scalar != nullptr, Code::kInvalidArgument, "task ", i,
+               ": its op reads a per-device scalar, and the launch gave none");
+  }
   if (oneRank_) {
     for (const OneRankTask& o : oneRankTasks_) {
       const SlotPtrs& s = slots[size_t(o.slot)];
       if (o.scaled) {
         JR_REQUIRE(LaunchScaleFor(DataType(o.task.dtype), DevRedOp(o.task.op), s.send, s.recv,
-                                  o.count, o.task.opArg, stream),
+                                  o.count, o.task.opArg, o.task.opArgIsPtr ? s.scalar : nullptr,
+                                  stream),
                    Code::kUnsupported, "no device reduction for ",
                    DataTypeName(DataType(o.task.dtype)));
       } else {
