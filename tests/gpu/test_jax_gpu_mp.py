@@ -312,10 +312,8 @@ def _run_step_processes(
         env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
         env["JAX_RCCL_TIMEOUT"] = "30"
         env["PYTHONFAULTHANDLER"] = "1"
-        if cb:
-            env["XLA_FLAGS"] = _COMMAND_BUFFERS
-        else:
-            env.pop("XLA_FLAGS", None)
+        # Off means off: XLA's default already captures custom calls in command buffers.
+        env["XLA_FLAGS"] = _COMMAND_BUFFERS if cb else "--xla_gpu_enable_command_buffer="
         procs.append(
             subprocess.Popen(
                 [
