@@ -439,15 +439,20 @@ DevicePlan::~DevicePlan() {
   DeviceFree(slotTable_);
 }
 
-Status DevicePlan::Launch(const RankLaunch& rl, const std::vector<SlotPtrs>& slots) const {
+Status DevicePlan::Launch(const RankLaunch& rl, const std::vector<SlotPtrs>& slots,
+                          int only) const {
   hipStream_t stream = static_cast<hipStream_t>(rl.stream);
   JR_REQUIRE(int(slots.size()) >= nTasks_, Code::kInvalidArgument, "a launch got ", slots.size(),
              " buffer slots, the plan has ", nTasks_, " tasks");
+  JR_REQUIRE(only >= -1 && only < std::max(1, nLaunches()), Code::kInvalidArgument, "launch ",
+             only, " of a plan of ", nLaunches(), " launches");
+  const bool first = only <= 0;
   for (int i : scalarSlots_) {
     JR_REQUIRE(slots[size_t(i)].scalar != nullptr, Code::kInvalidArgument, "task ", i,
                ": its op reads a per-device scalar, and the launch gave none");
   }
   if (oneRank_) {
+    if (!first) return Status::Ok();
     for (const OneRankTask& o : oneRankTasks_) {
       const SlotPtrs& s = slots[size_t(o.slot)];
       if (o.scaled) {
@@ -480,7 +485,7 @@ Status DevicePlan::Launch(const RankLaunch& rl, const std::vector<SlotPtrs>& slo
   a.trace = rl.traceDev;
   if (nTasks_ <= kInlineSlots) {
     for (int i = 0; i < nTasks_; ++i) a.inlineSlots[i] = slots[size_t(i)];
-  } else {
+  } else if (first) {
     for (int off = 0; off < nTasks_; off += kInlineSlots) {
       SlotChunk chunk;
       std::memset(&chunk, 0, sizeof(chunk));
@@ -489,10 +494,12 @@ Status DevicePlan::Launch(const RankLaunch& rl, const std::vector<SlotPtrs>& slo
       hipLaunchKernelGGL(FillSlotsKernel, 1, kInlineSlots, 0, stream, slotTable_, off, n, chunk);
     }
   }
+  int index = 0;
   for (const Kernel& k : kernels_) {
     a.works = k.works;
     a.blocks = k.blocks;
     for (int cls : k.classes) {
+      if (only >= 0 && index++ != only) continue;
       CollKernelFn fn = KernelOfClass(cls);
       JR_REQUIRE(fn != nullptr, Code::kUnsupported, "no device kernel for class ", cls);
       hipLaunchKernelGGL(fn, k.nBlocks, k.nThreads, 0, stream, a);
@@ -666,9 +673,14 @@ Status Harness::Launch(const std::vector<std::vector<SlotPtrs>>& slots,
              "the harness has no plans: call build first");
   JR_REQUIRE(int(slots.size()) == topo_.nRanks, Code::kInvalidArgument, "launch got buffers of ",
              slots.size(), " ranks, the harness has ", topo_.nRanks);
-  for (int r = 0; r < topo_.nRanks; ++r) {
-    if (only != nullptr && std::find(only->begin(), only->end(), r) == only->end()) continue;
-    JR_CHECK(devPlans_[size_t(r)]->Launch(Rank(r), slots[size_t(r)]));
+  int launches = 1;
+  for (const auto& dp : devPlans_) launches = std::max(launches, dp->nLaunches());
+  for (int k = 0; k < launches; ++k) {
+    for (int r = 0; r < topo_.nRanks; ++r) {
+      if (only != nullptr && std::find(only->begin(), only->end(), r) == only->end()) continue;
+      const DevicePlan& dp = *devPlans_[size_t(r)];
+      if (k < std::max(1, dp.nLaunches())) JR_CHECK(dp.Launch(Rank(r), slots[size_t(r)], k));
+    }
   }
   return Status::Ok();
 }
