@@ -85,7 +85,7 @@ struct DevTask {
   uint8_t op;       // DevRedOp (copies: kSum, unused)
   uint8_t proto;    // Proto
   uint8_t unitSize;
-  uint8_t copy;  // a data movement (all_gather, broadcast, send/recv): bytes, no reduction
+  uint8_t copy;        // a data movement (all_gather, broadcast, send/recv): bytes, no reduction
   uint8_t opArgIsPtr;  // 1: the op's argument is read at run time from the slot's `scalar`
   uint64_t opArg;      // the op's argument (opArgIsPtr 0)
 };

@@ -63,8 +63,8 @@ __global__ void ScaleKernel(const typename F::Elem* in, typename F::Elem* out, i
 }
 
 template <typename T>
-void LaunchScale(DevRedOp op, const void* in, void* out, int64_t n, uint64_t arg,
-                 const void* argAt, hipStream_t stream) {
+void LaunchScale(DevRedOp op, const void* in, void* out, int64_t n, uint64_t arg, const void* argAt,
+                 hipStream_t stream) {
   const int blocks = int(std::min<int64_t>(1024, (n + 255) / 256));
   const T* at = static_cast<const T*>(argAt);
   if (op == DevRedOp::kPreMulSum) {
@@ -444,8 +444,8 @@ Status DevicePlan::Launch(const RankLaunch& rl, const std::vector<SlotPtrs>& slo
   hipStream_t stream = static_cast<hipStream_t>(rl.stream);
   JR_REQUIRE(int(slots.size()) >= nTasks_, Code::kInvalidArgument, "a launch got ", slots.size(),
              " buffer slots, the plan has ", nTasks_, " tasks");
-  JR_REQUIRE(only >= -1 && only < std::max(1, nLaunches()), Code::kInvalidArgument, "launch ",
-             only, " of a plan of ", nLaunches(), " launches");
+  JR_REQUIRE(only >= -1 && only < std::max(1, nLaunches()), Code::kInvalidArgument, "launch ", only,
+             " of a plan of ", nLaunches(), " launches");
   const bool first = only <= 0;
   for (int i : scalarSlots_) {
     JR_REQUIRE(slots[size_t(i)].scalar != nullptr, Code::kInvalidArgument, "task ", i,
@@ -456,11 +456,10 @@ Status DevicePlan::Launch(const RankLaunch& rl, const std::vector<SlotPtrs>& slo
     for (const OneRankTask& o : oneRankTasks_) {
       const SlotPtrs& s = slots[size_t(o.slot)];
       if (o.scaled) {
-        JR_REQUIRE(LaunchScaleFor(DataType(o.task.dtype), DevRedOp(o.task.op), s.send, s.recv,
-                                  o.count, o.task.opArg, o.task.opArgIsPtr ? s.scalar : nullptr,
-                                  stream),
-                   Code::kUnsupported, "no device reduction for ",
-                   DataTypeName(DataType(o.task.dtype)));
+        JR_REQUIRE(
+            LaunchScaleFor(DataType(o.task.dtype), DevRedOp(o.task.op), s.send, s.recv, o.count,
+                           o.task.opArg, o.task.opArgIsPtr ? s.scalar : nullptr, stream),
+            Code::kUnsupported, "no device reduction for ", DataTypeName(DataType(o.task.dtype)));
       } else {
         LaunchCopy(s.send, s.recv, o.bytes, stream);
       }

@@ -69,10 +69,10 @@ struct DeviceSlot {
   Leaves leaves;                        // as planned
   std::vector<uint8_t> zeroBefore, zeroAfter;
 
-  std::mutex launchMu;               // guards `scratch` (one launch of this slot at a time)
-  std::vector<SlotPtrs> scratch;     // by task slot; sized at build (no allocation per call)
-  std::vector<void*> inPtr, outPtr;  // by leaf; sized at build
-  std::vector<const void*> scalarPtr;   // by leaf (premul == 2); sized at build
+  std::mutex launchMu;                      // guards `scratch` (one launch of this slot at a time)
+  std::vector<SlotPtrs> scratch;            // by task slot; sized at build (no allocation per call)
+  std::vector<void*> inPtr, outPtr;         // by leaf; sized at build
+  std::vector<const void*> scalarPtr;       // by leaf (premul == 2); sized at build
   std::unique_ptr<uint64_t[]> scalarCells;  // premul == 2: one per leaf, names its user op
 };
 

@@ -195,7 +195,10 @@ def test_premul_array_on_one_gpu(dtype, size):
 
 
 def test_premul_array_over_a_pytree_of_mixed_leaves():
-    tree = {"a": _inputs(np.float32, 1001), "b": (_inputs(jnp.bfloat16, 17), _inputs(np.float16, 1))}
+    tree = {
+        "a": _inputs(np.float32, 1001),
+        "b": (_inputs(jnp.bfloat16, 17), _inputs(np.float16, 1)),
+    }
 
     def body(t, c):
         return jax_rccl.all_reduce(t, "i", premul=c[0])
