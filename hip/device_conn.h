@@ -85,9 +85,9 @@ struct DevTask {
   uint8_t op;       // DevRedOp (copies: kSum, unused)
   uint8_t proto;    // Proto
   uint8_t unitSize;
-  uint8_t copy;  // a data movement (all_gather, broadcast, send/recv): bytes, no reduction
-  uint8_t pad;
-  uint64_t opArg;
+  uint8_t copy;        // a data movement (all_gather, broadcast, send/recv): bytes, no reduction
+  uint8_t opArgIsPtr;  // 1: the op's argument is read at run time from the slot's `scalar`
+  uint64_t opArg;      // the op's argument (opArgIsPtr 0)
 };
 
 // Where one block starts: its channel and the index of its first work in the work array.
@@ -96,9 +96,12 @@ struct BlockInfo {
   int32_t firstWork;
 };
 
+// One task's buffers in one launch. `scalar`: a per-device PreMulSum scalar (one element of the
+// task's type in device memory, read by the kernel when it runs), or null.
 struct SlotPtrs {
   const void* send;
   void* recv;
+  const void* scalar;
 };
 
 // What a failed wait reports (host-mapped memory, read by the host after or between launches).

@@ -265,7 +265,7 @@ __device__ __noinline__ bool RunDirectLL(const KernelArgs& a, uint64_t deadline,
   }
   if (__syncthreads_or(ok ? 0 : 1)) return false;
   Trace(a, sh, kTraceReady);
-  const F fn(t.opArg);
+  const F fn(TaskOpArg(t, sp));
   // 2. push this rank's words to every peer that needs them.
   if (sends) {
     for (int64_t i = tid; i < n * nWords; i += nt) {
@@ -366,6 +366,7 @@ __device__ __noinline__ bool RunDirectElem(const KernelArgs& a, uint64_t deadlin
   }
   if (DirectFitsLL(a, e, t)) return RunDirectLL<F>(a, deadline, ch, e, t, sh);
   const SlotPtrs sp = GetSlot(a, e.slot);
+  const uint64_t opArg = TaskOpArg(t, sp);
   const DirectShape s = DirectShapeOf(e, t, r, n);
   uint64_t seq = 0;
   bool ok = true;
@@ -375,7 +376,7 @@ __device__ __noinline__ bool RunDirectElem(const KernelArgs& a, uint64_t deadlin
     ConnHeader* out = DirectBox(a, ch, k, r);
     StoreVolatile64(&out->pad0[kBoxSend], uint64_t(uintptr_t(sp.send)));
     StoreVolatile64(&out->pad0[kBoxRecv], uint64_t(uintptr_t(sp.recv)));
-    StoreVolatile64(&out->pad0[kBoxArg], t.opArg);
+    StoreVolatile64(&out->pad0[kBoxArg], opArg);
     Fence(a);
     StoreVolatile64(&out->pad0[kBoxSeq], seq);
     ConnHeader* in = DirectBox(a, ch, r, k);
@@ -404,7 +405,7 @@ __device__ __noinline__ bool RunDirectElem(const KernelArgs& a, uint64_t deadlin
       SimpleLoop<FuncSum<uint8_t>, false, true>(copyFn, io, s.n);
     }
   } else if (s.n > 0) {
-    const F fn(t.opArg);
+    const F fn(opArg);
     DirectReduceLoop(fn, ds, s);
   }
   __syncthreads();

@@ -39,9 +39,9 @@ __device__ __noinline__ bool RunCollElem(const KernelArgs& a, uint64_t deadline,
   Trace(a, sh, kTraceElem);
   const Pattern pattern = Pattern(t.pattern);
   if (pattern == Pattern::kDirect) return RunDirectElem<F>(a, deadline, ch, e, t, sh);
-  const F fn(t.opArg);
-  const int64_t nOps = CollOpCount(pattern, e, a.nRanks);
   const SlotPtrs sp = GetSlot(a, e.slot);
+  const F fn(TaskOpArg(t, sp));
+  const int64_t nOps = CollOpCount(pattern, e, a.nRanks);
   const int64_t cap = StepCap(a, t.proto, t.unitSize);
   for (int64_t i = 0; i < nOps; ++i) {
     const Prim p = CollPrim(Coll(t.coll), pattern, e, a.rank, a.nRanks, i);

@@ -20,6 +20,18 @@ __device__ inline SlotPtrs GetSlot(const KernelArgs& a, uint32_t slot) {
   return a.nSlots <= kInlineSlots ? a.inlineSlots[slot] : a.slotTable[slot];
 }
 
+// The reduction op's argument of task `t` in this launch: the plan's immediate, or (a PreMulSum
+// scalar per device) the element at the slot's scalar pointer, read now (the same launch captured
+// in a graph reads each replay's value). Bytewise: the element may be narrower than 8 bytes and
+// only its own alignment is known.
+__device__ inline uint64_t TaskOpArg(const DevTask& t, const SlotPtrs& sp) {
+  if (t.opArgIsPtr == 0 || sp.scalar == nullptr) return t.opArg;
+  const unsigned char* p = static_cast<const unsigned char*>(sp.scalar);
+  uint64_t bits = 0;
+  for (int i = 0; i < int(t.unitSize) && i < 8; ++i) bits |= uint64_t(p[i]) << (8 * i);
+  return bits;
+}
+
 __device__ inline ConnHeader* RecvConn(const KernelArgs& a, int ch, int peer) {
   return reinterpret_cast<ConnHeader*>(a.regions[a.rank] +
                                        RegionLayout::HeaderOffset(a.geo, ch, peer));

@@ -110,14 +110,20 @@ struct RankLaunch {
 class DevicePlan {
  public:
   // Uploads `plan` (built for one rank) to the current device. Errors: a protocol or element
-  // type the device code lacks (kUnsupported), a PreMulSum scalar given by pointer.
+  // type the device code lacks (kUnsupported). A PreMulSum scalar given by pointer (a per-device
+  // scalar) is not taken from the plan: each launch gives its address in the task's
+  // SlotPtrs::scalar, and the kernel reads the value when it runs.
   static StatusOr<std::unique_ptr<DevicePlan>> Upload(const Plan& plan, const Geometry& geo);
   ~DevicePlan();
   DevicePlan(const DevicePlan&) = delete;
   DevicePlan& operator=(const DevicePlan&) = delete;
 
-  // Launches one execution: `slots[i]` are task i's buffers (device pointers).
-  Status Launch(const RankLaunch& rl, const std::vector<SlotPtrs>& slots) const;
+  // Launches one execution: `slots[i]` are task i's buffers (device pointers); a task whose op
+  // reads a per-device scalar needs `slots[i].scalar` (kInvalidArgument otherwise). `only`: -1
+  // launches everything; 0 .. nLaunches() - 1 only that kernel launch (launch 0 with the slot
+  // table and the one-rank copies), so that several ranks in one process can issue launch k of
+  // every rank before launch k + 1 of any (see Harness::Launch).
+  Status Launch(const RankLaunch& rl, const std::vector<SlotPtrs>& slots, int only = -1) const;
 
   int nKernels() const { return static_cast<int>(kernels_.size()); }
   // Kernel launches per execution (one per class of each kernel), and the largest grid.
@@ -148,6 +154,7 @@ class DevicePlan {
   Geometry geo_;
   bool oneRank_ = false;
   std::vector<OneRankTask> oneRankTasks_;
+  std::vector<int> scalarSlots_;  // tasks whose op reads SlotPtrs::scalar
 };
 
 // Formats a failed launch's status ("timed out on channel 3 waiting for data from rank 2 ...").
@@ -168,7 +175,12 @@ class Harness {
   Status Build(const std::vector<std::vector<TaskDesc>>& tasks, const Tuning& tuning,
                const PlannerParams& params);
   const Plan& plan(int rank) const { return plans_[rank]; }
-  // Launches every rank once (or only the ranks in `only`, when given); slots[rank][task].
+  // Launches every rank once (or only the ranks in `only`, when given); slots[rank][task]. A plan
+  // of several kernel launches (one per element type) is issued launch-major: launch k of every
+  // rank before launch k + 1 of any. The ranks' streams may share hardware work queues (under
+  // MPS a client gets fewer than one per stream), and a queue runs in order: rank-major, rank
+  // 0's launch 2 (waiting on its stream for its launch 1, which spins for rank 2's launch 1)
+  // could sit in a queue ahead of rank 2's launch 1, and no rank would ever finish.
   Status Launch(const std::vector<std::vector<SlotPtrs>>& slots,
                 const std::vector<int>* only = nullptr);
   // Waits for every rank; reports the first failed status.

@@ -36,11 +36,22 @@ __global__ void FillSlotsKernel(SlotPtrs* table, int offset, int n, const SlotCh
   if (i < n) table[offset + i] = chunk.s[i];
 }
 
-// One rank, PreMulSum or SumPostDiv: out = PostOp(PreOp(in)) element-wise.
+// One rank, PreMulSum or SumPostDiv: out = PostOp(PreOp(in)) element-wise. The op's argument is
+// `opArg`, or the element at `opArgAt` when given (a per-device scalar, read when the kernel runs).
 template <typename F>
 __global__ void ScaleKernel(const typename F::Elem* in, typename F::Elem* out, int64_t n,
-                            uint64_t opArg) {
-  using Tr = ElemTraits<typename F::Elem>;
+                            uint64_t opArg, const typename F::Elem* opArgAt) {
+  using T = typename F::Elem;
+  using Tr = ElemTraits<T>;
+  if (opArgAt != nullptr) {
+    union {
+      uint64_t u;
+      T t;
+    } v;
+    v.u = 0;
+    v.t = *opArgAt;
+    opArg = v.u;
+  }
   const F fn(opArg);
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
@@ -52,24 +63,26 @@ __global__ void ScaleKernel(const typename F::Elem* in, typename F::Elem* out, i
 }
 
 template <typename T>
-void LaunchScale(DevRedOp op, const void* in, void* out, int64_t n, uint64_t arg,
+void LaunchScale(DevRedOp op, const void* in, void* out, int64_t n, uint64_t arg, const void* argAt,
                  hipStream_t stream) {
   const int blocks = int(std::min<int64_t>(1024, (n + 255) / 256));
+  const T* at = static_cast<const T*>(argAt);
   if (op == DevRedOp::kPreMulSum) {
     hipLaunchKernelGGL(ScaleKernel<FuncPreMulSum<T>>, blocks, 256, 0, stream,
-                       static_cast<const T*>(in), static_cast<T*>(out), n, arg);
+                       static_cast<const T*>(in), static_cast<T*>(out), n, arg, at);
   } else {
     hipLaunchKernelGGL(ScaleKernel<FuncSumPostDiv<T>>, blocks, 256, 0, stream,
-                       static_cast<const T*>(in), static_cast<T*>(out), n, arg);
+                       static_cast<const T*>(in), static_cast<T*>(out), n, arg, at);
   }
 }
 
+// `argAt`: null, or the device address of the op's argument (one element of type `dt`).
 bool LaunchScaleFor(DataType dt, DevRedOp op, const void* in, void* out, int64_t n, uint64_t arg,
-                    hipStream_t stream) {
+                    const void* argAt, hipStream_t stream) {
   switch (dt) {
-#define JR_CASE(name, enumName, T)               \
-  case DataType::enumName:                       \
-    LaunchScale<T>(op, in, out, n, arg, stream); \
+#define JR_CASE(name, enumName, T)                      \
+  case DataType::enumName:                              \
+    LaunchScale<T>(op, in, out, n, arg, argAt, stream); \
     return true;
     JR_DEVICE_DTYPES(JR_CASE)
 #undef JR_CASE
@@ -334,13 +347,15 @@ StatusOr<std::unique_ptr<DevicePlan>> DevicePlan::Upload(const Plan& plan, const
     t.proto = uint8_t(std::max<int>(0, int(tp.proto)));
     t.unitSize = uint8_t(copy ? 1 : DataTypeSize(tp.dtype));
     t.copy = copy ? 1 : 0;
-    t.opArg = tp.opFull.scalarArg;
+    // A scalar given by pointer (a per-device PreMulSum scalar) is read by the kernel from the
+    // launch's slot (SlotPtrs::scalar), never from the address the plan holds.
+    t.opArgIsPtr = !copy && tp.opFull.scalarArgIsPtr ? 1 : 0;
+    t.opArg = t.opArgIsPtr ? 0 : tp.opFull.scalarArg;
+    if (t.opArgIsPtr && tp.count > 0) dp->scalarSlots_.push_back(int(i));
     if (!copy) {
       JR_REQUIRE(DeviceHasDtype(tp.dtype), Code::kUnsupported, "task ", i, " (", CollName(tp.coll),
                  "): this build's device code has no reductions over ", DataTypeName(tp.dtype),
                  " (built with JR_DEVICE_QUICK)");
-      JR_REQUIRE(!tp.opFull.scalarArgIsPtr, Code::kUnsupported, "task ", i,
-                 ": a PreMulSum scalar given per device is not supported on GPUs yet");
     }
     if (!plan.oneRank && tp.kernel >= 0 && tp.count > 0) {
       JR_REQUIRE(tp.proto == Proto::kLL || tp.proto == Proto::kSimple ||
@@ -424,18 +439,27 @@ DevicePlan::~DevicePlan() {
   DeviceFree(slotTable_);
 }
 
-Status DevicePlan::Launch(const RankLaunch& rl, const std::vector<SlotPtrs>& slots) const {
+Status DevicePlan::Launch(const RankLaunch& rl, const std::vector<SlotPtrs>& slots,
+                          int only) const {
   hipStream_t stream = static_cast<hipStream_t>(rl.stream);
   JR_REQUIRE(int(slots.size()) >= nTasks_, Code::kInvalidArgument, "a launch got ", slots.size(),
              " buffer slots, the plan has ", nTasks_, " tasks");
+  JR_REQUIRE(only >= -1 && only < std::max(1, nLaunches()), Code::kInvalidArgument, "launch ", only,
+             " of a plan of ", nLaunches(), " launches");
+  const bool first = only <= 0;
+  for (int i : scalarSlots_) {
+    JR_REQUIRE(slots[size_t(i)].scalar != nullptr, Code::kInvalidArgument, "task ", i,
+               ": its op reads a per-device scalar, and the launch gave none");
+  }
   if (oneRank_) {
+    if (!first) return Status::Ok();
     for (const OneRankTask& o : oneRankTasks_) {
       const SlotPtrs& s = slots[size_t(o.slot)];
       if (o.scaled) {
-        JR_REQUIRE(LaunchScaleFor(DataType(o.task.dtype), DevRedOp(o.task.op), s.send, s.recv,
-                                  o.count, o.task.opArg, stream),
-                   Code::kUnsupported, "no device reduction for ",
-                   DataTypeName(DataType(o.task.dtype)));
+        JR_REQUIRE(
+            LaunchScaleFor(DataType(o.task.dtype), DevRedOp(o.task.op), s.send, s.recv, o.count,
+                           o.task.opArg, o.task.opArgIsPtr ? s.scalar : nullptr, stream),
+            Code::kUnsupported, "no device reduction for ", DataTypeName(DataType(o.task.dtype)));
       } else {
         LaunchCopy(s.send, s.recv, o.bytes, stream);
       }
@@ -460,7 +484,7 @@ Status DevicePlan::Launch(const RankLaunch& rl, const std::vector<SlotPtrs>& slo
   a.trace = rl.traceDev;
   if (nTasks_ <= kInlineSlots) {
     for (int i = 0; i < nTasks_; ++i) a.inlineSlots[i] = slots[size_t(i)];
-  } else {
+  } else if (first) {
     for (int off = 0; off < nTasks_; off += kInlineSlots) {
       SlotChunk chunk;
       std::memset(&chunk, 0, sizeof(chunk));
@@ -469,10 +493,12 @@ Status DevicePlan::Launch(const RankLaunch& rl, const std::vector<SlotPtrs>& slo
       hipLaunchKernelGGL(FillSlotsKernel, 1, kInlineSlots, 0, stream, slotTable_, off, n, chunk);
     }
   }
+  int index = 0;
   for (const Kernel& k : kernels_) {
     a.works = k.works;
     a.blocks = k.blocks;
     for (int cls : k.classes) {
+      if (only >= 0 && index++ != only) continue;
       CollKernelFn fn = KernelOfClass(cls);
       JR_REQUIRE(fn != nullptr, Code::kUnsupported, "no device kernel for class ", cls);
       hipLaunchKernelGGL(fn, k.nBlocks, k.nThreads, 0, stream, a);
@@ -646,9 +672,14 @@ Status Harness::Launch(const std::vector<std::vector<SlotPtrs>>& slots,
              "the harness has no plans: call build first");
   JR_REQUIRE(int(slots.size()) == topo_.nRanks, Code::kInvalidArgument, "launch got buffers of ",
              slots.size(), " ranks, the harness has ", topo_.nRanks);
-  for (int r = 0; r < topo_.nRanks; ++r) {
-    if (only != nullptr && std::find(only->begin(), only->end(), r) == only->end()) continue;
-    JR_CHECK(devPlans_[size_t(r)]->Launch(Rank(r), slots[size_t(r)]));
+  int launches = 1;
+  for (const auto& dp : devPlans_) launches = std::max(launches, dp->nLaunches());
+  for (int k = 0; k < launches; ++k) {
+    for (int r = 0; r < topo_.nRanks; ++r) {
+      if (only != nullptr && std::find(only->begin(), only->end(), r) == only->end()) continue;
+      const DevicePlan& dp = *devPlans_[size_t(r)];
+      if (k < std::max(1, dp.nLaunches())) JR_CHECK(dp.Launch(Rank(r), slots[size_t(r)], k));
+    }
   }
   return Status::Ok();
 }

@@ -30,7 +30,7 @@ std::vector<std::vector<gpu::SlotPtrs>> ToSlots(const SlotList& in) {
   std::vector<std::vector<gpu::SlotPtrs>> out(in.size());
   for (size_t r = 0; r < in.size(); ++r) {
     for (const auto& [s, d] : in[r]) {
-      gpu::SlotPtrs p;
+      gpu::SlotPtrs p{};
       p.send = reinterpret_cast<const void*>(s);
       p.recv = reinterpret_cast<void*>(d);
       out[r].push_back(p);

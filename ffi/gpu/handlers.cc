@@ -14,8 +14,12 @@
 //   task slots with this call's buffer pointers and launches the plan on XLA's stream. No host
 //   synchronization, no allocation, no upload.
 //
-// PreMulSum with a per-device scalar operand (premul == 2) is not supported on GPUs yet: the
-// scalar lives in device memory that changes from call to call.
+// PreMulSum with a per-device scalar operand (premul == 2): the scalar lives in device memory
+// whose value (and possibly address) changes from call to call. The plan's user op is made with
+// ScalarResidence::kDevice over a host cell of the slot (its address only names the op; nothing
+// reads it); each execute passes the operand's device address in the task's SlotPtrs::scalar, and
+// the kernel reads the value when it runs, so a launch captured into a command buffer reads every
+// replay's scalar (a new operand address makes XLA update the recorded launch).
 #include "ffi/gpu/handlers.h"
 
 #include <atomic>
@@ -65,9 +69,11 @@ struct DeviceSlot {
   Leaves leaves;                        // as planned
   std::vector<uint8_t> zeroBefore, zeroAfter;
 
-  std::mutex launchMu;               // guards `scratch` (one launch of this slot at a time)
-  std::vector<SlotPtrs> scratch;     // by task slot; sized at build (no allocation per call)
-  std::vector<void*> inPtr, outPtr;  // by leaf; sized at build
+  std::mutex launchMu;                      // guards `scratch` (one launch of this slot at a time)
+  std::vector<SlotPtrs> scratch;            // by task slot; sized at build (no allocation per call)
+  std::vector<void*> inPtr, outPtr;         // by leaf; sized at build
+  std::vector<const void*> scalarPtr;       // by leaf (premul == 2); sized at build
+  std::unique_ptr<uint64_t[]> scalarCells;  // premul == 2: one per leaf, names its user op
 };
 
 constexpr int kMaxOrdinals = 64;
@@ -100,9 +106,6 @@ StatusOr<std::unique_ptr<GpuState>> MakeState(Kind kind, ffi::Span<const int64_t
   if (protocol.empty() && st->params.proto.empty()) {
     st->tuning.protoMask &= ~(1u << static_cast<int>(Proto::kLL128));
   }
-  JR_REQUIRE(st->premul != 2, Code::kUnsupported, "jax_rccl '", st->name,
-             "': a per-device premul scalar (premul 2) is not supported on GPUs yet; use a "
-             "Python number (premul 1) or scale before the collective");
   for (size_t g = 0; g < st->groups.size(); ++g) {
     for (int r = 0; r < st->groupSize; ++r) {
       auto slot = std::make_unique<DeviceSlot>();
@@ -126,23 +129,31 @@ Status BuildPlan(const GpuState& st, DeviceSlot& slot, const ffi::RemainingArgs&
 
   slot.inPtr.assign(nLeaves, nullptr);
   slot.outPtr.assign(nLeaves, nullptr);
+  slot.scalarPtr.assign(nLeaves, nullptr);
 
   RankTasks rt = MakeRankTasks(st, slot.rank, slot.leaves, /*oneRankCopies=*/true);
   std::vector<TaskDesc>& tasks = rt.tasks;
   slot.sources = std::move(rt.sources);
   slot.zeroBefore = std::move(rt.zeroBefore);
   slot.zeroAfter = std::move(rt.zeroAfter);
-  if (st.premul == 1) {
+  if (st.premul != 0) {
+    if (st.premul == 2) slot.scalarCells = std::make_unique<uint64_t[]>(nLeaves);
     for (TaskDesc& t : tasks) {
       if (t.coll != Coll::kAllReduce && t.coll != Coll::kReduceScatter && t.coll != Coll::kReduce) {
         continue;
       }
-      const uint64_t bits = ScalarBits(st.premulValue, t.dtype);
-      JR_ASSIGN_OR_RETURN(
-          t.op, slot.userOps.CreatePreMulSum(&bits, t.dtype, ScalarResidence::kHostImmediate));
+      if (st.premul == 1) {
+        const uint64_t bits = ScalarBits(st.premulValue, t.dtype);
+        JR_ASSIGN_OR_RETURN(
+            t.op, slot.userOps.CreatePreMulSum(&bits, t.dtype, ScalarResidence::kHostImmediate));
+      } else {
+        const size_t leaf = slot.sources[size_t(&t - tasks.data())].leaf;
+        JR_ASSIGN_OR_RETURN(t.op, slot.userOps.CreatePreMulSum(&slot.scalarCells[leaf], t.dtype,
+                                                               ScalarResidence::kDevice));
+      }
     }
   }
-  slot.scratch.assign(tasks.size(), SlotPtrs{nullptr, nullptr});
+  slot.scratch.assign(tasks.size(), SlotPtrs{nullptr, nullptr, nullptr});
 
   // Every rank joins, even one that moves nothing: the others' launches need its region.
   JR_CHECK(slot.comm->Join(slot.rank, who));
@@ -245,6 +256,13 @@ Status Execute(GpuState& st, void* stream, int ordinal, const ffi::RemainingArgs
                " changed shape since the plan was built");
     slot.inPtr[i] = a->untyped_data();
     slot.outPtr[i] = (*b)->untyped_data();
+    if (st.premul == 2) {
+      auto sc = args.get<ffi::AnyBuffer>(nLeaves + i);
+      JR_REQUIRE(sc.has_value() && sc->size_bytes() >= DataTypeSize(slot.leaves.types[i]),
+                 Code::kInvalidArgument, "jax_rccl '", st.name, "': premul operand ", nLeaves + i,
+                 " is not a scalar of leaf ", i, "'s element type");
+      slot.scalarPtr[i] = sc->untyped_data();
+    }
     if (slot.zeroBefore[i]) {
       JR_CHECK(MemsetAsync(slot.outPtr[i], static_cast<int64_t>(slot.leaves.outBytes[i]), stream));
     }
@@ -256,6 +274,7 @@ Status Execute(GpuState& st, void* stream, int ordinal, const ffi::RemainingArgs
           s.send ? static_cast<const char*>(slot.inPtr[s.leaf]) + s.sendOffset : nullptr;
       slot.scratch[t].recv =
           s.recv ? static_cast<char*>(slot.outPtr[s.leaf]) + s.recvOffset : nullptr;
+      slot.scratch[t].scalar = slot.scalarPtr[s.leaf];
     }
     Status launched = slot.devPlan->Launch(slot.comm->Launch(slot.rank, stream), slot.scratch);
     if (!launched.ok()) {

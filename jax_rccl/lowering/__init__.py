@@ -13,8 +13,7 @@ jax_rccl.config(in_place=...)). Zero-size leaves never reach the runtime. No tok
 no side effect: every device runs the same schedule, and JAX keeps its fast dispatch path.
 
 Platforms: cpu; cuda and rocm with the same rule where the installed build has the GPU runtime
-(``JAX_RCCL_GPU=cuda|rocm``) and JAX a GPU backend, else NotImplementedError. On GPUs a
-per-device premul scalar (premul 2) raises NotImplementedError.
+(``JAX_RCCL_GPU=cuda|rocm``) and JAX a GPU backend, else NotImplementedError.
 """
 
 from __future__ import annotations
@@ -402,14 +401,9 @@ _RULES = {
 
 
 def _gpu_rule(prim, rule):
-    """`rule` on a GPU platform: needs the GPU runtime in this build; no per-device premul."""
+    """`rule` on a GPU platform: needs the GPU runtime in this build."""
 
     def gpu_rule(ctx, *args, **params):
-        if params.get("premul") == 2:
-            raise NotImplementedError(
-                f"{prim.name}: a per-device premul scalar (an array) is not supported on GPUs "
-                "yet; pass a Python number, or scale the operand before the collective"
-            )
         ffi = _runtime()
         platform = ffi.gpu_platform() if ffi is not None and hasattr(ffi, "gpu_platform") else None
         if platform is None:

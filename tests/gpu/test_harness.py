@@ -446,6 +446,43 @@ def test_first_launch_of_a_process_loads_every_kernel():
     assert done.returncode == 0 and "OK" in done.stdout, done.stdout + done.stderr
 
 
+_ONE_QUEUE = """
+import numpy as np
+from jax_rccl import harness
+for n in (2, 4, 8):
+    h = harness.Harness(n, timeout=10.0)
+    tasks = [{"coll": "all_reduce", "count": 1000, "dtype": "float32", "op": "sum"},
+             {"coll": "all_reduce", "count": 77, "dtype": "int32", "op": "max"},
+             {"coll": "all_gather", "count": 33, "dtype": "bfloat16"},
+             {"coll": "all_reduce", "count": 5000, "dtype": "bfloat16", "op": "sum"}]
+    ins = [[np.full(t["count"], r + 1, harness._np_dtype(t["dtype"])) for t in tasks]
+           for r in range(n)]
+    for rep in range(3):
+        outs = h.run(tasks, ins)
+        for row in outs:
+            assert np.all(row[0] == n * (n + 1) / 2), row[0]
+            assert np.all(row[1] == n), row[1]
+            assert np.array_equal(row[2].astype(np.float32), np.repeat(np.arange(1, n + 1), 33))
+            assert np.all(row[3].astype(np.float32) == n * (n + 1) / 2), row[3]
+print("OK")
+"""
+
+
+def test_launches_of_several_types_with_one_hardware_queue():
+    """The ranks' streams sharing one hardware work queue (CUDA_DEVICE_MAX_CONNECTIONS=1; under
+    MPS a client may get fewer queues than streams): a plan of one kernel per element type is
+    launched launch-major across the ranks, so no rank's second kernel waits in the queue ahead
+    of a peer's first (which it would wait for forever)."""
+    import subprocess
+    import sys
+
+    env = dict(os.environ, CUDA_DEVICE_MAX_CONNECTIONS="1")
+    done = subprocess.run(
+        [sys.executable, "-c", _ONE_QUEUE], capture_output=True, text=True, timeout=180, env=env
+    )
+    assert done.returncode == 0 and "OK" in done.stdout, done.stdout + done.stderr[-4000:]
+
+
 @pytest.mark.parametrize("proto", ["LL", "Simple"])
 def test_trace_records_every_piece(proto):
     """A launch's device timeline: each block starts, loads its work, begins its element, walks

@@ -160,10 +160,52 @@ def test_grad_through_collectives():
     np.testing.assert_allclose(got, 3 * x * x + 2 * x, rtol=1e-6, atol=1e-6)
 
 
-def test_premul_array_is_refused_on_gpus():
-    fn = _jit(lambda v: jax_rccl.all_reduce(v, "i", premul=v[0]))
-    with pytest.raises(NotImplementedError, match="not supported on GPUs"):
-        fn(np.ones(8, np.float32))
+# The leaf types a premul works on (floating, and complex as float pairs), as on the CPU path.
+PREMUL_DTYPES = [np.float32, jnp.bfloat16, np.float16, np.complex64]
+
+
+def _premul_want(x, s):
+    """x * s rounded once to x's type (PreMulSum rounds each product to the element type); s is
+    exact in every premul type."""
+    x = np.asarray(x)
+    if np.iscomplexobj(x):
+        return (x.astype(np.complex128) * float(s)).astype(x.dtype)
+    return (x.astype(np.float32) * np.float32(s)).astype(x.dtype)
+
+
+@pytest.mark.parametrize("dtype", PREMUL_DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("size", SIZES)
+def test_premul_array_on_one_gpu(dtype, size):
+    """A per-device premul scalar computed on the device (an array, not a Python number): the
+    one-rank plan scales by the value the device holds when the kernel runs."""
+    x = _inputs(dtype, size)
+    if np.issubdtype(np.dtype(dtype), np.complexfloating):
+        x = x + 1j * _inputs(np.float32, size, seed=1).astype(dtype)
+    k = np.array([3.0], np.float32)
+
+    def body(v, c):
+        s = c[0] * 0.5 - 0.25  # 1.25, on the device
+        return jax_rccl.all_reduce(v, "i", premul=s), jax.lax.psum(v * s.astype(v.dtype), "i")
+
+    got, ref = _jit(body)(x, k)
+    want = _premul_want(x, 1.25)
+    assert np.asarray(got).dtype == np.dtype(dtype)
+    np.testing.assert_array_equal(np.asarray(got), want)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(ref))
+
+
+def test_premul_array_over_a_pytree_of_mixed_leaves():
+    tree = {
+        "a": _inputs(np.float32, 1001),
+        "b": (_inputs(jnp.bfloat16, 17), _inputs(np.float16, 1)),
+    }
+
+    def body(t, c):
+        return jax_rccl.all_reduce(t, "i", premul=c[0])
+
+    got = _jit(body)(tree, np.array([-2.0], np.float32))
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(tree), strict=True):
+        np.testing.assert_array_equal(np.asarray(g), _premul_want(w, -2.0))
 
 
 def test_runtime_stats_count_gpu_calls():
@@ -406,3 +448,87 @@ def test_training_step_without_command_buffers_runs_every_call():
     per_step = out["calls"] * out["devices"]
     assert out["executions"] == per_step * out["steps"], out
     assert out["replay_executions"] == per_step * out["replay_steps"], out
+
+
+# --- per-device premul scalars inside command buffers ---------------------------------------------
+
+_PREMUL_STEP_SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    import numpy as np
+    import jax, jax.numpy as jnp
+    from jax.sharding import Mesh, PartitionSpec as P
+    import jax_rccl
+
+    STEPS = int(sys.argv[1])
+    mesh = Mesh(np.array(jax.devices()[:1]), ("i",))
+    rng = np.random.default_rng(0)
+    ints = lambda: rng.integers(-3, 4, 4099).astype(np.float32)
+    xs = (ints(), ints().astype(jnp.bfloat16), ints().astype(np.float16),
+          (ints() + 1j * ints()).astype(np.complex64))
+
+    # The state (step counter, mismatches) is donated, the inputs stay: every buffer keeps its
+    # address from step to step, so a captured command buffer is replayed as it is. The premul
+    # scalar is computed on the device from the step counter, a new value every step, and each
+    # result is compared on the device with its closed form.
+    def body(xs, k, bad):
+        s = (k[0] % 16.0) * 0.25 - 1.0  # -1 .. 2.75 in quarters: exact in every type
+        ys = jax_rccl.all_reduce(xs, "i", premul=s)
+        for x, y in zip(xs, ys):
+            if jnp.issubdtype(x.dtype, jnp.complexfloating):
+                want = x * s.astype(x.dtype)
+            else:
+                want = (x.astype(jnp.float32) * s).astype(x.dtype)
+            bad = bad + jnp.sum(y != want).astype(jnp.int32).reshape(1)
+        return k + 1.0, bad
+
+    step = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("i"), out_specs=P("i")),
+                   donate_argnums=(1, 2))
+    xd = tuple(jax.device_put(x) for x in xs)
+    k, bad = jnp.zeros(1, jnp.float32), jnp.zeros(1, jnp.int32)
+    k, bad = step(xd, k, bad)  # compile and first run
+    jax.block_until_ready(bad)
+    jax_rccl.reset_runtime_stats()
+    for _ in range(1, STEPS):
+        k, bad = step(xd, k, bad)
+    stats = jax_rccl.runtime_stats()
+    print(json.dumps({"steps": STEPS, "k": float(np.asarray(k)[0]), "bad": int(np.asarray(bad)[0]),
+                      "executions": int(stats["executions"]), "errors": int(stats["errors"])}))
+    """
+)
+
+
+def _run_premul_steps(xla_flags: str, steps: int = 1000) -> dict:
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " " + xla_flags).strip()
+    env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
+    env.setdefault("JAX_RCCL_TIMEOUT", "60")
+    proc = subprocess.run(
+        [sys.executable, "-c", _PREMUL_STEP_SCRIPT, str(steps)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-8000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    print(out)
+    assert out["k"] == steps, out
+    assert out["bad"] == 0, out
+    assert out["errors"] == 0, out
+    return out
+
+
+def test_premul_array_steps_in_command_buffers():
+    """1,000 steps, a new per-device scalar each: inside command buffers the launch is captured
+    once and replayed (the handler runs on few steps), and each replay reads the scalar the
+    device holds then."""
+    out = _run_premul_steps(
+        "--xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL --xla_gpu_graph_min_graph_size=1"
+    )
+    assert out["executions"] <= out["steps"] // 10, out
+
+
+def test_premul_array_steps_without_command_buffers():
+    out = _run_premul_steps("--xla_gpu_enable_command_buffer=")
+    assert out["executions"] == out["steps"] - 1, out

@@ -301,7 +301,9 @@ def mps_env(tmp_path_factory):
         subprocess.run([control], input="quit\n", text=True, env=env, timeout=30)
 
 
-def _run_step_processes(env_base: dict, nprocs: int, count: int, steps: int, cb: bool) -> list:
+def _run_step_processes(
+    env_base: dict, nprocs: int, count: int, steps: int, cb: bool, script: str = _STEP_WORKER
+) -> list:
     port = _free_port()
     procs = []
     for p in range(nprocs):
@@ -310,16 +312,14 @@ def _run_step_processes(env_base: dict, nprocs: int, count: int, steps: int, cb:
         env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
         env["JAX_RCCL_TIMEOUT"] = "30"
         env["PYTHONFAULTHANDLER"] = "1"
-        if cb:
-            env["XLA_FLAGS"] = _COMMAND_BUFFERS
-        else:
-            env.pop("XLA_FLAGS", None)
+        # Off means off: XLA's default already captures custom calls in command buffers.
+        env["XLA_FLAGS"] = _COMMAND_BUFFERS if cb else "--xla_gpu_enable_command_buffer="
         procs.append(
             subprocess.Popen(
                 [
                     sys.executable,
                     "-c",
-                    _STEP_WORKER,
+                    script,
                     str(p),
                     str(nprocs),
                     str(port),
@@ -381,3 +381,76 @@ def test_step_of_every_collective_sharing_one_gpu(mps_env, nprocs, count, cb):
             if p != s:
                 tail, head, _ = by_rank[p][(c, s)]
                 assert sent == head == tail, (s, p, c, sent, head, tail)
+
+
+# --- per-device premul scalars: processes sharing the GPU, command buffers on and off ----------
+
+_PREMUL_WORKER = textwrap.dedent(
+    """
+    import json, sys
+    import numpy as np
+    import jax
+    process, nprocs, port, count, steps = (int(a) for a in sys.argv[1:6])
+    jax.distributed.initialize(f"127.0.0.1:{port}", nprocs, process, initialization_timeout=120)
+    import jax.numpy as jnp
+    from jax import lax
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    import jax_rccl
+
+    devs = jax.devices()
+    n = len(devs)
+    mesh = Mesh(np.array(devs), ("i",))
+    spec = NamedSharding(mesh, P("i"))
+
+    # Rank r holds x_r = base * (r + 1) and scalar s_r = ((k + 3 r) % 16) / 4 - 1 at step k (a new
+    # value every step, different on every rank): the sum is base * sum_r (r + 1) s_r, exact in
+    # float32, checked on the device. The state (k, mismatches) is donated, so the buffers keep
+    # their addresses and a captured command buffer is replayed as it is.
+    def body(base, k, bad):
+        r = lax.axis_index("i").astype(jnp.float32)
+        s = ((k[0] + 3.0 * r) % 16.0) * 0.25 - 1.0
+        got = jax_rccl.all_reduce(base * (r + 1.0), "i", premul=s)
+        w = sum((j + 1.0) * (((k[0] + 3.0 * j) % 16.0) * 0.25 - 1.0) for j in range(n))
+        bad = bad + jnp.sum(got != base * w).astype(jnp.int32).reshape(1)
+        return k + 1.0, bad
+
+    step = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("i"), out_specs=P("i")),
+                   donate_argnums=(1, 2))
+    b0 = ((np.arange(count) % 13) - 6).astype(np.float32)
+    base = jax.make_array_from_callback((n * count,), spec, lambda idx: np.tile(b0, n)[idx])
+    k = jax.make_array_from_callback((n,), spec, lambda idx: np.zeros(n, np.float32)[idx])
+    bad = jax.make_array_from_callback((n,), spec, lambda idx: np.zeros(n, np.int32)[idx])
+    k, bad = step(base, k, bad)
+    jax.block_until_ready(bad)
+    jax_rccl.reset_runtime_stats()
+    for _ in range(1, steps):
+        k, bad = step(base, k, bad)
+    stats = jax_rccl.runtime_stats()
+    ids = [d.id for d in devs]
+    print("RESULT " + json.dumps({
+        "rank": ids.index(jax.local_devices()[0].id),
+        "k": float(np.asarray(k.addressable_shards[0].data)[0]),
+        "bad": {"premul": int(np.asarray(bad.addressable_shards[0].data)[0])},
+        "executions": int(stats["executions"]), "errors": int(stats["errors"]),
+    }), flush=True)
+    """
+)
+
+
+@pytest.mark.parametrize("cb", [False, True], ids=["plain", "command_buffers"])
+@pytest.mark.parametrize("nprocs, count", [(2, 1000), (3, 4097), (4, 1 << 20)])
+def test_premul_array_sharing_one_gpu(mps_env, nprocs, count, cb):
+    """all_reduce with a per-device premul scalar (a new value every step, different on every
+    rank) in 200 steps of `nprocs` processes on one GPU, each result checked on the device; with
+    command buffers the launch is replayed and reads each step's scalar."""
+    steps = 200
+    results = _run_step_processes(mps_env, nprocs, count, steps, cb, script=_PREMUL_WORKER)
+    assert sorted(r["rank"] for r in results) == list(range(nprocs))
+    for r in results:
+        assert r["k"] == steps, r
+        assert r["bad"] == {"premul": 0}, r
+        assert r["errors"] == 0, r
+        if cb:
+            assert r["executions"] <= steps // 10, r
+        else:
+            assert r["executions"] == steps - 1, r
