@@ -104,7 +104,7 @@ StatusOr<std::unique_ptr<GpuState>> MakeState(Kind kind, ffi::Span<const int64_t
              "': a per-device premul scalar (premul 2) is not supported on GPUs yet; use a "
              "Python number (premul 1) or scale before the collective");
   for (size_t g = 0; g < st->groups.size(); ++g) {
-    for (int r = 0; r < st->groupSize; ++r) {
+    for (int r = 0; r < static_cast<int>(st->groups[g].size()); ++r) {
       auto slot = std::make_unique<DeviceSlot>();
       slot->device = st->groups[g][size_t(r)];
       slot->group = static_cast<int>(g);
