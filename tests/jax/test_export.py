@@ -224,3 +224,13 @@ def test_exported_call_with_explicit_shardings():
     got = jax.jit(exp.call)(x)
     assert_same(got, per_device(BODIES["all_to_all"](lax), mesh)(x))
     assert got.sharding.is_equivalent_to(NamedSharding(mesh, P("i")), got.ndim)
+
+
+def test_per_device_premul_cannot_be_exported_for_gpus():
+    """The GPU runtime has no per-device premul scalar: refused at export, naming it (for the
+    CPU alone it exports)."""
+    mesh, x = mesh_1d(), sample((8 * 8, 4), "float32")
+    fn = per_device(lambda v: jax_rccl.all_reduce(v, "i", premul=v[0, 0]), mesh)
+    with pytest.raises(NotImplementedError, match=r"per-device premul scalar .*\('cuda',\)"):
+        _export(fn, x, platforms=("cpu", "cuda"))
+    assert "@jax_rccl_all_reduce(" in _export(fn, x, platforms=("cpu",)).mlir_module()
