@@ -132,14 +132,22 @@ Status ParseCallAttrs(Kind kind, ffi::Span<const int64_t> groups, int64_t groupS
              " device ids, which is not a positive multiple of group_size ", groupSize);
   out->groupSize = static_cast<int>(groupSize);
   const int n = out->groupSize;
+  // Rows of group_size ids; a group smaller than that ends in -1s (groups of unequal sizes,
+  // all_reduce only).
   std::set<int64_t> seen;
   for (size_t g = 0; g * groupSize < groups.size(); ++g) {
     std::vector<int64_t> devs(groups.begin() + g * groupSize, groups.begin() + (g + 1) * groupSize);
-    for (int r = 0; r < n; ++r) {
-      JR_REQUIRE(devs[r] >= 0, Code::kInvalidArgument, "jax_rccl '", who,
-                 "': replica_groups holds device id ", devs[r], "; ids are >= 0");
-      JR_REQUIRE(seen.insert(devs[r]).second, Code::kInvalidArgument, "jax_rccl '", who,
-                 "': device ", devs[r], " appears more than once in replica_groups");
+    while (devs.size() > 1 && devs.back() == -1) devs.pop_back();
+    JR_REQUIRE(static_cast<int>(devs.size()) == n || kind == Kind::kAllReduce,
+               Code::kInvalidArgument, "jax_rccl '", who, "' (", KindName(kind), "): group ", g,
+               " has ", devs.size(), " devices, the others ", n,
+               "; groups of unequal sizes are supported by all_reduce only");
+    for (int64_t d : devs) {
+      JR_REQUIRE(d >= 0, Code::kInvalidArgument, "jax_rccl '", who,
+                 "': replica_groups holds device id ", d,
+                 "; ids are >= 0 (-1 only pads the end of a smaller group)");
+      JR_REQUIRE(seen.insert(d).second, Code::kInvalidArgument, "jax_rccl '", who, "': device ", d,
+                 " appears more than once in replica_groups");
     }
     out->groups.push_back(std::move(devs));
   }

@@ -56,7 +56,7 @@ struct CallAttrs {
   int premul = 0;
   double premulValue = 1.0;
   int root = 0;
-  int groupSize = 1;
+  int groupSize = 1;  // the largest group's (all_reduce groups may be smaller: groups[g].size())
   std::vector<std::pair<int, int>> perm;     // (src, dst) ranks
   std::vector<std::vector<int64_t>> groups;  // device ids in rank order
   Tuning tuning;

@@ -7,6 +7,7 @@ kernels behind XLA FFI custom calls.
 from __future__ import annotations
 
 from jax_rccl import planner
+from jax_rccl._export import export_checks
 from jax_rccl._ffi import reset_runtime_stats, runtime_stats
 from jax_rccl._jax_rccl import cpu_topology as _cpu_topology
 from jax_rccl._jax_rccl import params as _native_params
@@ -43,6 +44,7 @@ __all__ = [
     "all_reduce",
     "preduce",
     "config",
+    "export_checks",
     "runtime_stats",
     "reset_runtime_stats",
     "runtime_topology",

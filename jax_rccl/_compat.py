@@ -93,6 +93,14 @@ def with_varying(aval, vma):
     return aval.update(vma=vma)
 
 
+def preduced(x, axes):
+    """Invariant -> reduced cast over `axes` (explicit sharding; the transpose of a sum of
+    unreduced values)."""
+    from jax._src.lax import parallel
+
+    return parallel.preduced(x, tuple(axes))
+
+
 def check_vma_enabled() -> bool:
     """True while tracing a shard_map body with check_vma=True."""
     return bool(_config._check_vma.value)
@@ -220,3 +228,23 @@ def kv_try_get(client, key: str) -> str | None:
     except Exception:  # noqa: BLE001 - "not found" is an exception in every version
         return None
     return value.decode() if isinstance(value, bytes) else value
+
+
+# --- shape polymorphism (jax.export with symbolic dimensions) ----------------------------------
+
+
+def is_static_shape(shape) -> bool:
+    """Whether every dimension of `shape` is a known integer (no symbolic dimension)."""
+    return bool(_core.is_constant_shape(shape))
+
+
+def definitely_empty(shape) -> bool:
+    """Whether `shape` has no elements for every value of its symbolic dimensions (a symbolic
+    dimension is >= 1 unless its constraints say otherwise, so `b` is never empty)."""
+    return any(_core.definitely_equal(d, 0) for d in shape)
+
+
+def lowering_for_export(ctx) -> bool:
+    """Whether `ctx` lowers a program for jax.export (serialized, compiled elsewhere later)."""
+    params = getattr(ctx.module_context, "lowering_parameters", None)
+    return bool(getattr(params, "for_export", False))

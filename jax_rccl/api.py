@@ -167,8 +167,14 @@ def _int(value, what: str) -> int:
         raise TypeError(f"{what}; got the {type(value).__name__} {value!r}") from None
 
 
+#: The collectives whose axis_index_groups may have unequal sizes (a result's shape does not
+#: depend on its group's size).
+_UNEQUAL_GROUPS_OK = ("psum", "pmax", "pmin", "pmean", "all_reduce")
+
+
 def _groups(axis_index_groups, axes, api: str):
-    """Canonical axis_index_groups (tuple of tuples) and the group size."""
+    """Canonical axis_index_groups (tuple of tuples) and the group size (of the first group,
+    where the reductions' groups differ in size: see `_group_size_here`)."""
     size = _mesh_size(axes)
     if axis_index_groups is None:
         return None, size
@@ -184,9 +190,11 @@ def _groups(axis_index_groups, axes, api: str):
             f"jax_rccl.{api}: axis_index_groups {axis_index_groups!r} must cover all indices "
             f"0..{size - 1} of axis {axes} exactly once"
         )
-    if len({len(g) for g in groups}) != 1:
+    if len({len(g) for g in groups}) != 1 and api not in _UNEQUAL_GROUPS_OK:
         raise ValueError(
-            f"jax_rccl.{api}: axis_index_groups {axis_index_groups!r} must all be the same size"
+            f"jax_rccl.{api}: axis_index_groups {axis_index_groups!r} must all be the same size "
+            f"(the shape of {api}'s result depends on it); groups of unequal sizes work with "
+            + ", ".join(_UNEQUAL_GROUPS_OK)
         )
     return groups, len(groups[0])
 
@@ -280,9 +288,11 @@ def _reduce(x, axis_name, api, *, op="sum", axis_index_groups=None, premul=None)
 
     def run(leaves):
         if premul_kind == 0 and op == "sum" and not any(map(compat.is_tracer, leaves)):
-            # Constants, as jax.lax.psum: no communication (psum(1, ax) is the axis size).
+            # Constants, as jax.lax.psum: no communication (psum(1, ax) is the axis size; with
+            # groups of unequal sizes, the size of each device's group).
+            size = P.group_size_here(axes, groups)
             return [
-                jnp.asarray(leaf, np.int32 if np.asarray(leaf).dtype == np.bool_ else None) * n
+                jnp.asarray(leaf, np.int32 if np.asarray(leaf).dtype == np.bool_ else None) * size
                 for leaf in leaves
             ]
         if premul_kind:
@@ -293,7 +303,9 @@ def _reduce(x, axis_name, api, *, op="sum", axis_index_groups=None, premul=None)
                         f"jax_rccl.{api}: premul needs floating leaves; leaf {i} has dtype {dt}"
                     )
         use = "sum" if premul_kind else op
-        flat, decoders, counts = _encode_all(leaves, api, use, axes)
+        # as jax.lax.psum: partial sums (typed unreduced over axis_name) are added up, no pvary
+        vary = [not _unreduced_source(leaf, axes, api, i, op) for i, leaf in enumerate(leaves)]
+        flat, decoders, counts = _encode_all(leaves, api, use, axes, vary=vary)
         scales = []
         if premul_kind == 2:
             scales = [_pvary(scale, axes).astype(v.dtype) for v in flat]
@@ -311,6 +323,20 @@ def _reduce(x, axis_name, api, *, op="sum", axis_index_groups=None, premul=None)
         return _decode_all(outs, decoders, counts)
 
     return _map_leaves(x, run)
+
+
+def _unreduced_source(leaf, axes, api: str, index: int, op: str) -> bool:
+    """Whether `leaf` is typed unreduced over `axes` (partial sums, explicit sharding); such a
+    leaf is summed only (psum, pmean, all_reduce with op 'sum' or 'avg'), as by jax.lax."""
+    if not compat.is_tracer(leaf) or not P.is_unreduced_over(compat.typeof(leaf), axes):
+        return False
+    if op not in ("sum", "avg"):
+        raise ValueError(
+            f"jax_rccl.{api}: leaf {index} is unreduced over {tuple(axes)} (partial sums still "
+            f"to be added); only a sum reduces it (psum, pmean, all_reduce(op='sum'|'avg')), "
+            f"not op={op!r}"
+        )
+    return True
 
 
 def _premul(premul, op, api):
@@ -353,9 +379,12 @@ def pmin(x, axis_name, *, axis_index_groups=None):
 def pmean(x, axis_name, *, axis_index_groups=None):
     """All-reduce mean over `axis_name`: psum, then divide by the group size (as jax.lax)."""
     axes = _axes(axis_name, "pmean")
-    _, n = _groups(axis_index_groups, axes, "pmean")
+    groups, _ = _groups(axis_index_groups, axes, "pmean")
+    n = P.group_size_here(axes, groups)  # each device's group's size
     x = psum(x, axis_name, axis_index_groups=axis_index_groups)
-    return jax.tree_util.tree_map(lambda v: v / n, x)
+    if isinstance(n, int):
+        return jax.tree_util.tree_map(lambda v: v / n, x)
+    return jax.tree_util.tree_map(lambda v: v / n.astype(jnp.result_type(v, 1.0)), x)
 
 
 def all_reduce(x, axis_name, *, op="sum", premul=None, axis_index_groups=None):
@@ -477,6 +506,28 @@ def _scatter_source(leaf, axes, api: str, index: int) -> str:
     return "unreduced"
 
 
+def _check_blocks(size, n: int, tiled: bool, what: str) -> None:
+    """The dimension split into the group's `n` blocks: equal to n, or (tiled) a multiple of it.
+    A symbolic size (jax.export) must be so for every value of its dimension variables."""
+    if not compat.is_static_shape((size,)):
+        if tiled and compat.is_static_shape((size % n,)) and size % n == 0:
+            return
+        need = f"a multiple of the group size {n}" if tiled else f"the group size {n}"
+        raise ValueError(
+            f"{what} has the symbolic size {size}, which is not {need} for every value of its "
+            f"dimension variables; export it with a size that is (e.g. {n}*k"
+            + (")" if tiled else ", and tiled=True)")
+        )
+    if tiled and size % n:
+        raise ValueError(
+            f"{what} has size {size}, not divisible by the group size {n} (tiled=True)"
+        )
+    if not tiled and size != n:
+        raise ValueError(
+            f"{what} has size {size}; it must equal the group size {n} (or pass tiled=True)"
+        )
+
+
 def psum_scatter(
     x,
     axis_name,
@@ -503,17 +554,7 @@ def psum_scatter(
                     f"jax_rccl.{api}: leaf {i} is a scalar; it needs a scatter_dimension"
                 )
             d = _canonical_dim(scatter_dimension, len(shape), api, "scatter_dimension")
-            size = shape[d]
-            if tiled and size % n:
-                raise ValueError(
-                    f"jax_rccl.{api}: scatter_dimension {d} of leaf {i} has size {size}, not "
-                    f"divisible by the group size {n} (tiled=True)"
-                )
-            if not tiled and size != n:
-                raise ValueError(
-                    f"jax_rccl.{api}: scatter_dimension {d} of leaf {i} has size {size}; it "
-                    f"must equal the group size {n} (or pass tiled=True)"
-                )
+            _check_blocks(shape[d], n, tiled, f"jax_rccl.{api}: scatter_dimension {d} of leaf {i}")
             blocks.append(d)
         srcs = [_scatter_source(leaf, axes, api, i) for i, leaf in enumerate(leaves)]
         if groups is not None and "unreduced" in srcs:
@@ -565,16 +606,7 @@ def all_to_all(x, axis_name, split_axis, concat_axis, *, tiled=False, axis_index
                 raise ValueError(f"jax_rccl.{api}: leaf {i} is a scalar; it needs a split_axis")
             s = _canonical_dim(split_axis, len(shape), api, "split_axis")
             c = _canonical_dim(concat_axis, len(shape), api, "concat_axis")
-            if tiled and shape[s] % n:
-                raise ValueError(
-                    f"jax_rccl.{api}: split_axis {s} of leaf {i} has size {shape[s]}, not "
-                    f"divisible by the group size {n} (tiled=True)"
-                )
-            if not tiled and shape[s] != n:
-                raise ValueError(
-                    f"jax_rccl.{api}: split_axis {s} of leaf {i} has size {shape[s]}; it must "
-                    f"equal the group size {n} (or pass tiled=True)"
-                )
+            _check_blocks(shape[s], n, tiled, f"jax_rccl.{api}: split_axis {s} of leaf {i}")
             plans.append((s, c))
         flat, decoders, counts = _encode_all(leaves, api, "move", axes)
         ins, k = [], 0

@@ -228,19 +228,61 @@ all_reduce_p = _defprim("all_reduce")
 
 
 def _all_reduce_abstract_eval(*avals, axes, groups, op, premul, premul_value, invariant, tuning):
-    del groups, premul_value, tuning
+    del premul_value, tuning
     nleaves = len(avals) // 2 if premul == 2 else len(avals)
     leaves = avals[:nleaves]
-    _common_checks(leaves, axes, "jax_rccl.all_reduce")
+    api = "jax_rccl.all_reduce"
+    check_axis_names(axes, api)
+    _check_leaf_dtypes(leaves, api)
     if op not in OPS:
-        raise ValueError(f"jax_rccl.all_reduce: op {op!r} is not one of {OPS}")
+        raise ValueError(f"{api}: op {op!r} is not one of {OPS}")
     outs = []
-    for a in leaves:
+    for i, a in enumerate(leaves):
+        if is_unreduced_over(a, axes):
+            # jax.lax's Unreduced -> Invariant sum: the partial sums are added up.
+            _unreduced_sum_checks(i, a, axes, groups, op, api)
+            outs.append(
+                compat.with_axis_types(
+                    a, varying=compat.varying(a), unreduced=compat.unreduced(a) - set(axes)
+                )
+            )
+            continue
+        compat.check_unreduced([a], axes, api)
         if compat.check_vma_enabled():
             vma = compat.varying(a) - set(axes) if invariant else compat.varying(a)
             a = compat.with_varying(a, vma)
         outs.append(a)
     return outs, compat.named_axis_effects(axes)
+
+
+def is_unreduced_over(aval, axes) -> bool:
+    """Whether values of type `aval` are partial sums over (some of) `axes` (explicit
+    sharding's unreduced type)."""
+    return bool(compat.unreduced(aval) & set(axes))
+
+
+def _unreduced_sum_checks(i, a, axes, groups, op, api):
+    """jax.lax's rule for summing a value typed unreduced over `axes`."""
+    if op not in ("sum", "avg"):
+        raise ValueError(
+            f"{api}: leaf {i} is unreduced over {tuple(axes)} (partial sums still to be added); "
+            f"only a sum reduces it (psum, pmean, all_reduce(op='sum'|'avg')), not op={op!r}"
+        )
+    if groups is not None:
+        raise NotImplementedError(
+            f"{api}: axis_index_groups with a leaf unreduced over {tuple(axes)} is not "
+            "supported (nor by jax.lax)"
+        )
+    if not compat.unreduced(a) >= set(axes):
+        raise ValueError(
+            f"{api}: leaf {i} is unreduced over {sorted(map(str, compat.unreduced(a)))} but "
+            f"not over the rest of axis_name {tuple(axes)}; its type must be the same over all "
+            "of them"
+        )
+    if compat.varying(a) & set(axes):
+        raise ValueError(f"{api}: leaf {i} is unreduced and varying over {tuple(axes)}")
+    if not compat.unreduced_by_sum(a):
+        raise ValueError(f"{api}: leaf {i} is unreduced with partial values that are no sums")
 
 
 def _sum_transpose_of(cts, *, axes, groups, invariant, tuning):
@@ -310,12 +352,23 @@ def _all_reduce_transpose(cts, *args, axes, groups, op, premul, premul_value, in
     live = [i for i, ct in enumerate(cts) if type(ct) is not compat.Zero]
     if not live:
         return res
-    summed = _sum_transpose_of(
-        [cts[i] for i in live], axes=axes, groups=groups, invariant=invariant, tuning=tuning
-    )
-    for i, ct in zip(live, summed, strict=True):
+    # A leaf typed unreduced transposes as jax.lax's Unreduced -> Invariant sum: its cotangent
+    # is the invariant one cast to reduced (no communication).
+    unred = [i for i in live if _sums_partial_values(leaves[i], axes)]
+    rest = [i for i in live if i not in unred]
+    summed = {i: compat.preduced(cts[i], tuple(axes)) for i in unred}
+    if rest:
+        outs = _sum_transpose_of(
+            [cts[i] for i in rest], axes=axes, groups=groups, invariant=invariant, tuning=tuning
+        )
+        summed.update(zip(rest, outs, strict=True))
+    for i in live:
+        ct = summed[i]
         if op == "avg":
-            ct = ct / np.asarray(_group_size(axes, groups), ct.dtype)
+            size = group_size_here(axes, groups)
+            ct = ct / (
+                np.asarray(size, ct.dtype) if isinstance(size, int) else size.astype(ct.dtype)
+            )
         if premul == 1:
             ct = ct * np.asarray(premul_value, ct.dtype)
         elif premul == 2:
@@ -323,6 +376,14 @@ def _all_reduce_transpose(cts, *args, axes, groups, op, premul, premul_value, in
         if compat.is_undefined_primal(leaves[i]):
             res[i] = ct
     return res
+
+
+def _sums_partial_values(leaf, axes) -> bool:
+    """Whether the linear input `leaf` of an all_reduce was typed unreduced over `axes`: its
+    undefined primal's type is unreduced, or (jax 0.10 types it as its cotangent) reduced
+    there (an all_reduce never takes a reduced value)."""
+    aval = leaf.aval if compat.is_undefined_primal(leaf) else compat.typeof(leaf)
+    return is_unreduced_over(aval, axes) or bool(compat.reduced(aval) & set(axes))
 
 
 def _all_reduce_batch(
@@ -404,6 +465,18 @@ _REDUCERS = {
     "max": lax.reduce_max,
     "min": lax.reduce_min,
 }
+
+
+def group_size_here(axes, groups):
+    """The size of this device's group: an int, or (axis_index_groups of unequal sizes, the
+    reductions') an int32 value looked up by the device's index over `axes`."""
+    sizes = {len(g) for g in groups} if groups is not None else set()
+    if len(sizes) <= 1:
+        return _group_size(axes, groups)
+    table = np.zeros(sum(len(g) for g in groups), np.int32)
+    for g in groups:
+        table[list(g)] = len(g)
+    return jnp.asarray(table)[lax.axis_index(tuple(axes))]
 
 
 def _group_size(axes, groups):

@@ -113,7 +113,7 @@ StatusOr<std::unique_ptr<CpuState>> MakeState(Kind kind, ffi::Span<const int64_t
   JR_CHECK(ParseCallAttrs(kind, groups, groupSize, op, premul, premulValue, root, perm, algorithm,
                           protocol, callSite, name, st.get()));
   for (size_t g = 0; g < st->groups.size(); ++g) {
-    for (int r = 0; r < st->groupSize; ++r) {
+    for (int r = 0; r < static_cast<int>(st->groups[g].size()); ++r) {
       auto slot = std::make_unique<DeviceSlot>();
       slot->device = st->groups[g][size_t(r)];
       slot->group = static_cast<int>(g);
@@ -127,7 +127,7 @@ StatusOr<std::unique_ptr<CpuState>> MakeState(Kind kind, ffi::Span<const int64_t
 // Builds `slot`'s plan from the shapes of its first call.
 Status BuildPlan(const CpuState& st, DeviceSlot& slot, const ffi::RemainingArgs& args,
                  const ffi::RemainingRets& rets) {
-  const int n = st.groupSize;
+  const int n = static_cast<int>(st.groups[slot.group].size());
   JR_CHECK(ReadLeaves(st, args, rets, &slot.leaves));
   JR_ASSIGN_OR_RETURN(slot.comm, World::Get().GetOrCreate(st.groups[slot.group], st.params));
   const size_t nLeaves = slot.leaves.size();

@@ -107,7 +107,7 @@ StatusOr<std::unique_ptr<GpuState>> MakeState(Kind kind, ffi::Span<const int64_t
     st->tuning.protoMask &= ~(1u << static_cast<int>(Proto::kLL128));
   }
   for (size_t g = 0; g < st->groups.size(); ++g) {
-    for (int r = 0; r < st->groupSize; ++r) {
+    for (int r = 0; r < static_cast<int>(st->groups[g].size()); ++r) {
       auto slot = std::make_unique<DeviceSlot>();
       slot->device = st->groups[g][size_t(r)];
       slot->group = static_cast<int>(g);

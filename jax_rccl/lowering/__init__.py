@@ -13,7 +13,8 @@ jax_rccl.config(in_place=...)). Zero-size leaves never reach the runtime. No tok
 no side effect: every device runs the same schedule, and JAX keeps its fast dispatch path.
 
 Platforms: cpu; cuda and rocm with the same rule where the installed build has the GPU runtime
-(``JAX_RCCL_GPU=cuda|rocm``) and JAX a GPU backend, else NotImplementedError.
+(``JAX_RCCL_GPU=cuda|rocm``) and JAX a GPU backend, else NotImplementedError; when lowering for
+jax.export, any of them (one rule for all, see `platform_rule`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from __future__ import annotations
 import hashlib
 import threading
 import weakref
-from functools import partial
 
 import numpy as np
 from jax._src.lib.mlir import ir
@@ -84,7 +84,8 @@ def replica_groups(ctx, axes, groups=None, *, sort=False) -> np.ndarray:
     """[n_groups, group_size] PHYSICAL device ids of the groups along mesh `axes`.
 
     Ranks follow JAX's order (the axis index over `axes`, major to minor as named); with
-    axis_index_groups, group k of each mesh group holds those axis indices, in that order.
+    axis_index_groups, group k of each mesh group holds those axis indices, in that order, and a
+    group smaller than the largest ends in -1s (all_reduce's groups of unequal sizes).
     `sort` orders each group by mesh position (jax.lax.ppermute's convention).
     """
     axis_ctx = ctx.module_context.axis_context
@@ -95,10 +96,14 @@ def replica_groups(ctx, axes, groups=None, *, sort=False) -> np.ndarray:
         )
     positions = compat.device_groups(axis_ctx, axes)
     if groups is not None:
-        positions = np.asarray([[row[i] for i in g] for row in positions for g in groups])
+        width = max(map(len, groups))
+        positions = np.asarray(
+            [[row[i] for i in g] + [-1] * (width - len(g)) for row in positions for g in groups]
+        )
     if sort:
         positions = np.sort(positions, axis=1)
-    return compat.mesh_device_ids(axis_ctx)[positions]
+    ids = compat.mesh_device_ids(axis_ctx)
+    return np.where(positions >= 0, ids[np.maximum(positions, 0)], -1)
 
 
 def _flat_type(aval):
@@ -126,16 +131,16 @@ def lower_collective(
     n_leaves = len(args) if n_leaves is None else n_leaves
     leaves, scalars = args[:n_leaves], args[n_leaves:]
     in_avals, out_avals = ctx.avals_in[:n_leaves], ctx.avals_out
-    live = [i for i, a in enumerate(out_avals) if np.prod(a.shape) > 0]
+    live = [i for i, a in enumerate(out_avals) if not compat.definitely_empty(a.shape)]
     outs = [None] * len(out_avals)
     for i, a in enumerate(out_avals):
         if i not in live:
-            if i < len(in_avals) and np.prod(in_avals[i].shape) == 0:
+            if i < len(in_avals) and compat.definitely_empty(in_avals[i].shape):
                 # An empty result made from the empty input (not a constant), so the input stays
                 # used: Shardy's canonicalizer in jax 0.11 crashes on an unused shard_map input.
-                outs[i] = hlo.reshape(mlir.aval_to_ir_type(ctx.module_context, a), leaves[i])
+                outs[i] = mlir.reshape(ctx, leaves[i], a)
             else:
-                outs[i] = mlir.ir_constant(np.zeros(a.shape, a.dtype))
+                outs[i] = mlir.full_like_aval(ctx, 0, a)
     if not live:
         return outs
 
@@ -160,7 +165,10 @@ def lower_collective(
     }
     # all_reduce keeps its leaves' shapes (row-major): a reshape between a parameter and the call
     # would be a bitcast, across which XLA does not run the call in the parameter's buffer.
-    keep_shape = kind == "all_reduce"
+    # Leaves with symbolic dimensions (jax.export) keep theirs too: the runtime reads element
+    # counts, which are known once the exported program is called and its shapes refined.
+    static = all(compat.is_static_shape(a.shape) for a in (*in_avals, *out_avals))
+    keep_shape = kind == "all_reduce" or not static
     operands = [
         leaves[i] if keep_shape else hlo.reshape(_flat_type(in_avals[i]), leaves[i]) for i in live
     ]
@@ -183,6 +191,11 @@ def lower_collective(
         call_identity(ctx, kind, attrs, [str(v.type) for v in operands], map(str, result_types))
     )
     operands = _after_previous_call(ctx, operands)
+    # Results of symbolic shape carry their shapes as operands (after the others) until the
+    # exported program is called and its shapes refined.
+    result_shapes = None
+    if not static:
+        result_shapes = [mlir.eval_dynamic_shape_as_tensor(ctx, out_avals[i].shape) for i in live]
     # An all_reduce runs in place (every algorithm reads an element's inputs before it writes
     # that element): each result may share its operand's buffer, so XLA reuses a temporary
     # operand (a gradient) for the result instead of allocating another buffer. Not an argument
@@ -212,6 +225,7 @@ def lower_collective(
         operand_output_aliases=aliases,
         operand_layouts=[_row_major(v.type) for v in operands],
         result_layouts=[_row_major(t) for t in result_types],
+        result_shapes=result_shapes,
     )
     _remember_call(ctx, call.results[0])
     for i, r in zip(live, call.results, strict=True):
@@ -283,11 +297,14 @@ def _after_previous_call(ctx, operands):
     if last is not None and last[0]() is module and last[1] == block:
         prev = last[2]
         t = ir.RankedTensorType(prev.type)
-        if t.rank != 1:  # an all_reduce result keeps its leaf's shape
-            flat = ir.RankedTensorType.get([int(np.prod(t.shape))], t.element_type)
-            prev = hlo.reshape(flat, prev)
+        one_type = ir.RankedTensorType.get([1], t.element_type)
+        if t.rank == 0:
+            return [*operands, hlo.reshape(one_type, prev)]
+        # The first element (a leaf's shape may be symbolic: its first element always exists).
         idx = ir.DenseI64ArrayAttr.get
-        one = hlo.SliceOp(prev, idx([0]), idx([1]), idx([1])).result
+        one = hlo.SliceOp(prev, idx([0] * t.rank), idx([1] * t.rank), idx([1] * t.rank)).result
+        if t.rank != 1:
+            one = hlo.reshape(one_type, one)
         return [*operands, one]
     return operands
 
@@ -381,14 +398,6 @@ def _ppermute_rule(ctx, *args, axes, perm, tuning):
     )
 
 
-def _unsupported_platform(prim, ctx, *args, **params):
-    platforms = compat.module_platforms(ctx)
-    raise NotImplementedError(
-        f"{prim.name}: no jax_rccl runtime for platform(s) {platforms}; supported: "
-        f"{SUPPORTED_PLATFORMS}"
-    )
-
-
 _RULES = {
     P.all_reduce_p: _all_reduce_rule,
     P.reduce_p: _reduce_rule,
@@ -400,27 +409,38 @@ _RULES = {
 }
 
 
-def _gpu_rule(prim, rule):
-    """`rule` on a GPU platform: needs the GPU runtime in this build."""
+def platform_rule(prim, rule):
+    """`rule` for every platform a module is lowered for: ONE rule, so that JAX's multi-platform
+    lowering (jax.export(..., platforms=("cpu", "cuda"))) emits the custom calls once, not one
+    copy per platform under a conditional (the calls then stay chained in program order; each
+    platform registers the same targets). Raises NotImplementedError for a platform without a
+    runtime; a GPU platform needs the GPU runtime in this build, except when lowering for
+    jax.export (the program is compiled where it is called)."""
 
-    def gpu_rule(ctx, *args, **params):
-        ffi = _runtime()
-        platform = ffi.gpu_platform() if ffi is not None and hasattr(ffi, "gpu_platform") else None
-        if platform is None:
+    def lowering(ctx, *args, **params):
+        platforms = compat.module_platforms(ctx)
+        unsupported = [p for p in platforms if p not in SUPPORTED_PLATFORMS]
+        if unsupported:
             raise NotImplementedError(
-                f"{prim.name}: the installed jax_rccl has no GPU runtime for platform(s) "
-                f"{compat.module_platforms(ctx)} (build it with JAX_RCCL_GPU=cuda or "
-                "JAX_RCCL_GPU=rocm), or JAX has no GPU backend"
+                f"{prim.name}: no jax_rccl runtime for platform(s) {tuple(unsupported)}; "
+                f"supported: {SUPPORTED_PLATFORMS}"
             )
+        gpus = tuple(p for p in platforms if p in GPU_PLATFORMS)
+        if gpus and not compat.lowering_for_export(ctx):
+            ffi = _runtime()
+            ok = ffi is not None and hasattr(ffi, "gpu_platform") and ffi.gpu_platform()
+            if not ok:
+                raise NotImplementedError(
+                    f"{prim.name}: the installed jax_rccl has no GPU runtime for platform(s) "
+                    f"{gpus} (build it with JAX_RCCL_GPU=cuda or JAX_RCCL_GPU=rocm), or JAX "
+                    "has no GPU backend"
+                )
         return rule(ctx, *args, **params)
 
-    return gpu_rule
+    return lowering
 
 
 # cacheable=False: JAX would otherwise reuse one lowering for equal equations of a module, and
 # two calls would share one custom call (each needs its own place in the program order).
 for _prim, _rule in _RULES.items():
-    mlir.register_lowering(_prim, partial(_unsupported_platform, _prim))
-    for _platform in SUPPORTED_PLATFORMS:
-        _r = _gpu_rule(_prim, _rule) if _platform in GPU_PLATFORMS else _rule
-        mlir.register_lowering(_prim, _r, platform=_platform, cacheable=False)
+    mlir.register_lowering(_prim, platform_rule(_prim, _rule), cacheable=False)
