@@ -208,13 +208,15 @@ Status ReadLeaves(const CallAttrs& attrs, const ffi::RemainingArgs& args,
   const int n = attrs.groupSize;
   const size_t nLeaves = rets.size();
   const size_t nOperands = attrs.premul == 2 ? 2 * nLeaves : nLeaves;
-  // One more operand may follow: the lowering's ordering operand (a slice of the previous
-  // collective's result, only there to keep collectives in program order); it is not read.
-  JR_REQUIRE(args.size() == nOperands || args.size() == nOperands + 1, Code::kInvalidArgument,
-             "jax_rccl '", who, "' (", KindName(attrs.kind), "): ", args.size(), " operands for ",
-             nLeaves, " results; expected ", nOperands,
+  // More operands may follow: a device check (jax.export, see DeviceCheckOperand), and the
+  // lowering's ordering operand (a slice of the previous collective's result, only there to keep
+  // collectives in program order), which is not read.
+  const size_t extra = DeviceCheckOperand(attrs, args, nLeaves) >= 0 ? 1 : 0;
+  JR_REQUIRE(args.size() == nOperands + extra || args.size() == nOperands + extra + 1,
+             Code::kInvalidArgument, "jax_rccl '", who, "' (", KindName(attrs.kind),
+             "): ", args.size(), " operands for ", nLeaves, " results; expected ", nOperands,
              attrs.premul == 2 ? " (the leaves, then one scalar per leaf)" : "",
-             " and at most one ordering operand");
+             extra ? ", a device check" : "", " and at most one ordering operand");
   for (size_t i = 0; i < nLeaves; ++i) {
     auto in = args.get<ffi::AnyBuffer>(i);
     auto out = rets.get<ffi::AnyBuffer>(i);
@@ -258,6 +260,32 @@ Status ReadLeaves(const CallAttrs& attrs, const ffi::RemainingArgs& args,
     leaves->outBytes.push_back((*out)->size_bytes());
   }
 
+  return Status::Ok();
+}
+
+int DeviceCheckOperand(const CallAttrs& attrs, const ffi::RemainingArgs& args, size_t nLeaves) {
+  const size_t at = attrs.premul == 2 ? 2 * nLeaves : nLeaves;
+  if (at >= args.size()) return -1;
+  auto b = args.get<ffi::AnyBuffer>(at);
+  if (!b.has_value() || b->element_type() != ffi::DataType::S64 || b->element_count() != 3) {
+    return -1;
+  }
+  return static_cast<int>(at);
+}
+
+Status CheckDevice(const CallAttrs& attrs, const ffi::RemainingArgs& args, size_t nLeaves,
+                   int64_t device) {
+  const int at = DeviceCheckOperand(attrs, args, nLeaves);
+  if (at < 0) return Status::Ok();
+  int64_t v[3];
+  std::memcpy(v, args.get<ffi::AnyBuffer>(at)->untyped_data(), sizeof(v));
+  JR_REQUIRE(v[0] == kDeviceCheckMagic, Code::kInvalidArgument, "jax_rccl '", attrs.name,
+             "': operand ", at, " is three int64s but not a device check");
+  JR_REQUIRE(v[2] == device, Code::kInvalidUsage, "jax_rccl '", attrs.name, "' (",
+             KindName(attrs.kind), "): partition ", v[1], " runs on device ", device,
+             " but the program was lowered with device ", v[2],
+             " there: an exported program must be called on the devices of the mesh it was "
+             "exported with, in the same mesh order (its replica groups name those devices)");
   return Status::Ok();
 }
 

@@ -130,10 +130,23 @@ struct Leaves {
 };
 
 // Reads and checks the leaves of a first call: operand count (the leaves, one premul scalar per
-// leaf when premul == 2, then at most one ordering operand), element types, and the element
-// counts each kind needs over a group of attrs.groupSize.
+// leaf when premul == 2, then at most a device check and an ordering operand), element types, and
+// the element counts each kind needs over a group of attrs.groupSize.
 Status ReadLeaves(const CallAttrs& attrs, const xla::ffi::RemainingArgs& args,
                   const xla::ffi::RemainingRets& rets, Leaves* leaves);
+
+// A program lowered for jax.export holds the physical devices of its mesh in its replica groups,
+// and may be called later with the same devices in another mesh order. Its calls then take one
+// more operand after the leaves and premul scalars: three int64s {kDeviceCheckMagic, the partition
+// id, the device id the lowering placed at that partition}. The index of that operand in `args`,
+// or -1 when the call has none (an ordering operand has one element, never three).
+constexpr int64_t kDeviceCheckMagic = 0x6a72636364657631;  // "jrccdev1"
+int DeviceCheckOperand(const CallAttrs& attrs, const xla::ffi::RemainingArgs& args, size_t nLeaves);
+
+// OK when the call has no device check or `device` is the device its partition was lowered for;
+// else an error naming the partition and both devices. The operand must be in host memory.
+Status CheckDevice(const CallAttrs& attrs, const xla::ffi::RemainingArgs& args, size_t nLeaves,
+                   int64_t device);
 
 // Where a task slot's buffers come from: byte offsets into a leaf's operand and result.
 struct SlotSource {

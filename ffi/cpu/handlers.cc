@@ -200,6 +200,7 @@ Status Execute(CpuState& st, int64_t device, int64_t runId, const ffi::Remaining
             " is in none of the replica groups ", all);
   }
   DeviceSlot& slot = *it->second;
+  JR_CHECK(CheckDevice(st, args, rets.size(), device));
   if (!slot.built.load(std::memory_order_acquire)) {
     std::lock_guard<std::mutex> lock(slot.mu);
     if (!slot.built.load(std::memory_order_relaxed)) {

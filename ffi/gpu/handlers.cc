@@ -123,6 +123,12 @@ StatusOr<std::unique_ptr<GpuState>> MakeState(Kind kind, ffi::Span<const int64_t
 Status BuildPlan(const GpuState& st, DeviceSlot& slot, const ffi::RemainingArgs& args,
                  const ffi::RemainingRets& rets) {
   const std::string& who = st.name;
+  // The device check of an exported program lives in device memory here, where the execute
+  // stage cannot read it (XLA may capture the launch in a command buffer).
+  JR_REQUIRE(DeviceCheckOperand(st, args, rets.size()) < 0, Code::kUnsupported, "jax_rccl '",
+             st.name, "' (", KindName(st.kind),
+             "): a program exported with jax.export runs on the CPU runtime only; on GPUs its "
+             "device order cannot be checked yet: lower the program where it runs instead");
   JR_CHECK(ReadLeaves(st, args, rets, &slot.leaves));
   const size_t nLeaves = slot.leaves.size();
   JR_ASSIGN_OR_RETURN(slot.comm, GetOrCreateComm(st.groups[slot.group], st.params, who));

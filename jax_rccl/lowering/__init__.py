@@ -106,6 +106,31 @@ def replica_groups(ctx, axes, groups=None, *, sort=False) -> np.ndarray:
     return np.where(positions >= 0, ids[np.maximum(positions, 0)], -1)
 
 
+# The first of three int64s {magic, partition id, device id} (ffi/handler_common.h).
+DEVICE_CHECK_MAGIC = 0x6A72636364657631
+
+
+def _device_check(ctx):
+    """The device check of a program lowered for jax.export: {magic, this partition's id, the
+    physical device the lowering placed at that partition}. Its replica groups name the devices of
+    the mesh it was exported with; called later on those devices in another mesh order, the
+    runtime finds another device at the partition and fails instead of exchanging blocks with the
+    wrong ranks."""
+    i64 = ir.IntegerType.get_signless(64)
+    ids = compat.mesh_device_ids(ctx.module_context.axis_context)
+    table = mlir.ir_constant(np.ascontiguousarray(ids, dtype=np.int64))
+    pid = hlo.convert(
+        ir.RankedTensorType.get([1], i64),
+        hlo.reshape(
+            ir.RankedTensorType.get([1], ir.IntegerType.get_unsigned(32)), hlo.partition_id()
+        ),
+    )
+    start = hlo.reshape(ir.RankedTensorType.get([], i64), pid)
+    expected = hlo.DynamicSliceOp(table, [start], ir.DenseI64ArrayAttr.get([1])).result
+    magic = mlir.ir_constant(np.array([DEVICE_CHECK_MAGIC], dtype=np.int64))
+    return hlo.concatenate([magic, pid, expected], 0)
+
+
 def _flat_type(aval):
     return ir.RankedTensorType.get([int(np.prod(aval.shape))], mlir.dtype_to_ir_type(aval.dtype))
 
@@ -181,6 +206,8 @@ def lower_collective(
                     scalars[i],
                 )
             )
+    if compat.lowering_for_export(ctx) and compat.is_spmd_context(ctx.module_context.axis_context):
+        operands.append(_device_check(ctx))
     result_types = [
         mlir.aval_to_ir_type(ctx.module_context, out_avals[i])
         if keep_shape

@@ -234,3 +234,16 @@ def test_per_device_premul_exports_for_cpu_and_gpus():
     exp = _round_trip(_export(fn, x, platforms=("cpu", "cuda")))
     assert "@jax_rccl_all_reduce(" in exp.mlir_module()
     assert_same(_call(exp, mesh, x), fn(x))
+
+
+@needs_runtime
+@pytest.mark.parametrize("name", ["all_gather", "psum"])
+def test_called_in_another_device_order_is_an_error(name):
+    """The program holds the devices of its mesh: called on the same devices in another mesh
+    order it fails naming the partition and both devices, never returns blocks in the wrong
+    order; in the exported order it runs."""
+    x = sample((8 * 8, 4), "float32")
+    exp = _round_trip(_export(per_device(BODIES[name](jax_rccl), mesh_1d()), x))
+    assert_same(_call(exp, mesh_1d(), x), per_device(BODIES[name](lax), mesh_1d())(x))
+    with pytest.raises(Exception, match=r"partition \d+ .*device \d+.*device \d+"):
+        jax.block_until_ready(_call(exp, mesh_1d(order=list(range(8))[::-1]), x))
