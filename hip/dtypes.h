@@ -88,6 +88,11 @@ JR_INLINE uint16_t FloatToHalfBits(float f) {
   return uint16_t(sign | (ax >> 13));
 }
 
+// `f` rounded to the nearest float16 (ties to even), as a float.
+JR_INLINE float RoundToHalf(float f) {
+  return HalfBitsToFloat(FloatToHalfBits(f));
+}
+
 // ---- bfloat16 ----
 
 JR_INLINE float BFloat16BitsToFloat(uint16_t b) {
@@ -130,11 +135,13 @@ JR_INLINE uint8_t FloatToFp8Bits(float f) {
   const uint32_t x = FloatAsBits(f);
   const uint32_t sign = (x >> 24) & 0x80u;
   const uint32_t ax = x & 0x7fffffffu;
-  const uint32_t nanCode = kFn ? 0x7fu : 0x7eu;
+  // NaN: e4m3fn's only code keeps the sign; others give S.11111.11 without the sign, as XLA's
+  // conversion from float16 (the type its reductions of fp8 end in) does.
+  const uint32_t nanCode = kFn ? 0x7fu : ((1u << (E + M)) - 1u);
   const uint32_t infCode = kFn ? 0x7fu : (((1u << E) - 1u) << M);
   // Largest finite code: e4m3fn S.1111.110, e5m2 S.11110.11.
   const uint32_t maxCode = kFn ? 0x7eu : infCode - 1u;
-  if (ax > 0x7f800000u) return uint8_t(sign | nanCode);
+  if (ax > 0x7f800000u) return uint8_t(kFn ? (sign | nanCode) : nanCode);
   if (ax == 0x7f800000u) return uint8_t(sign | infCode);
   const int e = int(ax >> 23) - 127;
   uint32_t code;
