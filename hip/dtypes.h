@@ -88,9 +88,21 @@ JR_INLINE uint16_t FloatToHalfBits(float f) {
   return uint16_t(sign | (ax >> 13));
 }
 
-// `f` rounded to the nearest float16 (ties to even), as a float.
+// `f` rounded to the nearest float16 (ties to even), as a float:
+// HalfBitsToFloat(FloatToHalfBits(f)) for every float (checked over all 2^32), written with selects
+// only so that loops vectorize.
 JR_INLINE float RoundToHalf(float f) {
-  return HalfBitsToFloat(FloatToHalfBits(f));
+  const uint32_t x = FloatAsBits(f);
+  const uint32_t sign = x & 0x80000000u;
+  const uint32_t ax = x & 0x7fffffffu;
+  // Normal range: the float's significand rounded to 10 bits, ties to even.
+  const uint32_t normal = (ax + 0xfffu + ((ax >> 13) & 1u)) & 0xffffe000u;
+  // Below 2^-14: multiples of 2^-24, rounded by a float addition (0.5's unit is 2^-24).
+  const float sub = (BitsAsFloat(ax) + 0.5f) - 0.5f;
+  uint32_t r = ax < 0x38800000u ? FloatAsBits(sub) : normal;
+  r = ax >= 0x477ff000u ? 0x7f800000u : r;  // from 65520 up: infinity
+  r = ax > 0x7f800000u ? 0x7fc00000u : r;   // NaN: the quiet NaN, sign kept
+  return BitsAsFloat(sign | r);
 }
 
 // ---- bfloat16 ----
