@@ -72,10 +72,14 @@ StatusOr<DataType> FromFfiType(ffi::DataType t) {
       return DataType::kFloat32;
     case ffi::DataType::F64:
       return DataType::kFloat64;
+    case ffi::DataType::F8E4M3FN:
+      return DataType::kFp8E4M3;
+    case ffi::DataType::F8E5M2:
+      return DataType::kFp8E5M2;
     default:
       JR_FAIL(Code::kInvalidArgument, "element type ", static_cast<int>(t),
-              " is not supported; allowed: f16, bf16, f32, f64, i8, u8, i16, u16, i32, u32, i64, "
-              "u64 (bool as u8, complex as float pairs)");
+              " is not supported; allowed: f8e4m3fn, f8e5m2, f16, bf16, f32, f64, i8, u8, i16, "
+              "u16, i32, u32, i64, u64 (bool as u8, complex as float pairs)");
   }
 }
 

@@ -88,6 +88,23 @@ JR_INLINE uint16_t FloatToHalfBits(float f) {
   return uint16_t(sign | (ax >> 13));
 }
 
+// `f` rounded to the nearest float16 (ties to even), as a float:
+// HalfBitsToFloat(FloatToHalfBits(f)) for every float (checked over all 2^32), written with selects
+// only so that loops vectorize.
+JR_INLINE float RoundToHalf(float f) {
+  const uint32_t x = FloatAsBits(f);
+  const uint32_t sign = x & 0x80000000u;
+  const uint32_t ax = x & 0x7fffffffu;
+  // Normal range: the float's significand rounded to 10 bits, ties to even.
+  const uint32_t normal = (ax + 0xfffu + ((ax >> 13) & 1u)) & 0xffffe000u;
+  // Below 2^-14: multiples of 2^-24, rounded by a float addition (0.5's unit is 2^-24).
+  const float sub = (BitsAsFloat(ax) + 0.5f) - 0.5f;
+  uint32_t r = ax < 0x38800000u ? FloatAsBits(sub) : normal;
+  r = ax >= 0x477ff000u ? 0x7f800000u : r;  // from 65520 up: infinity
+  r = ax > 0x7f800000u ? 0x7fc00000u : r;   // NaN: the quiet NaN, sign kept
+  return BitsAsFloat(sign | r);
+}
+
 // ---- bfloat16 ----
 
 JR_INLINE float BFloat16BitsToFloat(uint16_t b) {
@@ -130,11 +147,13 @@ JR_INLINE uint8_t FloatToFp8Bits(float f) {
   const uint32_t x = FloatAsBits(f);
   const uint32_t sign = (x >> 24) & 0x80u;
   const uint32_t ax = x & 0x7fffffffu;
-  const uint32_t nanCode = kFn ? 0x7fu : 0x7eu;
+  // NaN: e4m3fn's only code keeps the sign; others give S.11111.11 without the sign, as XLA's
+  // conversion from float16 (the type its reductions of fp8 end in) does.
+  const uint32_t nanCode = kFn ? 0x7fu : ((1u << (E + M)) - 1u);
   const uint32_t infCode = kFn ? 0x7fu : (((1u << E) - 1u) << M);
   // Largest finite code: e4m3fn S.1111.110, e5m2 S.11110.11.
   const uint32_t maxCode = kFn ? 0x7eu : infCode - 1u;
-  if (ax > 0x7f800000u) return uint8_t(sign | nanCode);
+  if (ax > 0x7f800000u) return uint8_t(kFn ? (sign | nanCode) : nanCode);
   if (ax == 0x7f800000u) return uint8_t(sign | infCode);
   const int e = int(ax >> 23) - 127;
   uint32_t code;

@@ -25,6 +25,7 @@ from jax_rccl.api import (
     psum,
     psum_scatter,
 )
+from jax_rccl.api_permute import pshuffle, pswapaxes
 
 __version__ = "0.1.0"
 
@@ -40,6 +41,8 @@ __all__ = [
     "psum_scatter",
     "all_to_all",
     "ppermute",
+    "pshuffle",
+    "pswapaxes",
     "pbroadcast",
     "all_reduce",
     "preduce",

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from jax_rccl import _carry
 from jax_rccl import _compat as compat
 from jax_rccl import lowering as _lowering  # noqa: F401 - registers the lowering rules
 from jax_rccl import primitives as P
@@ -239,10 +240,14 @@ def _encode(leaf, api: str, use: str, index: int):
                 "sum, mean and data movement"
             )
         return [lax.real(x), lax.imag(x)], lambda ys: lax.complex(ys[0], ys[1])
+    carried = _carry.encode(x, use)  # the small floats and integers, as XLA carries them
+    if carried is not None:
+        return carried
     if dt not in P.SUPPORTED_DTYPES:
         raise TypeError(
             f"jax_rccl.{api}: leaf {index} has unsupported dtype {dt}; supported: bool, "
-            f"complex64/128 and {sorted(str(d) for d in P.SUPPORTED_DTYPES)}"
+            f"complex64/128, {', '.join(_carry.carried_names())} and "
+            f"{sorted(str(d) for d in P.SUPPORTED_DTYPES)}"
         )
     return [x], lambda ys: ys[0]
 

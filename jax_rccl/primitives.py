@@ -41,7 +41,8 @@ from jax_rccl import _compat as compat
 
 # --- shared checks and typing -----------------------------------------------------------------
 
-#: Element types of the contract (bool and complex are converted by jax_rccl.api).
+#: Element types of the contract (bool, complex and the dtypes of jax_rccl._carry are converted
+#: by jax_rccl.api).
 SUPPORTED_DTYPES = frozenset(
     np.dtype(jnp.dtype(name))
     for name in (
@@ -57,6 +58,8 @@ SUPPORTED_DTYPES = frozenset(
         "uint32",
         "int64",
         "uint64",
+        "float8_e4m3fn",
+        "float8_e5m2",
     )
 )
 
