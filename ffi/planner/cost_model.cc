@@ -445,8 +445,8 @@ std::string UnavailableReason(const CostModel& model, const TopologyView& topo, 
   if (algo == Algo::kTree && coll != Coll::kAllReduce) return "Tree runs all_reduce only";
   if (algo == Algo::kDirect && proto != Proto::kSimple) return "Direct runs Simple only";
   if (algo == Algo::kDirect) return "Direct needs one node whose ranks read each other's buffers";
-  if (IsAmd(topo.arch) && topo.arch == Arch::kGfx942 && topo.nNodes == 1 &&
-      algo == Algo::kTree && proto == Proto::kSimple) {
+  if (topo.arch == Arch::kGfx942 && topo.nNodes == 1 && algo == Algo::kTree &&
+      proto == Proto::kSimple) {
     return "RCCL has no Tree/Simple on a single gfx94x node";
   }
   const int c = static_cast<int>(coll);

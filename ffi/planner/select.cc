@@ -196,9 +196,8 @@ std::string FallbackNote(const PlanContext& ctx, const CollInfo& info, Algo algo
   for (int a = 0; a < kNumAlgos; ++a) {
     for (int p = 0; p < kNumProtos; ++p) {
       if (!(ctx.tuning.algoMask & (1u << a)) || !(ctx.tuning.protoMask & (1u << p))) continue;
-      const std::string reason = UnavailableReason(ctx.model, ctx.topo, info.coll,
-                                                   static_cast<Algo>(a), static_cast<Proto>(p),
-                                                   info.nBytes);
+      const std::string reason = UnavailableReason(
+          ctx.model, ctx.topo, info.coll, static_cast<Algo>(a), static_cast<Proto>(p), info.nBytes);
       if (reason.empty()) continue;
       why += std::string(why.empty() ? "" : "; ") + AlgoName(static_cast<Algo>(a)) + "/" +
              ProtoName(static_cast<Proto>(p)) + ": " + reason;
