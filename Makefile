@@ -4,6 +4,10 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# The lint tools of the [dev] extra (pyproject.toml), without the package itself.
+LINT_TOOLS = $(shell $(PY) -c "import tomllib; d = tomllib.load(open('pyproject.toml', 'rb')); \
+  print(' '.join(repr(r) for r in d['project']['optional-dependencies']['dev'] \
+  if not r.startswith('jax_rccl')))")
 CXX_SOURCES := $(shell git ls-files 'ffi/*.h' 'ffi/*.cc' 'hip/*.h' 'hip/*.hip' 2>/dev/null)
 
 .PHONY: demo test install lint bench clean
@@ -24,7 +28,9 @@ demo: install
 test: install
 	$(VENV)/bin/pytest -q tests
 
-lint: install
+# Needs only the venv and the lint tools, not the built extension.
+lint: $(PY)
+	$(PY) -m pip install -q $(LINT_TOOLS)
 	$(VENV)/bin/ruff check jax_rccl tests benchmarks
 	$(VENV)/bin/ruff format --check jax_rccl tests benchmarks
 	$(VENV)/bin/clang-format --dry-run --Werror $(CXX_SOURCES)

@@ -251,6 +251,8 @@ nb::dict PlanToDict(const Plan& plan) {
     d["user_tuned"] = tp.userTuned;
     d["agg_bytes"] = tp.aggBytes;
     d["predicted_us"] = tp.predictedUs;
+    d["choice_note"] =
+        tp.choiceNote.empty() ? nb::object(nb::none()) : nb::object(nb::str(tp.choiceNote.c_str()));
     d["kernel"] = tp.kernel;
     tasks.append(d);
   }

@@ -141,6 +141,8 @@ void BindSelectInternals(nb::module_& internal) {
         d["func_index"] = nb::int_(info.funcIndex);
         d["user_tuned"] = nb::bool_(info.userTuned);
         d["predicted_us"] = nb::float_(info.predictedUs);
+        d["choice_note"] = info.choiceNote.empty() ? nb::object(nb::none())
+                                                   : nb::object(nb::str(info.choiceNote.c_str()));
         return d;
       },
       nb::arg("topology"), nb::arg("coll"), nb::arg("count"), nb::arg("dtype") = "float32",

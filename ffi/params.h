@@ -14,9 +14,9 @@ namespace jax_rccl {
 // X(field, env, kind, default, doc): kind is Int, Float or String.
 #define JAX_RCCL_PARAMS(X)                                                                        \
   X(algo, "JAX_RCCL_ALGO", String, "",                                                            \
-    "Algorithms the planner may choose, NCCL syntax: 'Ring', 'Tree,Ring', '^Tree'")               \
+    "Algorithms the planner may choose, NCCL syntax: 'Ring', 'Tree,Ring', '^Tree'; empty: all")   \
   X(proto, "JAX_RCCL_PROTO", String, "",                                                          \
-    "Protocols the planner may choose, NCCL syntax: 'Simple', 'LL,LL128', '^LL128'")              \
+    "Protocols the planner may choose, NCCL syntax: 'Simple', 'LL,LL128', '^LL128'; empty: all")  \
   X(timeout, "JAX_RCCL_TIMEOUT", Float, 300.0,                                                    \
     "Seconds a rank waits for its peers before the call fails with an error")                     \
   X(stall_grace, "JAX_RCCL_STALL_GRACE", Float, 2.0,                                              \
@@ -26,7 +26,8 @@ namespace jax_rccl {
   X(p2p_ll_threshold, "JAX_RCCL_P2P_LL_THRESHOLD", Int, 16384,                                    \
     "Point-to-point chunks up to this many bytes use the LL protocol")                            \
   X(nchannels, "JAX_RCCL_NCHANNELS", Int, 0,                                                      \
-    "Channels for collectives; 0 keeps the topology's value")                                     \
+    "Channels for collectives; 0 keeps the topology's value (CPU: 2; GPU groups: 32 up to 4 "     \
+    "ranks, 16 above; at most 32 on GPUs)")                                                       \
   X(huge_pages, "JAX_RCCL_HUGE_PAGES", Int, 1,                                                    \
     "1: advise transparent huge pages on large CPU outputs before writing them; 0: leave them")   \
   X(work_fifo_depth, "JAX_RCCL_WORK_FIFO_DEPTH", Int, 262144,                                     \
@@ -42,7 +43,10 @@ namespace jax_rccl {
     "JAX_RCCL_SOCKET_IFNAME's, else the interface that reaches JAX's coordinator")                \
   X(socket_ifname, "JAX_RCCL_SOCKET_IFNAME", String, "",                                          \
     "Interfaces the socket listener may bind to, NCCL syntax: prefixes 'eth,ib', '^docker' "      \
-    "(exclude), '=eth0' (exact); the first match's address")
+    "(exclude), '=eth0' (exact); the first match's address")                                      \
+  X(hostname, "JAX_RCCL_HOSTNAME", String, "",                                                    \
+    "Host name this process gives its peers (processes with the same one share memory); empty: "  \
+    "the machine's host name. Tests set it to run one machine's processes as several hosts")
 
 struct Params {
 #define JAX_RCCL_PARAM_FIELD_Int(name, def) int64_t name = def;

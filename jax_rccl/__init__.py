@@ -6,6 +6,20 @@ kernels behind XLA FFI custom calls.
 
 from __future__ import annotations
 
+import importlib.util as _importlib_util
+import os as _os
+
+if _importlib_util.find_spec("jax_rccl._jax_rccl") is None:
+    # A source checkout ahead of the installed package on sys.path (Python puts the current or the
+    # script's folder first): its jax_rccl/ folder has no compiled extension.
+    raise ImportError(
+        "jax_rccl's compiled extension (_jax_rccl) is not in "
+        f"{_os.path.dirname(_os.path.abspath(__file__))}: this is a source folder, found before "
+        "the installed package because Python puts the current (or the script's) folder first "
+        "on sys.path. Build and install the package with `make install` (or `pip install .`), "
+        "then run Python with -P (`.venv/bin/python -P script.py`) or from outside the checkout."
+    )
+
 from jax_rccl import planner
 from jax_rccl._export import export_checks
 from jax_rccl._ffi import reset_runtime_stats, runtime_stats

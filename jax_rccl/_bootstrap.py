@@ -109,7 +109,7 @@ def timeout_s() -> float:
 
 def hostname() -> str:
     """The host this process says it runs on: JAX_RCCL_HOSTNAME (tests) or the host name."""
-    return os.environ.get("JAX_RCCL_HOSTNAME") or socket.gethostname()
+    return _param("hostname") or socket.gethostname()
 
 
 def match_interfaces(spec: str, interfaces: list[tuple[str, str]]) -> list[tuple[str, str]]:

@@ -437,6 +437,26 @@ StatusOr<CostModel> BuildCostModel(const TopologyView& topo) {
   return m;
 }
 
+std::string UnavailableReason(const CostModel& model, const TopologyView& topo, Coll coll,
+                              Algo algo, Proto proto, int64_t nBytes) {
+  if (AlgoTime(model, topo, coll, algo, proto, nBytes, 1, nullptr) >= 0) return "";
+  // The rules of BuildCostModel that leave a combination without bandwidth, most specific first.
+  if (proto == Proto::kLL128 && !topo.ll128Enabled) return "LL128 is not enabled on this topology";
+  if (algo == Algo::kTree && coll != Coll::kAllReduce) return "Tree runs all_reduce only";
+  if (algo == Algo::kDirect && proto != Proto::kSimple) return "Direct runs Simple only";
+  if (algo == Algo::kDirect) return "Direct needs one node whose ranks read each other's buffers";
+  if (topo.arch == Arch::kGfx942 && topo.nNodes == 1 && algo == Algo::kTree &&
+      proto == Proto::kSimple) {
+    return "RCCL has no Tree/Simple on a single gfx94x node";
+  }
+  const int c = static_cast<int>(coll);
+  if (c >= 0 && c < CostModel::kNumCostColls &&
+      model.bandwidthGBs[c][static_cast<int>(algo)][static_cast<int>(proto)] == 0) {
+    return "the cost model gives it no bandwidth on this topology";
+  }
+  return "the tuning table gives it no bandwidth at this size";
+}
+
 float AlgoTime(const CostModel& model, const TopologyView& topo, Coll coll, Algo algo, Proto proto,
                int64_t nBytes, int numPipeOps, bool* backup, int nChannels) {
   if (backup != nullptr) *backup = false;

@@ -35,6 +35,11 @@ StatusOr<CostModel> BuildCostModel(const TopologyView& topo);
 float AlgoTime(const CostModel& model, const TopologyView& topo, Coll coll, Algo algo, Proto proto,
                int64_t nBytes, int numPipeOps, bool* backup, int nChannels = 0);
 
+// Why AlgoTime gives (algo, proto) no time for `nBytes` of `coll` on this topology, in a few
+// words ("LL128 is not enabled on this topology"); empty when the combination can run.
+std::string UnavailableReason(const CostModel& model, const TopologyView& topo, Coll coll,
+                              Algo algo, Proto proto, int64_t nBytes);
+
 // A readable dump of the tables (explain and docs).
 std::string DescribeCostModel(const CostModel& model, const TopologyView& topo);
 

@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <string>
 #include <vector>
 
 #include "ffi/planner/planner.h"
@@ -55,6 +56,9 @@ struct CollInfo {
   bool userTuned = false;
   int64_t aggnBytes = 0;
   float predictedUs = 0;
+  // Why the choice is not the cost model's pick among the allowed pairs (a fallback or one of
+  // RCCL's topology rules); empty when it is.
+  std::string choiceNote;
   // computeCollChunkInfo
   int64_t chunkSize = 0;
   int64_t chunkCount = 0;

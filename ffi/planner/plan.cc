@@ -246,6 +246,7 @@ StatusOr<Plan> MakePlan(const PlanRequest& req) {
     tp.userTuned = c.userTuned;
     tp.aggBytes = c.aggnBytes;
     tp.predictedUs = c.predictedUs;
+    tp.choiceNote = c.choiceNote;
     tp.kernel = c.kernel;
   }
   for (const P2pInfo& p : g.p2ps) {

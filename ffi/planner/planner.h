@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <memory_resource>
+#include <string>
 #include <vector>
 
 #include "ffi/planner/cost_model.h"
@@ -44,6 +45,7 @@ struct TaskPlan {
   bool userTuned = false;  // a tuner fixed its channel count
   int64_t aggBytes = 0;    // bytes of the aggregate it was costed with
   float predictedUs = 0;   // the cost model's time for the chosen algorithm and protocol
+  std::string choiceNote;  // why the choice differs from the request or the cost model's pick
   int kernel = -1;         // which kernel plan holds it (-1: nothing to run)
 };
 

@@ -216,6 +216,7 @@ Status ChooseForAggregate(const PlanContext& ctx, GroupState* g, int head, int* 
     info->funcIndex = agg.funcIndex;
     info->aggnBytes = agg.nBytes;
     info->predictedUs = agg.predictedUs;
+    info->choiceNote = agg.choiceNote;
     JR_CHECK(GetChannelThreadInfo(ctx, info));
     // getChannnelThreadInfo may re-pick the algorithm or protocol from this task's own size
     // (RCCL's MI250X pivot rule). RCCL then keeps the aggregate's function, which no longer

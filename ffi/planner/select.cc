@@ -188,6 +188,28 @@ Status GetTunerInfo(const PlanContext& ctx, CollInfo* info, int numPipeOps) {
   return Status::Ok();
 }
 
+namespace {
+
+// Why GetAlgoInfo fell back to Ring's backup: each allowed pair and why it cannot run.
+std::string FallbackNote(const PlanContext& ctx, const CollInfo& info, Algo algo, Proto proto) {
+  std::string why;
+  for (int a = 0; a < kNumAlgos; ++a) {
+    for (int p = 0; p < kNumProtos; ++p) {
+      if (!(ctx.tuning.algoMask & (1u << a)) || !(ctx.tuning.protoMask & (1u << p))) continue;
+      const std::string reason = UnavailableReason(
+          ctx.model, ctx.topo, info.coll, static_cast<Algo>(a), static_cast<Proto>(p), info.nBytes);
+      if (reason.empty()) continue;
+      why += std::string(why.empty() ? "" : "; ") + AlgoName(static_cast<Algo>(a)) + "/" +
+             ProtoName(static_cast<Proto>(p)) + ": " + reason;
+    }
+  }
+  return std::string("no allowed algorithm/protocol can run ") + CollName(info.coll) + " here (" +
+         why + "); " + AlgoName(algo) + "/" + ProtoName(proto) +
+         " runs instead, the cost model's fallback";
+}
+
+}  // namespace
+
 Status GetAlgoInfo(const PlanContext& ctx, CollInfo* info, int numPipeOps) {
   if (ctx.topo.nRanks == 1) {
     info->algo = Algo::kRing;
@@ -211,10 +233,10 @@ Status GetAlgoInfo(const PlanContext& ctx, CollInfo* info, int numPipeOps) {
     for (int p = 0; p < kNumProtos; ++p) {
       const Algo algo = static_cast<Algo>(a);
       const Proto proto = static_cast<Proto>(p);
-      if (proto == Proto::kLL128 && !ctx.topo.ll128Enabled) continue;
       // NCCL zeroes the bandwidth of a combination NCCL_ALGO/NCCL_PROTO disable; a zeroed Ring
       // is still costed as a backup on its original bandwidth, a zeroed Tree is gone.
       const bool masked = !(algoMask & (1u << a)) || !(protoMask & (1u << p));
+      if (proto == Proto::kLL128 && !ctx.topo.ll128Enabled) continue;
       if (masked && algo != Algo::kRing) continue;
       bool backup = false;
       const float time = AlgoTime(ctx.model, ctx.topo, info->coll, algo, proto, info->nBytes,
@@ -244,6 +266,7 @@ Status GetAlgoInfo(const PlanContext& ctx, CollInfo* info, int numPipeOps) {
     best = backupAlgo;
     bestProto = backupProto;
     minTime = backupMinTime;
+    info->choiceNote = FallbackNote(ctx, *info, best, bestProto);
   }
   info->algo = best;
   info->proto = bestProto;
@@ -295,6 +318,8 @@ Status GetChannelThreadInfo(const PlanContext& ctx, CollInfo* info) {
                            static_cast<bool>(ctx.tuning.tuner);
     info->nChannels = nc;
     if (!userTuned) {
+      const Algo costed = info->algo;
+      const Proto costedProto = info->proto;
       if (info->nBytes <= 2200008) {
         info->proto = Proto::kLL;
         info->algo = Algo::kTree;
@@ -303,11 +328,21 @@ Status GetChannelThreadInfo(const PlanContext& ctx, CollInfo* info) {
         info->proto = Proto::kSimple;
         info->algo = Algo::kRing;
       }
+      if (info->algo != costed || info->proto != costedProto) {
+        info->choiceNote = std::string("RCCL's all_reduce rule for the MI250X pivot topology (") +
+                           "tree/ll up to 2200008 bytes, else ring/simple) replaces the cost " +
+                           "model's " + AlgoName(costed) + "/" + ProtoName(costedProto);
+      }
     }
   } else if (info->coll == Coll::kAllReduce && topo.treeDefined && !direct &&
              (ctx.tuning.algoMask & (1u << static_cast<int>(Algo::kTree)))) {
     // The topology file's tree serves all_reduce. Unlike RCCL, not when the algorithm mask
     // excludes Tree: a forced algorithm holds.
+    if (info->algo != Algo::kTree) {
+      info->choiceNote = std::string("the topology's tree serves all_reduce (RCCL's rule for a ") +
+                         "topology file with trees), replacing the cost model's " +
+                         AlgoName(info->algo);
+    }
     info->algo = Algo::kTree;
     info->nChannels = nc;
   } else {

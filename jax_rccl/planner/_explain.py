@@ -81,6 +81,8 @@ def explain_plan(plan: Plan) -> str:
                 f"step {_size(task['step_size'])}, {task['chunk_steps']} steps/chunk, "
                 f"{task['slice_steps']} steps/slice; kernel {task['kernel']}"
             )
+            if task["choice_note"]:
+                lines.append(f"    not the requested choice: {task['choice_note']}")
         else:
             protos = sorted({e["proto"] for e in elems})
             chans = sorted({e["channel"] for e in elems})

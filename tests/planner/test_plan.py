@@ -186,6 +186,23 @@ def test_explain_mentions_the_choice():
     assert "rank 0 of 8" in text
 
 
+def test_explain_says_why_a_requested_choice_was_overridden():
+    # mi300x-8 is one gfx942 node: RCCL has no Tree/Simple there, so Ring's backup runs.
+    args = ([Task("all_reduce", 1 << 22, "float32")], "mi300x-8")  # 16 MiB
+    p = planner.plan(*args, algorithm="tree", protocol="simple")
+    d = p.to_dict()["tasks"][0]
+    assert (d["algorithm"], d["protocol"]) == ("ring", "simple")
+    assert "tree/simple: RCCL has no Tree/Simple on a single gfx94x node" in d["choice_note"]
+    assert "ring/simple runs instead" in d["choice_note"]
+    text = planner.explain(*args, algorithm="tree", protocol="simple")
+    assert "ring / simple" in text
+    assert f"not the requested choice: {d['choice_note']}" in text
+    # A request the cost model can serve has no note.
+    plain = planner.plan(*args, algorithm="ring", protocol="simple")
+    assert plain.to_dict()["tasks"][0]["choice_note"] is None
+    assert "not the requested choice" not in plain.explain()
+
+
 def test_explain_of_a_large_group_stays_one_line_pair_per_task():
     tasks = [Task("all_reduce", 1024 * (i + 1)) for i in range(50)]
     text = planner.explain(tasks, "mi300x-8")

@@ -122,11 +122,27 @@ def test_backup_when_masks_leave_nothing():
     # masked Ring at its full bandwidth (ringbdw), over all its protocols: ring/ll at 1 MiB.
     d = sel(MI300X, algorithm="Tree", protocol="Simple")
     assert (d["algorithm"], d["protocol"]) == ("ring", "ll")
+    assert d["choice_note"] == (
+        "no allowed algorithm/protocol can run all_reduce here (tree/simple: RCCL has no "
+        "Tree/Simple on a single gfx94x node); ring/ll runs instead, the cost model's fallback"
+    )
     # all_gather has no Tree: the backup Ring serves it.
     d = sel(MI300X, "all_gather", algorithm="Tree")
-    assert d["algorithm"] == "ring"
+    assert (d["algorithm"], d["protocol"]) == ("ring", "simple")
+    # Every allowed pair, with its reason (LL128 is off on this topology).
+    assert d["choice_note"] == (
+        "no allowed algorithm/protocol can run all_gather here (tree/ll: Tree runs all_reduce "
+        "only; tree/ll128: LL128 is not enabled on this topology; tree/simple: Tree runs "
+        "all_reduce only); ring/simple runs instead, the cost model's fallback"
+    )
     d = sel(MI300X, "broadcast", 64 * MiB, algorithm="tree", protocol="simple")
     assert (d["algorithm"], d["protocol"], d["pattern"]) == ("ring", "simple", "pipeline_from")
+
+
+def test_choices_the_cost_model_made_carry_no_note():
+    for kw in ({}, {"algorithm": "Tree"}, {"protocol": "^LL"}, {"algorithm": "Ring"}):
+        assert sel(MI300X, **kw)["choice_note"] is None
+    assert sel(H100, protocol="ll128,simple")["choice_note"] is None
 
 
 def test_one_rank_is_ring_simple():
@@ -152,12 +168,15 @@ def test_pivot_topology_rule():
     # min(24, nChannels) channels; above -> ring/simple.
     d = sel(MI250X, nbytes=MiB)
     assert (d["algorithm"], d["protocol"], d["nchannels"]) == ("tree", "ll", 24)
+    assert d["choice_note"].startswith("RCCL's all_reduce rule for the MI250X pivot topology")
+    assert d["choice_note"].endswith("replaces the cost model's ring/ll")
     assert d["func_index"] == internal.dev_func_id("all_reduce", "sum", "float32", "tree", "ll")
     d = sel(MI250X, nbytes=4 * MiB)
     assert (d["algorithm"], d["protocol"], d["nchannels"]) == ("ring", "simple", 32)
     # Masks count as user input: the cost model decides (ring/ll at 1 MiB here).
     d = sel(MI250X, nbytes=MiB, protocol="^LL128")
     assert (d["algorithm"], d["protocol"], d["nchannels"]) == ("ring", "ll", 32)
+    assert d["choice_note"] is None
     # So does a tuner, even one that fixes nothing.
     d = sel(MI250X, nbytes=MiB, tuner=lambda c, n, k: None)
     assert (d["algorithm"], d["protocol"]) == ("ring", "ll")
@@ -170,6 +189,14 @@ def test_tree_defined_rule():
     d = sel(topo, nbytes=64 * MiB)
     assert d["algorithm"] == "tree"
     assert d["pattern"] == "tree_up_down"
+    assert d["choice_note"] is None  # the cost model picked tree/simple itself
+    # With LL only, the cost model picks ring/ll at 4 MiB; the topology's tree replaces it.
+    d = sel(topo, nbytes=4 * MiB, protocol="LL")
+    assert (d["algorithm"], d["protocol"]) == ("tree", "ll")
+    assert d["choice_note"] == (
+        "the topology's tree serves all_reduce (RCCL's rule for a topology file with trees), "
+        "replacing the cost model's ring"
+    )
     assert sel(topo, "reduce_scatter", 64 * MiB)["algorithm"] == "ring"
     # Deviation from RCCL: a mask that excludes Tree holds.
     assert sel(topo, nbytes=64 * MiB, algorithm="Ring")["algorithm"] == "ring"
