@@ -332,6 +332,8 @@ RankTasks MakeRankTasks(const CallAttrs& attrs, int rank, const Leaves& leaves,
         if (!hasSource) rt.zeroBefore[i] = 1;
         break;
       }
+      case Kind::kRaggedAllToAll:  // ffi/ragged.cc: MakeRaggedTasks
+        break;
     }
   }
   return rt;

@@ -10,6 +10,7 @@ from jax_rccl import planner
 from jax_rccl._ffi import reset_runtime_stats, runtime_stats
 from jax_rccl._jax_rccl import cpu_topology as _cpu_topology
 from jax_rccl._jax_rccl import params as _native_params
+from jax_rccl._ragged import ragged_all_to_all
 from jax_rccl.api import (
     all_gather,
     all_reduce,
@@ -39,6 +40,7 @@ __all__ = [
     "psum_scatter",
     "all_to_all",
     "ppermute",
+    "ragged_all_to_all",
     "pbroadcast",
     "all_reduce",
     "preduce",

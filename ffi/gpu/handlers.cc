@@ -100,6 +100,8 @@ StatusOr<std::unique_ptr<GpuState>> MakeState(Kind kind, ffi::Span<const int64_t
   if (protocol.empty() && st->params.proto.empty()) {
     st->tuning.protoMask &= ~(1u << static_cast<int>(Proto::kLL128));
   }
+  JR_REQUIRE(kind != Kind::kRaggedAllToAll, Code::kUnsupported, "jax_rccl '", st->name,
+             "': ragged_all_to_all has no GPU runtime yet (the CPU runtime runs it)");
   JR_REQUIRE(st->premul != 2, Code::kUnsupported, "jax_rccl '", st->name,
              "': a per-device premul scalar (premul 2) is not supported on GPUs yet; use a "
              "Python number (premul 1) or scale before the collective");
