@@ -99,6 +99,7 @@ def prog_ragged(args):
     for idx in cases:
         check(idx)
     bad = [v.copy() for v in cases[0]]
+    bad[0][n - 1, 0] = 0
     bad[2][n - 1, 0] = m_rows  # rank n-1's slice to rank 0 starts past the output's end
     bad[1][n - 1, 0] = max(1, bad[1][n - 1, 0])
     bad[3][0, n - 1] = bad[1][n - 1, 0]
