@@ -47,6 +47,16 @@ int64_t DivUpI(int64_t a, int64_t b) {
   return (a + b - 1) / b;
 }
 
+// Where byte `edge` of a planned p2p task of `planned` bytes falls when `bytes` of it move:
+// the same fraction of `bytes`, rounded down to 64 bytes (the task's end stays its end).
+int64_t ScaledEdge(int64_t edge, int64_t planned, int64_t bytes) {
+  if (planned <= 0 || edge >= planned) return std::min(bytes, std::max<int64_t>(planned, 0));
+  const int64_t b = std::min(bytes, planned);
+  const int64_t x =
+      int64_t((static_cast<unsigned __int128>(edge) * uint64_t(b)) / uint64_t(planned));
+  return x & ~int64_t(63);
+}
+
 bool IsCopyColl(Coll c) {
   return c == Coll::kAllGather || c == Coll::kBroadcast;
 }
@@ -334,11 +344,17 @@ Status Executor::StartWork(Lane* lane) {
     u.p = p;
     u.t = &tasks_[p.slot];
     if (u.t->bytes >= 0) {
-      // The element covers bytes [base, base + count) of its task; this execution moves only the
-      // task's first `bytes` (an element past them still runs once with 0 bytes to meet its peer).
+      // The element covers bytes [base, base + count) of its task as planned; this execution
+      // moves `bytes` of it, spread over the elements (the channels) in the same proportion, so
+      // every channel keeps its share. Both ends scale the same planned elements the same way.
       const int64_t base = int64_t((uint64_t(p.offsetHi) << 32) | p.offsetLo);
       const int64_t count = int64_t((uint64_t(p.countHi) << 32) | p.countLo);
-      const int64_t cut = std::max<int64_t>(0, std::min(count, u.t->bytes - base));
+      const int64_t planned = int64_t(u.t->tp->count * DataTypeSize(u.t->tp->dtype));
+      const int64_t lo = ScaledEdge(base, planned, u.t->bytes);
+      const int64_t hi = ScaledEdge(base + count, planned, u.t->bytes);
+      const int64_t cut = std::max<int64_t>(0, hi - lo);
+      u.p.offsetLo = uint32_t(uint64_t(lo) & 0xffffffffu);
+      u.p.offsetHi = uint32_t(uint64_t(lo) >> 32) & 0xffffu;
       u.p.countHi = uint32_t(uint64_t(cut) >> 32);
       u.p.countLo = uint32_t(uint64_t(cut) & 0xffffffffu);
     }
@@ -351,7 +367,10 @@ Status Executor::StartWork(Lane* lane) {
     u.stepCap = tr_->stepBytes(proto);
     JR_REQUIRE(u.stepCap > 0, Code::kInvalidArgument, ctx_.name, ": topology.buffSizes[",
                ProtoName(Proto(proto)), "] is too small for a FIFO step");
-    u.nOps = P2pOpCount(u.p);
+    // A transfer whose byte count comes from the operands and is 0 here is 0 at its peer too
+    // (both read the same entry): neither side steps through the FIFO for it.
+    const bool empty = u.t->bytes >= 0 && ((uint64_t(u.p.countHi) << 32) | u.p.countLo) == 0;
+    u.nOps = empty ? 0 : P2pOpCount(u.p);
     lane->units.push_back(u);
   }
   // A send to self and the recv from self in one work: a direct copy (as RCCL's runSend does).
