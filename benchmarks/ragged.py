@@ -5,7 +5,9 @@ On 8 virtual CPU devices: every device sends each peer a slice of 0..P rows (ran
 (jax_rccl.all_to_all and jax.lax.all_to_all of [n, P, row]). Reported per call: the median time,
 the bytes that carry data (the ragged slices, the same for every column) per second, and for the
 dense ones also the padded bytes per second; ratio = dense jax_rccl time / ragged time (above 1:
-ragged is faster).
+ragged is faster). The ragged program also fills its output with zeros (jax.lax's semantics: the
+result is `output` with the slices written in); "fill us" is that fill alone, timed in the same
+run, and "net GB/s" the data rate of the ragged time without it.
 
     .venv/bin/python -P benchmarks/ragged.py [--rows 64,1024] [--row-bytes 1024] [--fill 0.25,1]
 """
@@ -78,6 +80,7 @@ def main() -> None:
             x, jnp.zeros_like(x), a, b, c, d, axis_name="i"
         )
     )
+    zeros = smap(lambda x: jnp.zeros_like(x) + np.float32(0))
     dense = {
         lib: smap(lambda x, lib=lib: lib.all_to_all(x, "i", 0, 0, tiled=True))
         for lib in (jax_rccl, jax.lax)
@@ -87,7 +90,8 @@ def main() -> None:
         f"{args.row_bytes} B; GB/s = bytes per device per call / median time"
     )
     head = (
-        f"{'P rows':>7} {'fill':>5} {'data/dev':>10} | {'ragged us':>10} {'GB/s':>6} | "
+        f"{'P rows':>7} {'fill':>5} {'data/dev':>10} | {'ragged us':>10} {'GB/s':>6} "
+        f"{'fill us':>9} {'net GB/s':>8} | "
         f"{'dense rccl us':>13} {'data':>6} {'padded':>6} | {'dense lax us':>12} {'data':>6} | "
         f"{'ratio':>5}"
     )
@@ -99,6 +103,7 @@ def main() -> None:
         t_dense = {
             lib: time_fn(f, (x,), args.min_iters, args.min_seconds) for lib, f in dense.items()
         }
+        t_zero = time_fn(zeros, (x,), args.min_iters, args.min_seconds)
         for fill in (float(f) for f in args.fill.split(",")):
             idx = ragged_case(rng, n, rows, fill)
             idx_dev = [jax.device_put(jnp.asarray(v.reshape(-1)), sharding) for v in idx]
@@ -108,7 +113,9 @@ def main() -> None:
             tr, tl = t_dense[jax_rccl], t_dense[jax.lax]
             print(
                 f"{rows:>7} {fill:>5.3g} {data / 2**20:>8.2f}MB | {t * 1e6:>10.1f} "
-                f"{data / t / 1e9:>6.2f} | {tr * 1e6:>13.1f} {data / tr / 1e9:>6.2f} "
+                f"{data / t / 1e9:>6.2f} {t_zero * 1e6:>9.1f} "
+                f"{data / max(t - t_zero, 1e-9) / 1e9:>8.2f} | "
+                f"{tr * 1e6:>13.1f} {data / tr / 1e9:>6.2f} "
                 f"{padded / tr / 1e9:>6.2f} | {tl * 1e6:>12.1f} {data / tl / 1e9:>6.2f} | "
                 f"{tr / t:>5.2f}"
             )
