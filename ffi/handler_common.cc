@@ -268,6 +268,7 @@ Status ReadLeaves(const CallAttrs& attrs, const ffi::RemainingArgs& args,
 }
 
 int DeviceCheckOperand(const CallAttrs& attrs, const ffi::RemainingArgs& args, size_t nLeaves) {
+  if (attrs.kind == Kind::kRaggedAllToAll) return -1;  // its own operands (ffi/ragged.h)
   const size_t at = attrs.premul == 2 ? 2 * nLeaves : nLeaves;
   if (at >= args.size()) return -1;
   auto b = args.get<ffi::AnyBuffer>(at);
@@ -372,6 +373,8 @@ RankTasks MakeRankTasks(const CallAttrs& attrs, int rank, const Leaves& leaves,
         if (!hasSource) rt.zeroBefore[i] = 1;
         break;
       }
+      case Kind::kRaggedAllToAll:  // ffi/ragged.cc: MakeRaggedTasks
+        break;
     }
   }
   return rt;

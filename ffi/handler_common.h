@@ -30,7 +30,8 @@ namespace jax_rccl {
   X("broadcast", Broadcast)          \
   X("reduce", Reduce)                \
   X("all_to_all", AllToAll)          \
-  X("ppermute", Ppermute)
+  X("ppermute", Ppermute)            \
+  X("ragged_all_to_all", RaggedAllToAll)
 
 #define JAX_RCCL_KIND_ENUMERATOR(name, kind) k##kind,
 enum class Kind : int { JAX_RCCL_FFI_KINDS(JAX_RCCL_KIND_ENUMERATOR) };

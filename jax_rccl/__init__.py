@@ -25,6 +25,7 @@ from jax_rccl._export import export_checks
 from jax_rccl._ffi import reset_runtime_stats, runtime_stats
 from jax_rccl._jax_rccl import cpu_topology as _cpu_topology
 from jax_rccl._jax_rccl import params as _native_params
+from jax_rccl._ragged import ragged_all_to_all
 from jax_rccl.api import (
     all_gather,
     all_reduce,
@@ -57,6 +58,7 @@ __all__ = [
     "ppermute",
     "pshuffle",
     "pswapaxes",
+    "ragged_all_to_all",
     "pbroadcast",
     "all_reduce",
     "preduce",

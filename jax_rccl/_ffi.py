@@ -30,6 +30,7 @@ TARGETS = (
     "jax_rccl_reduce",
     "jax_rccl_all_to_all",
     "jax_rccl_ppermute",
+    "jax_rccl_ragged_all_to_all",
 )
 
 _lock = threading.Lock()

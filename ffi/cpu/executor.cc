@@ -39,11 +39,22 @@ struct TaskRt {
   uint64_t opArg = 0;
   const char* send = nullptr;
   char* recv = nullptr;
-  StepTag tag;  // what its FIFO steps carry (the receiver's is the same)
+  int64_t bytes = -1;  // p2p: the bytes this execution moves (-1: as planned)
+  StepTag tag;         // what its FIFO steps carry (the receiver's is the same)
 };
 
 int64_t DivUpI(int64_t a, int64_t b) {
   return (a + b - 1) / b;
+}
+
+// Where byte `edge` of a planned p2p task of `planned` bytes falls when `bytes` of it move:
+// the same fraction of `bytes`, rounded down to 64 bytes (the task's end stays its end).
+int64_t ScaledEdge(int64_t edge, int64_t planned, int64_t bytes) {
+  if (planned <= 0 || edge >= planned) return std::min(bytes, std::max<int64_t>(planned, 0));
+  const int64_t b = std::min(bytes, planned);
+  const int64_t x =
+      int64_t((static_cast<unsigned __int128>(edge) * uint64_t(b)) / uint64_t(planned));
+  return x & ~int64_t(63);
 }
 
 bool IsCopyColl(Coll c) {
@@ -56,7 +67,7 @@ class Executor;
 struct Unit {
   enum Kind { kColl, kP2pSend, kP2pRecv, kNone } kind = kNone;
   const WorkElemColl* e = nullptr;
-  const WorkElemP2p* p = nullptr;
+  WorkElemP2p p{};  // a p2p element, its byte count cut to the task's bytes of this execution
   TaskRt* t = nullptr;
   int channel = 0;
   int64_t stepCap = 0;  // units one FIFO step holds for this element's protocol
@@ -124,6 +135,7 @@ Status Executor::PrepareTasks() {
     t.tp = &tp;
     t.send = static_cast<const char*>(mine[i].send);
     t.recv = static_cast<char*>(mine[i].recv);
+    t.bytes = mine[i].bytes;
     const bool p2p = tp.coll == Coll::kSend || tp.coll == Coll::kRecv;
     // A send and its receive carry the same tag (the kind of a point-to-point step is "send").
     t.tag.call = ctx_.callId;
@@ -329,8 +341,23 @@ Status Executor::StartWork(Lane* lane) {
                p.slot, ", the plan has ", tasks_.size(), " tasks");
     Unit u;
     u.kind = p.p2pType == kWorkP2pTypeSend ? Unit::kP2pSend : Unit::kP2pRecv;
-    u.p = &p;
+    u.p = p;
     u.t = &tasks_[p.slot];
+    if (u.t->bytes >= 0) {
+      // The element covers bytes [base, base + count) of its task as planned; this execution
+      // moves `bytes` of it, spread over the elements (the channels) in the same proportion, so
+      // every channel keeps its share. Both ends scale the same planned elements the same way.
+      const int64_t base = int64_t((uint64_t(p.offsetHi) << 32) | p.offsetLo);
+      const int64_t count = int64_t((uint64_t(p.countHi) << 32) | p.countLo);
+      const int64_t planned = int64_t(u.t->tp->count * DataTypeSize(u.t->tp->dtype));
+      const int64_t lo = ScaledEdge(base, planned, u.t->bytes);
+      const int64_t hi = ScaledEdge(base + count, planned, u.t->bytes);
+      const int64_t cut = std::max<int64_t>(0, hi - lo);
+      u.p.offsetLo = uint32_t(uint64_t(lo) & 0xffffffffu);
+      u.p.offsetHi = uint32_t(uint64_t(lo) >> 32) & 0xffffu;
+      u.p.countHi = uint32_t(uint64_t(cut) >> 32);
+      u.p.countLo = uint32_t(uint64_t(cut) & 0xffffffffu);
+    }
     u.channel = lane->channel;
     // A 2-bit signed field in the work layout: Simple (2) reads back as -2.
     const int proto = int(p.proto) & 3;
@@ -340,19 +367,22 @@ Status Executor::StartWork(Lane* lane) {
     u.stepCap = tr_->stepBytes(proto);
     JR_REQUIRE(u.stepCap > 0, Code::kInvalidArgument, ctx_.name, ": topology.buffSizes[",
                ProtoName(Proto(proto)), "] is too small for a FIFO step");
-    u.nOps = P2pOpCount(p);
+    // A transfer whose byte count comes from the operands and is 0 here is 0 at its peer too
+    // (both read the same entry): neither side steps through the FIFO for it.
+    const bool empty = u.t->bytes >= 0 && ((uint64_t(u.p.countHi) << 32) | u.p.countLo) == 0;
+    u.nOps = empty ? 0 : P2pOpCount(u.p);
     lane->units.push_back(u);
   }
   // A send to self and the recv from self in one work: a direct copy (as RCCL's runSend does).
   Unit* selfSend = nullptr;
   Unit* selfRecv = nullptr;
   for (Unit& u : lane->units) {
-    if (u.p->peer != rank_) continue;
+    if (u.p.peer != rank_) continue;
     (u.kind == Unit::kP2pSend ? selfSend : selfRecv) = &u;
   }
   if (selfSend != nullptr && selfRecv != nullptr) {
-    const WorkElemP2p& s = *selfSend->p;
-    const WorkElemP2p& r = *selfRecv->p;
+    const WorkElemP2p& s = selfSend->p;
+    const WorkElemP2p& r = selfRecv->p;
     const int64_t sBytes = int64_t((uint64_t(s.countHi) << 32) | s.countLo);
     const int64_t rBytes = int64_t((uint64_t(r.countHi) << 32) | r.countLo);
     JR_REQUIRE(sBytes == rBytes, Code::kInvalidUsage, ctx_.name, ": rank ", rank_, " sends ",
@@ -381,7 +411,7 @@ Status Executor::AdvanceUnit(Unit* u, bool* progressed) {
       if (u->kind == Unit::kColl) {
         p = CollPrim(*u, u->op);
       } else {
-        p = P2pPrim(*u->p, u->op);
+        p = P2pPrim(u->p, u->op);
       }
       if ((p.flags & kSrcIn) && t->send == nullptr) {
         JR_FAIL(Code::kInvalidArgument, ctx_.name, ": rank ", rank_, " task ", t->tp->index, " (",

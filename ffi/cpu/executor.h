@@ -27,6 +27,10 @@ using Clock = std::chrono::steady_clock;
 struct SlotBuffers {
   const void* send = nullptr;  // what the rank contributes (p2p send: the bytes to send)
   void* recv = nullptr;        // where its result goes (p2p recv: where bytes land)
+  // A point-to-point task only: the bytes this execution moves, at most the planned count
+  // (ragged_all_to_all: the plan is built for the largest transfer, the operands say how much
+  // of it moves); -1 moves the planned count. Both ends of a transfer must pass the same value.
+  int64_t bytes = -1;
 };
 
 // Connections and wake-ups for the ranks of one communicator in one process: for every channel

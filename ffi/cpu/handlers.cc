@@ -42,6 +42,7 @@
 #include "ffi/planner/redop.h"
 #include "ffi/planner/status.h"
 #include "ffi/planner/types.h"
+#include "ffi/ragged.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -83,7 +84,9 @@ struct DeviceSlot {
   std::vector<uint8_t> zeroBefore, zeroAfter;  // by leaf: outputs this rank zeroes
   std::unique_ptr<uint64_t[]> scalarCells;     // premul == 2: one per leaf
   uint64_t collFingerprint = 0, sendHash = 0, recvHash = 0;
-  std::string collText;  // CallFingerprint::text
+  std::string collText;                   // CallFingerprint::text
+  RaggedShape ragged;                     // ragged_all_to_all only
+  std::vector<RaggedTransfer> transfers;  // ragged_all_to_all: this execution's, by task
 };
 
 }  // namespace
@@ -128,10 +131,13 @@ StatusOr<std::unique_ptr<CpuState>> MakeState(Kind kind, ffi::Span<const int64_t
 Status BuildPlan(const CpuState& st, DeviceSlot& slot, const ffi::RemainingArgs& args,
                  const ffi::RemainingRets& rets) {
   const int n = static_cast<int>(st.groups[slot.group].size());
-  JR_CHECK(ReadLeaves(st, args, rets, &slot.leaves));
+  const bool ragged = st.kind == Kind::kRaggedAllToAll;
+  JR_CHECK(ragged ? ReadRaggedLeaves(st, args, rets, &slot.ragged, &slot.leaves)
+                  : ReadLeaves(st, args, rets, &slot.leaves));
   JR_ASSIGN_OR_RETURN(slot.comm, World::Get().GetOrCreate(st.groups[slot.group], st.params));
   const size_t nLeaves = slot.leaves.size();
-  RankTasks rt = MakeRankTasks(st, slot.rank, slot.leaves, /*oneRankCopies=*/false);
+  RankTasks rt = ragged ? MakeRaggedTasks(st, slot.rank, slot.ragged)
+                        : MakeRankTasks(st, slot.rank, slot.leaves, /*oneRankCopies=*/false);
   std::vector<TaskDesc>& tasks = rt.tasks;
   slot.sources = std::move(rt.sources);
   slot.zeroBefore = std::move(rt.zeroBefore);
@@ -250,6 +256,16 @@ Status Execute(CpuState& st, int64_t device, int64_t runId, const ffi::Remaining
     if (st.params.huge_pages != 0) AdviseHugePages(out[i], slot.leaves.outBytes[i]);
     if (slot.zeroBefore[i]) std::memset(out[i], 0, slot.leaves.outBytes[i]);
   }
+  if (st.kind == Kind::kRaggedAllToAll) {
+    // The table is the same on every rank: a bad entry fails them all here, before they meet.
+    auto base = args.get<ffi::AnyBuffer>(1);
+    auto table = args.get<ffi::AnyBuffer>(2);
+    JR_REQUIRE(base.has_value() && table.has_value(), Code::kInvalidArgument, "jax_rccl '", st.name,
+               "': output or offsets table is not a buffer");
+    JR_CHECK(RaggedTransfers(st, slot.rank, slot.ragged, table->untyped_data(), &slot.transfers));
+    if (base->untyped_data() != out[0])
+      std::memcpy(out[0], base->untyped_data(), base->size_bytes());
+  }
   if (slot.plan) {
     Arrival arrival;
     arrival.rank = slot.rank;
@@ -262,6 +278,13 @@ Status Execute(CpuState& st, int64_t device, int64_t runId, const ffi::Remaining
       const SlotSource& s = slot.sources[t];
       if (s.send) arrival.slots[t].send = static_cast<const char*>(in[s.leaf]) + s.sendOffset;
       if (s.recv) arrival.slots[t].recv = static_cast<char*>(out[s.leaf]) + s.recvOffset;
+      if (st.kind == Kind::kRaggedAllToAll) {
+        const RaggedTransfer& x = slot.transfers[t];
+        if (s.send)
+          arrival.slots[t].send = static_cast<const char*>(arrival.slots[t].send) + x.offset;
+        if (s.recv) arrival.slots[t].recv = static_cast<char*>(arrival.slots[t].recv) + x.offset;
+        arrival.slots[t].bytes = x.bytes;
+      }
     }
     const Plan& plan = *slot.plan;
     JR_CHECK(slot.comm->Run(

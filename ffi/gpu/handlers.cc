@@ -106,6 +106,8 @@ StatusOr<std::unique_ptr<GpuState>> MakeState(Kind kind, ffi::Span<const int64_t
   if (protocol.empty() && st->params.proto.empty()) {
     st->tuning.protoMask &= ~(1u << static_cast<int>(Proto::kLL128));
   }
+  JR_REQUIRE(kind != Kind::kRaggedAllToAll, Code::kUnsupported, "jax_rccl '", st->name,
+             "': ragged_all_to_all has no GPU runtime yet (the CPU runtime runs it)");
   for (size_t g = 0; g < st->groups.size(); ++g) {
     for (int r = 0; r < static_cast<int>(st->groups[g].size()); ++r) {
       auto slot = std::make_unique<DeviceSlot>();

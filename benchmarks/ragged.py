@@ -1,0 +1,125 @@
+"""jax_rccl.ragged_all_to_all against a dense all_to_all of the padded maximum, same run.
+
+On 8 virtual CPU devices: every device sends each peer a slice of 0..P rows (random, mean
+`fill` x P), P = the padded block per peer; the dense baseline moves P rows to every peer
+(jax_rccl.all_to_all and jax.lax.all_to_all of [n, P, row]). Reported per call: the median time,
+the bytes that carry data (the ragged slices, the same for every column) per second, and for the
+dense ones also the padded bytes per second; ratio = dense jax_rccl time / ragged time (above 1:
+ragged is faster). The ragged program also fills its output with zeros (jax.lax's semantics: the
+result is `output` with the slices written in); "fill us" is that fill alone, timed in the same
+run, and "net GB/s" the data rate of the ragged time without it.
+
+    .venv/bin/python -P benchmarks/ragged.py [--rows 64,1024] [--row-bytes 1024] [--fill 0.25,1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from jax.sharding import Mesh, NamedSharding  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
+
+import jax_rccl  # noqa: E402
+
+
+def time_fn(fn, args, min_iters: int, min_seconds: float) -> float:
+    for _ in range(3):
+        jax.block_until_ready(fn(*args))
+    times = []
+    t_end = time.perf_counter() + min_seconds
+    while len(times) < min_iters or time.perf_counter() < t_end:
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - t0)
+        if len(times) >= 200:
+            break
+    return statistics.median(times)
+
+
+def ragged_case(rng, n: int, rows: int, fill: float):
+    """Per device: input_offsets, send_sizes, output_offsets, recv_sizes, each [n, n]; slice
+    (s -> d) at block d of the sender's operand and block s of the receiver's output."""
+    hi = max(0, min(rows, int(round(2 * fill * rows))))
+    send = rng.integers(0, hi + 1, (n, n)) if fill < 1 else np.full((n, n), rows)
+    send = np.minimum(send, rows).astype(np.int32)
+    blocks = (np.arange(n, dtype=np.int32) * rows)[None, :].repeat(n, 0)
+    return blocks, send, blocks.T.copy(), send.T.copy()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--rows", default="16,256,4096", help="P: padded rows per peer")
+    ap.add_argument("--row-bytes", type=int, default=1024)
+    ap.add_argument("--fill", default="0.125,0.5,1", help="mean fraction of P sent")
+    ap.add_argument("--min-iters", type=int, default=5)
+    ap.add_argument("--min-seconds", type=float, default=0.3)
+    args = ap.parse_args()
+
+    devices = jax.devices()
+    n = len(devices)
+    mesh = Mesh(np.array(devices), ("i",))
+    sharding = NamedSharding(mesh, P("i"))
+    width = args.row_bytes // 4
+    spec = P("i")
+
+    def smap(body):
+        return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec))
+
+    # The output starts as zeros made in the program (as a mixture-of-experts layer does), so
+    # the result takes its buffer without a copy.
+    ragged = smap(
+        lambda x, a, b, c, d: jax_rccl.ragged_all_to_all(
+            x, jnp.zeros_like(x), a, b, c, d, axis_name="i"
+        )
+    )
+    zeros = smap(lambda x: jnp.zeros_like(x) + np.float32(0))
+    dense = {
+        lib: smap(lambda x, lib=lib: lib.all_to_all(x, "i", 0, 0, tiled=True))
+        for lib in (jax_rccl, jax.lax)
+    }
+    print(
+        f"jax {jax.__version__}, {n} CPU devices, {os.cpu_count()} cores; rows of "
+        f"{args.row_bytes} B; GB/s = bytes per device per call / median time"
+    )
+    head = (
+        f"{'P rows':>7} {'fill':>5} {'data/dev':>10} | {'ragged us':>10} {'GB/s':>6} "
+        f"{'fill us':>9} {'net GB/s':>8} | "
+        f"{'dense rccl us':>13} {'data':>6} {'padded':>6} | {'dense lax us':>12} {'data':>6} | "
+        f"{'ratio':>5}"
+    )
+    print(head)
+    print("-" * len(head))
+    rng = np.random.default_rng(0)
+    for rows in (int(r) for r in args.rows.split(",")):
+        x = jax.device_put(jnp.ones((n * n * rows, width), jnp.float32), sharding)
+        t_dense = {
+            lib: time_fn(f, (x,), args.min_iters, args.min_seconds) for lib, f in dense.items()
+        }
+        t_zero = time_fn(zeros, (x,), args.min_iters, args.min_seconds)
+        for fill in (float(f) for f in args.fill.split(",")):
+            idx = ragged_case(rng, n, rows, fill)
+            idx_dev = [jax.device_put(jnp.asarray(v.reshape(-1)), sharding) for v in idx]
+            t = time_fn(ragged, (x, *idx_dev), args.min_iters, args.min_seconds)
+            data = float(idx[1].sum()) * args.row_bytes / n  # bytes each device sends
+            padded = n * rows * args.row_bytes
+            tr, tl = t_dense[jax_rccl], t_dense[jax.lax]
+            print(
+                f"{rows:>7} {fill:>5.3g} {data / 2**20:>8.2f}MB | {t * 1e6:>10.1f} "
+                f"{data / t / 1e9:>6.2f} {t_zero * 1e6:>9.1f} "
+                f"{data / max(t - t_zero, 1e-9) / 1e9:>8.2f} | "
+                f"{tr * 1e6:>13.1f} {data / tr / 1e9:>6.2f} "
+                f"{padded / tr / 1e9:>6.2f} | {tl * 1e6:>12.1f} {data / tl / 1e9:>6.2f} | "
+                f"{tr / t:>5.2f}"
+            )
+
+
+if __name__ == "__main__":
+    main()
