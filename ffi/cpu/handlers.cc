@@ -206,11 +206,12 @@ Status Execute(CpuState& st, int64_t device, int64_t runId, const ffi::Remaining
             " is in none of the replica groups ", all);
   }
   DeviceSlot& slot = *it->second;
-  JR_CHECK(CheckDevice(st, args, rets.size(), device));
   if (!slot.built.load(std::memory_order_acquire)) {
     std::lock_guard<std::mutex> lock(slot.mu);
     if (!slot.built.load(std::memory_order_relaxed)) {
-      slot.buildError = BuildPlan(st, slot, args, rets);
+      // The device check's value is fixed per executable and device: checked once, at build.
+      slot.buildError = CheckDevice(st, args, rets.size(), device);
+      if (slot.buildError.ok()) slot.buildError = BuildPlan(st, slot, args, rets);
       slot.built.store(true, std::memory_order_release);
     }
   }
