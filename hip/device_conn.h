@@ -104,9 +104,24 @@ struct SlotPtrs {
   const void* scalar;
 };
 
+// Why a rank's launch stopped (DevStatus::code).
+enum DevFailure : int32_t {
+  kDevFine = 0,
+  kDevTimeout = 1,       // a wait passed its deadline (JAX_RCCL_TIMEOUT)
+  kDevAborted = 2,       // another rank of the communicator failed first
+  kDevTooManyRanks = 3,  // the Direct algorithm's kernel holds at most kMaxDirectRanks peers
+};
+
+// The most ranks the Direct algorithm's kernel holds (its per-peer tables in shared memory).
+constexpr int kMaxDirectRanks = 64;
+
+// Polls of a FIFO counter between two checks of the abort word and the deadline (each check
+// reads host-mapped memory and the clock, so a wait does it only every so often).
+constexpr int kSpinsPerAbortCheck = 512;
+
 // What a failed wait reports (host-mapped memory, read by the host after or between launches).
 struct DevStatus {
-  int32_t code;  // 0: fine; 1: timeout; 2: aborted
+  int32_t code;  // DevFailure
   int32_t rank;
   int32_t channel;
   int32_t peer;

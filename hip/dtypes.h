@@ -3,12 +3,16 @@
 // conversions to and from float that round to nearest even (bit-compatible with ml_dtypes, which
 // is what XLA's CPU backend uses).
 //
-// Plain C++17 with fixed-width integers only: no standard-library types, no intrinsics, so the
-// same code compiles under g++/clang, hipcc and nvcc. JR_HOST_DEVICE marks functions for both
-// sides.
+// Plain C++17 with fixed-width integers only: no standard-library types, and no intrinsics outside
+// the device branch of RoundToHalf, so the same code compiles under g++/clang, hipcc and nvcc.
+// JR_HOST_DEVICE marks functions for both sides.
 #pragma once
 
 #include <stdint.h>
+
+#if defined(__CUDACC__)
+#include <cuda_fp16.h>  // __float2half_rn / __half2float (RoundToHalf in device code)
+#endif
 
 #if defined(__CUDACC__) || defined(__HIPCC__)
 #define JR_HOST_DEVICE __host__ __device__
@@ -53,45 +57,48 @@ JR_INLINE float BitsAsFloat(uint32_t u) {
 }
 
 // ---- float16 ----
+// Written with selects only, as the fp8 conversions below (see there).
 
 JR_INLINE float HalfBitsToFloat(uint16_t h) {
   const uint32_t sign = uint32_t(h & 0x8000u) << 16;
   const uint32_t exp = (h >> 10) & 0x1fu;
   const uint32_t mant = h & 0x3ffu;
-  uint32_t out;
-  if (exp == 0x1f) {
-    out = 0x7f800000u | (mant << 13);  // inf / NaN (payload kept)
-  } else if (exp != 0) {
-    out = ((exp + 112u) << 23) | (mant << 13);  // rebias 15 -> 127
-  } else {
-    // Zero or subnormal: mant * 2^-24, exact in float.
-    const float v = float(mant) * 5.9604644775390625e-08f;
-    return sign ? -v : v;
-  }
-  return BitsAsFloat(sign | out);
+  const uint32_t normal = ((exp + 112u) << 23) | (mant << 13);  // rebias 15 -> 127
+  const uint32_t special = 0x7f800000u | (mant << 13);           // inf / NaN (payload kept)
+  // Zero or subnormal: mant * 2^-24, exact in float.
+  const uint32_t sub = FloatAsBits(float(mant) * 5.9604644775390625e-08f);
+  const uint32_t r = exp == 0x1fu ? special : (exp != 0 ? normal : sub);
+  return BitsAsFloat(sign | r);
 }
 
 JR_INLINE uint16_t FloatToHalfBits(float f) {
   const uint32_t x = FloatAsBits(f);
   const uint32_t sign = (x >> 16) & 0x8000u;
-  uint32_t ax = x & 0x7fffffffu;
-  if (ax >= 0x7f800000u) return uint16_t(sign | (ax > 0x7f800000u ? 0x7e00u : 0x7c00u));
-  if (ax >= 0x47800000u) return uint16_t(sign | 0x7c00u);  // >= 65536: infinity
-  if (ax < 0x38800000u) {
-    // The result is subnormal or zero: let a float addition with 0.5 round the bits into place
-    // (0.5 has the exponent that lines the half's 2^-24 unit up with the float's last bit).
-    const float t = BitsAsFloat(ax) + 0.5f;
-    return uint16_t(sign | (FloatAsBits(t) - 0x3f000000u));
-  }
-  const uint32_t odd = (ax >> 13) & 1u;
-  ax += 0xc8000fffu + odd;  // rebias 127 -> 15 and round to nearest even
-  return uint16_t(sign | (ax >> 13));
+  const uint32_t ax = x & 0x7fffffffu;
+  // Below 2^-14 the result is subnormal or zero: a float addition with 0.5 rounds the bits into
+  // place (0.5 has the exponent that lines the half's 2^-24 unit up with the float's last bit).
+  const uint32_t sub = FloatAsBits(BitsAsFloat(ax) + 0.5f) - 0x3f000000u;
+  // Normal: rebias 127 -> 15 and round to nearest even (wraps harmlessly where not selected).
+  const uint32_t normal = (ax + 0xc8000fffu + ((ax >> 13) & 1u)) >> 13;
+  uint32_t r = ax < 0x38800000u ? sub : normal;
+  r = ax >= 0x47800000u ? 0x7c00u : r;  // from 65536 up (and infinity): infinity
+  r = ax > 0x7f800000u ? 0x7e00u : r;   // NaN: the quiet NaN
+  return uint16_t(sign | r);
 }
 
 // `f` rounded to the nearest float16 (ties to even), as a float:
-// HalfBitsToFloat(FloatToHalfBits(f)) for every float (checked over all 2^32), written with selects
-// only so that loops vectorize.
+// HalfBitsToFloat(FloatToHalfBits(f)) for every float (checked over all 2^32). Host code uses
+// selects only, so that loops vectorize; device code uses the GPU's own conversion instructions
+// (round to nearest even, subnormals kept), with a NaN made the quiet NaN of its sign as on the
+// host (the instructions give a canonical NaN without the sign).
 JR_INLINE float RoundToHalf(float f) {
+#if defined(__CUDA_ARCH__)
+  const float r = __half2float(__float2half_rn(f));
+  return f != f ? BitsAsFloat((FloatAsBits(f) & 0x80000000u) | 0x7fc00000u) : r;
+#elif defined(__HIP_DEVICE_COMPILE__)
+  const float r = float(static_cast<_Float16>(f));
+  return f != f ? BitsAsFloat((FloatAsBits(f) & 0x80000000u) | 0x7fc00000u) : r;
+#else
   const uint32_t x = FloatAsBits(f);
   const uint32_t sign = x & 0x80000000u;
   const uint32_t ax = x & 0x7fffffffu;
@@ -103,6 +110,7 @@ JR_INLINE float RoundToHalf(float f) {
   r = ax >= 0x477ff000u ? 0x7f800000u : r;  // from 65520 up: infinity
   r = ax > 0x7f800000u ? 0x7fc00000u : r;   // NaN: the quiet NaN, sign kept
   return BitsAsFloat(sign | r);
+#endif
 }
 
 // ---- bfloat16 ----
@@ -121,6 +129,8 @@ JR_INLINE uint16_t FloatToBFloat16Bits(float f) {
 // A format with E exponent bits, M mantissa bits and bias B. `kFn` formats (e4m3fn) have no
 // infinities: their only NaN is all ones and overflow becomes NaN; others (e5m2) overflow to
 // infinity.
+// Both conversions are written with selects only (no branches): the kernels inline them in
+// unrolled loops, where branches multiply the compilers' work and stop vectorization.
 
 template <int E, int M, int B, bool kFn>
 JR_INLINE float Fp8BitsToFloat(uint8_t c) {
@@ -128,18 +138,16 @@ JR_INLINE float Fp8BitsToFloat(uint8_t c) {
   const uint32_t exp = (c >> M) & ((1u << E) - 1u);
   const uint32_t mant = c & ((1u << M) - 1u);
   const uint32_t expMax = (1u << E) - 1u;
+  // Normal: rebias; subnormal (exp 0): mant * 2^(1 - B - M), exact in float.
+  const uint32_t normal = ((exp + uint32_t(127 - B)) << 23) | (mant << (23 - M));
+  const uint32_t sub = FloatAsBits(float(mant) * BitsAsFloat(uint32_t(127 + 1 - B - M) << 23));
+  uint32_t r = exp == 0 ? sub : normal;
   if (kFn) {
-    if (exp == expMax && mant == ((1u << M) - 1u)) return BitsAsFloat(sign | 0x7fc00000u);
-  } else if (exp == expMax) {
-    return BitsAsFloat(sign | (mant ? 0x7fc00000u : 0x7f800000u));
+    r = (exp == expMax && mant == ((1u << M) - 1u)) ? 0x7fc00000u : r;
+  } else {
+    r = exp == expMax ? (mant != 0 ? 0x7fc00000u : 0x7f800000u) : r;
   }
-  if (exp == 0) {
-    // mant * 2^(1 - B - M), exact in float.
-    const float unit = BitsAsFloat(uint32_t(127 + 1 - B - M) << 23);
-    const float v = float(mant) * unit;
-    return sign ? -v : v;
-  }
-  return BitsAsFloat(sign | ((exp + uint32_t(127 - B)) << 23) | (mant << (23 - M)));
+  return BitsAsFloat(sign | r);
 }
 
 template <int E, int M, int B, bool kFn>
@@ -147,30 +155,25 @@ JR_INLINE uint8_t FloatToFp8Bits(float f) {
   const uint32_t x = FloatAsBits(f);
   const uint32_t sign = (x >> 24) & 0x80u;
   const uint32_t ax = x & 0x7fffffffu;
-  // NaN: e4m3fn's only code keeps the sign; others give S.11111.11 without the sign, as XLA's
-  // conversion from float16 (the type its reductions of fp8 end in) does.
   const uint32_t nanCode = kFn ? 0x7fu : ((1u << (E + M)) - 1u);
   const uint32_t infCode = kFn ? 0x7fu : (((1u << E) - 1u) << M);
-  // Largest finite code: e4m3fn S.1111.110, e5m2 S.11110.11.
   const uint32_t maxCode = kFn ? 0x7eu : infCode - 1u;
-  if (ax > 0x7f800000u) return uint8_t(kFn ? (sign | nanCode) : nanCode);
-  if (ax == 0x7f800000u) return uint8_t(sign | infCode);
-  const int e = int(ax >> 23) - 127;
-  uint32_t code;
-  if (e < 1 - B) {
-    // Subnormal (or zero) in the target: an integer count of 2^(1-B-M) units, rounded to
-    // nearest even by a float addition of 2^23 (the count is far below 2^23).
-    const float units = BitsAsFloat(ax) * BitsAsFloat(uint32_t(127 - (1 - B - M)) << 23);
-    code = FloatAsBits(units + 8388608.0f) - 0x4b000000u;
-  } else {
-    const uint32_t shift = 23 - M;
-    const uint32_t odd = (ax >> shift) & 1u;
-    const uint32_t r = ax + ((1u << (shift - 1)) - 1u) + odd;
-    code = (r >> shift) - (uint32_t(127 - B) << M);
-    if (e > 16) code = maxCode + 1u;  // far beyond the range; avoid wrapping
-  }
-  if (code > maxCode) code = kFn ? nanCode : infCode;
-  return uint8_t(sign | code);
+  // Subnormal (or zero) in the target: a count of 2^(1-B-M) units rounded to nearest even by a
+  // float addition of 2^23 (below 2^-(B-1) the count is far below 2^23).
+  const float units = BitsAsFloat(ax) * BitsAsFloat(uint32_t(127 - (1 - B - M)) << 23);
+  const uint32_t sub = FloatAsBits(units + 8388608.0f) - 0x4b000000u;
+  // Normal: the significand rounded to M bits (ties to even), rebiased; wraps harmlessly where
+  // not selected.
+  const uint32_t shift = 23 - M;
+  const uint32_t rounded = (ax + ((1u << (shift - 1)) - 1u) + ((ax >> shift) & 1u)) >> shift;
+  uint32_t code = rounded - (uint32_t(127 - B) << M);
+  // At and beyond 2^17 every format here overflows (avoids the rebias wrapping back in range).
+  code = ax >= 0x48000000u ? maxCode + 1u : code;
+  code = ax < (uint32_t(127 + 1 - B) << 23) ? sub : code;
+  code = code > maxCode ? (kFn ? nanCode : infCode) : code;
+  code = ax == 0x7f800000u ? infCode : code;
+  // NaN: e4m3fn's only code keeps the sign; others give S.11111.11 without the sign.
+  return uint8_t(ax > 0x7f800000u ? (kFn ? (sign | nanCode) : nanCode) : (sign | code));
 }
 
 JR_INLINE float Fp8E4M3BitsToFloat(uint8_t c) {

@@ -25,7 +25,6 @@ namespace {
 // FIFO, never these words. Only rank r writes its boxes, and every poll reads local memory, so
 // across devices only stores cross the link. The sequence is kept in rank r's own self box, across
 // launches like the FIFO counters.
-constexpr int kMaxDirectRanks = 64;
 constexpr int kBoxSeq = 1;    // pad0: the sequence published (stored last)
 constexpr int kBoxSend = 2;   // pad0: the owner's send buffer
 constexpr int kBoxRecv = 3;   // pad0: the owner's recv buffer
@@ -361,7 +360,7 @@ __device__ __noinline__ bool RunDirectElem(const KernelArgs& a, uint64_t deadlin
   const int n = a.nRanks, r = a.rank, k = threadIdx.x;
   Trace(a, sh, kTracePiece);
   if (n > kMaxDirectRanks) {
-    if (k == 0) Report(a, 2, ch, r, true, 0);
+    if (k == 0) Report(a, kDevTooManyRanks, ch, r, true, 0);
     return false;
   }
   if (DirectFitsLL(a, e, t)) return RunDirectLL<F>(a, deadline, ch, e, t, sh);

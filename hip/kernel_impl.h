@@ -156,7 +156,7 @@ __device__ __noinline__ bool RunP2pWork(const KernelArgs& a, uint64_t deadline, 
       }
     }
     if (allDone) break;
-    if (!progressed && ++idle == 512) {
+    if (!progressed && ++idle == kSpinsPerAbortCheck) {
       idle = 0;
       if (threadIdx.x == 0) {
         const WorkElemP2p& e = *el[0];

@@ -71,8 +71,8 @@ __device__ inline void StoreVolatile64(uint64_t* p, uint64_t v) {
 }
 
 // Records the first failure of this rank and raises the communicator's abort word.
-__device__ void Report(const KernelArgs& a, int code, int ch, int peer, bool recv, uint64_t step) {
-  if (atomicCAS(&a.status->code, 0, code) == 0) {
+__device__ void Report(const KernelArgs& a, DevFailure code, int ch, int peer, bool recv, uint64_t step) {
+  if (atomicCAS(&a.status->code, kDevFine, code) == kDevFine) {
     a.status->rank = a.rank;
     a.status->channel = ch;
     a.status->peer = peer;
@@ -87,7 +87,7 @@ __device__ void Report(const KernelArgs& a, int code, int ch, int peer, bool rec
 __device__ inline bool ShouldStop(const KernelArgs& a, uint64_t deadline, int ch, int peer,
                                   bool recv, uint64_t step) {
   if (*a.abort != 0) {
-    if (atomicCAS(&a.status->code, 0, 2) == 0) {
+    if (atomicCAS(&a.status->code, kDevFine, kDevAborted) == kDevFine) {
       a.status->rank = a.rank;
       a.status->channel = ch;
       a.status->peer = peer;
@@ -97,7 +97,7 @@ __device__ inline bool ShouldStop(const KernelArgs& a, uint64_t deadline, int ch
     return true;
   }
   if (NowNs() > deadline) {
-    Report(a, 1, ch, peer, recv, step);
+    Report(a, kDevTimeout, ch, peer, recv, step);
     return true;
   }
   return false;
@@ -109,7 +109,7 @@ __device__ bool WaitAtLeast(const uint64_t* p, uint64_t v, const KernelArgs& a, 
   int spins = 0;
   uint64_t x;
   while ((x = LoadVolatile64(p)) < v) {
-    if (++spins == 512) {
+    if (++spins == kSpinsPerAbortCheck) {
       spins = 0;
       if (ShouldStop(a, deadline, ch, peer, recv, v - 1)) return false;
     }
@@ -268,7 +268,7 @@ __device__ inline bool PollLine(const uint4* line, uint32_t flag, const KernelAr
   uint4 l = LoadVolatile(line);
   int spins = 0;
   while (l.y != flag || l.w != flag) {
-    if (++spins == 512) {
+    if (++spins == kSpinsPerAbortCheck) {
       spins = 0;
       if (ShouldStop(a, deadline, ch, peer, true, step)) return false;
     }
@@ -384,7 +384,7 @@ __device__ __noinline__ bool LL128Loop(const F& fn, const PieceIo& io, int64_t n
           if (k == 7 && live[u] && r1[u].u != inFlag) ok = 0;
         }
         if (WarpAll(WarpShfl(ok, (lane & ~7) | 7))) break;
-        if (++spins == 512) {
+        if (++spins == kSpinsPerAbortCheck) {
           spins = 0;
           int stop = 0;
           if (lane == 0) stop = ShouldStop(a, deadline, ch, peer, true, inFlag - 1) ? 1 : 0;

@@ -510,13 +510,16 @@ Status DevicePlan::Launch(const RankLaunch& rl, const std::vector<SlotPtrs>& slo
 
 std::string DescribeStatus(const DevStatus& s) {
   std::ostringstream os;
-  if (s.code == 1) {
+  if (s.code == kDevTimeout) {
     os << "rank " << s.rank << " timed out on channel " << s.channel << " waiting for "
        << (s.waitingRecv ? "data from rank " : "room in the FIFO to rank ") << s.peer << " (step "
        << s.step << ")";
-  } else if (s.code == 2) {
+  } else if (s.code == kDevAborted) {
     os << "rank " << s.rank << " stopped on channel " << s.channel
        << ": another rank of the communicator failed";
+  } else if (s.code == kDevTooManyRanks) {
+    os << "rank " << s.rank << ": the Direct algorithm holds at most " << kMaxDirectRanks
+       << " ranks (set JAX_RCCL_ALGO to another algorithm)";
   } else {
     os << "rank " << s.rank << ": status " << s.code;
   }
@@ -688,10 +691,11 @@ Status Harness::Sync() {
   for (void* s : streams_) JR_HIP_CHECK(hipStreamSynchronize(static_cast<hipStream_t>(s)));
   const DevStatus* st = static_cast<const DevStatus*>(status_.host);
   for (int r = 0; r < topo_.nRanks; ++r) {
-    if (st[r].code == 1) JR_FAIL(Code::kTimeout, DescribeStatus(st[r]));
+    if (st[r].code == kDevTimeout) JR_FAIL(Code::kTimeout, DescribeStatus(st[r]));
+    if (st[r].code == kDevTooManyRanks) JR_FAIL(Code::kInvalidArgument, DescribeStatus(st[r]));
   }
   for (int r = 0; r < topo_.nRanks; ++r) {
-    if (st[r].code != 0) JR_FAIL(Code::kTimeout, DescribeStatus(st[r]));
+    if (st[r].code != kDevFine) JR_FAIL(Code::kTimeout, DescribeStatus(st[r]));
   }
   return Status::Ok();
 }

@@ -396,11 +396,11 @@ Status GpuComm::Check(int rank, const std::string& who) {
   }
   if (nRanks() == 1) return Status::Ok();
   const volatile DevStatus* st = static_cast<const volatile DevStatus*>(status_.host);
-  if (st[rank].code == 0) return Status::Ok();
+  if (st[rank].code == kDevFine) return Status::Ok();
   // The root cause first: a rank that timed out, else any failed rank.
   int culprit = rank;
   for (int r = 0; r < nRanks(); ++r) {
-    if (st[r].code == 1) {
+    if (st[r].code == kDevTimeout || st[r].code == kDevTooManyRanks) {
       culprit = r;
       break;
     }
@@ -413,8 +413,9 @@ Status GpuComm::Check(int rank, const std::string& who) {
   copy.waitingRecv = st[culprit].waitingRecv;
   copy.pad = 0;
   copy.step = st[culprit].step;
+  const Code code = copy.code == kDevTooManyRanks ? Code::kInvalidArgument : Code::kTimeout;
   return Fail(
-      Status(Code::kTimeout, detail::StrCat("jax_rccl '", who, "': an earlier launch on GPU group ",
+      Status(code, detail::StrCat("jax_rccl '", who, "': an earlier launch on GPU group ",
                                             groupText_, " failed: ", DescribeStatus(copy),
                                             "; the communicator is unusable from now on")));
 }
