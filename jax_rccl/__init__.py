@@ -40,7 +40,7 @@ from jax_rccl.api import (
     psum,
     psum_scatter,
 )
-from jax_rccl.api_permute import pshuffle, pswapaxes
+from jax_rccl.api_permute import precv, psend, pshuffle, pswapaxes
 
 __version__ = "0.1.0"
 
@@ -58,6 +58,8 @@ __all__ = [
     "ppermute",
     "pshuffle",
     "pswapaxes",
+    "psend",
+    "precv",
     "ragged_all_to_all",
     "pbroadcast",
     "all_reduce",

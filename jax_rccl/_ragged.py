@@ -15,7 +15,7 @@ receive of the largest transfer, min(N, M) rows; each execution reads the table 
 the rows the sizes name (ffi/ragged.h). Every rank checks the whole table the same way, so a bad
 entry (a negative value, a slice past the operand or the output, send_sizes disagreeing with
 the receiver's recv_sizes) fails the call on every rank with the same message, never a partial
-write. GPU platforms raise NotImplementedError at lowering.
+write. Lowered for any other platform (a GPU one included) it raises NotImplementedError.
 """
 
 from __future__ import annotations
@@ -226,10 +226,16 @@ compat.ad.primitive_transposes[ragged_all_to_all_p] = _transpose
 # --- lowering -----------------------------------------------------------------------------------
 
 
-def _lower_cpu(ctx, operand, output, *index, axes, groups, axis_size, tuning):
+def _lower(ctx, operand, output, *index, axes, groups, axis_size, tuning):
     del axis_size
     in_aval, base_aval = ctx.avals_in[0], ctx.avals_in[1]
     out_aval = ctx.avals_out[0]
+    if not all(compat.is_static_shape(a.shape) for a in ctx.avals_in):
+        raise NotImplementedError(
+            "jax_rccl.ragged_all_to_all: operand, output and index shapes must be static (got "
+            f"{[tuple(map(str, a.shape)) for a in ctx.avals_in]}); export it with concrete "
+            "shapes: its plan holds the largest transfer, min(operand rows, output rows)"
+        )
     n_rows, m_rows = int(in_aval.shape[0]), int(base_aval.shape[0])
     row = int(np.prod(base_aval.shape[1:], dtype=np.int64))
     if m_rows * row == 0:  # nothing can arrive
@@ -295,16 +301,11 @@ def _lower_cpu(ctx, operand, output, *index, axes, groups, axis_size, tuning):
     return [hlo.reshape(mlir.aval_to_ir_type(ctx.module_context, out_aval), call.results[0])]
 
 
-def _lower_gpu(ctx, *args, **params):
-    raise NotImplementedError(
-        "jax_rccl.ragged_all_to_all has no GPU runtime yet (platforms "
-        f"{compat.module_platforms(ctx)}); it runs on CPU devices"
-    )
-
-
+# One rule for every platform (jax.export's multi-platform lowering combines it like the other
+# collectives'); only the CPU runtime has the ragged custom call, so any other platform, a GPU
+# one included, raises NotImplementedError naming it.
 mlir.register_lowering(
-    ragged_all_to_all_p, lambda ctx, *a, **p: L._unsupported_platform(ragged_all_to_all_p, ctx)
+    ragged_all_to_all_p,
+    L.platform_rule(ragged_all_to_all_p, _lower, supported=("cpu",)),
+    cacheable=False,
 )
-mlir.register_lowering(ragged_all_to_all_p, _lower_cpu, platform="cpu", cacheable=False)
-for _platform in L.GPU_PLATFORMS:
-    mlir.register_lowering(ragged_all_to_all_p, _lower_gpu, platform=_platform, cacheable=False)

@@ -665,7 +665,11 @@ def ppermute(x, axis_name, perm: Iterable[tuple[int, int]]):
 
     `perm`: any iterable of (source, destination) int pairs (a list, a zip, a generator, an
     (n, 2) integer array)."""
-    api = "ppermute"
+    return _ppermute(x, axis_name, perm, "ppermute")
+
+
+def _ppermute(x, axis_name, perm, api: str):
+    """ppermute, its errors naming `api` (psend sends through it)."""
     axes = _axes(axis_name, api)
     n = _mesh_size(axes)
     pairs = _pairs(perm, api)

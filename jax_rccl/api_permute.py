@@ -1,22 +1,34 @@
-"""jax.lax's two conveniences over ppermute and all_to_all, with jax.lax's signatures.
+"""jax.lax's conveniences over ppermute and all_to_all, with jax.lax's signatures.
 
 ``pshuffle(x, axis_name, perm)`` is a ppermute whose permutation names, for each axis index i,
 the index perm[i] that i receives from; ``pswapaxes(x, axis_name, axis)`` swaps the named axis
 with the positional one, an all_to_all that splits and concatenates along ``axis``. Both run
 through the same custom calls as ``jax_rccl.ppermute`` / ``jax_rccl.all_to_all``, so they work
 wherever those do (jit, shard_map, vmap, grad, scan).
+
+``psend(x, axis_name, perm)`` / ``precv(token, out_shape, axis_name, perm)`` split a ppermute in
+two, as jax.lax's do: psend returns a token, and precv given that token returns what was sent
+to this device (zeros where no pair names it as destination). The exchange runs through
+ppermute's point-to-point path when psend is called; the token is a real JAX token
+(lax.create_token) remembered, while it lives, with psend's result, its axes and pairs. So
+precv must get the token psend returned, in the same traced function; a token from anywhere
+else (lax.create_token, a loop carry, a jit boundary), or a precv whose axes, pairs, shape or
+dtype differ from its psend's, is refused at trace time (jax.lax on GPUs fails at run time or
+hangs: a receive without its send).
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterable, Sequence
 
 import jax
 import numpy as np
+from jax import lax
 
 from jax_rccl import api
 
-__all__ = ["pshuffle", "pswapaxes"]
+__all__ = ["pshuffle", "pswapaxes", "psend", "precv"]
 
 
 def pshuffle(x, axis_name, perm: Sequence[int]):
@@ -55,3 +67,75 @@ def pswapaxes(x, axis_name, axis: int, *, axis_index_groups=None):
                 f"the group size {n} of axis_name {axis_name!r}"
             )
     return api.all_to_all(x, axis_name, axis, axis, axis_index_groups=axis_index_groups)
+
+
+# id(token) -> (a weak reference to the token, what its psend sent and received). An entry goes
+# when its token is collected.
+_sent: dict[int, tuple[weakref.ref, tuple]] = {}
+
+
+def _forget(key: int, ref: weakref.ref) -> None:
+    entry = _sent.get(key)
+    if entry is not None and entry[0] is ref:
+        del _sent[key]
+
+
+def psend(x, axis_name, perm: Iterable[tuple[int, int]]):
+    """Send `x` along the (source, destination) pairs of `perm` over `axis_name` (as
+    jax.lax.psend); returns a token per leaf of `x`, for `precv` to receive with.
+
+    The data moves as ``ppermute(x, axis_name, perm)`` does (any dtype, shape, mesh axes,
+    transformation)."""
+    axes = api._axes(axis_name, "psend")
+    pairs = api._pairs(perm, "psend")
+    leaves, tree = jax.tree_util.tree_flatten(x)
+    received = api._ppermute(list(leaves), axes, pairs, "psend") if leaves else []
+    tokens = []
+    for y in received:
+        try:
+            token = lax.create_token()
+        except AttributeError:  # jax 0.10's eager shard_map holds no tokens
+            raise NotImplementedError(
+                "jax_rccl.psend returns a token, which an eagerly run shard_map cannot hold: "
+                "put jax.jit around the shard_map"
+            ) from None
+        key = id(token)
+        ref = weakref.ref(token, lambda r, key=key: _forget(key, r))
+        _sent[key] = (ref, (y, axes, tuple(sorted(pairs))))
+        tokens.append(token)
+    return jax.tree_util.tree_unflatten(tree, tokens)
+
+
+def precv(token, out_shape, axis_name, perm: Iterable[tuple[int, int]]):
+    """What the psend that returned `token` sent to this device over `axis_name` (as
+    jax.lax.precv): an array of `out_shape`'s shape and dtype, zeros where no pair of `perm`
+    names this device as destination. `axis_name` and `perm` must be psend's; `out_shape` (a
+    jax.ShapeDtypeStruct or anything with .shape and .dtype) the shape and dtype it sent."""
+    axes = api._axes(axis_name, "precv")
+    pairs = tuple(sorted(api._pairs(perm, "precv")))
+    try:
+        shape, dtype = tuple(out_shape.shape), np.dtype(out_shape.dtype)
+    except (AttributeError, TypeError):
+        raise TypeError(
+            "jax_rccl.precv: out_shape must have .shape and .dtype (a jax.ShapeDtypeStruct), "
+            f"got {out_shape!r}"
+        ) from None
+    entry = _sent.get(id(token))
+    if entry is None or entry[0]() is not token:
+        raise ValueError(
+            "jax_rccl.precv: token must be the token a jax_rccl.psend returned, in the same "
+            "traced function (not lax.create_token(), nor one carried through a loop, a "
+            "condition or a jit boundary): jax_rccl pairs each precv with its psend through it"
+        )
+    y, sent_axes, sent_pairs = entry[1]
+    if sent_axes != axes or sent_pairs != pairs:
+        raise ValueError(
+            f"jax_rccl.precv: axis_name {axes} and perm {list(pairs)} must be those of the "
+            f"psend that returned token: axis_name {sent_axes}, perm {list(sent_pairs)}"
+        )
+    if tuple(y.shape) != shape or np.dtype(y.dtype) != dtype:
+        raise ValueError(
+            f"jax_rccl.precv: out_shape is {shape} {dtype.name} but its psend sent "
+            f"{tuple(y.shape)} {np.dtype(y.dtype).name}"
+        )
+    return y

@@ -436,21 +436,22 @@ _RULES = {
 }
 
 
-def platform_rule(prim, rule):
+def platform_rule(prim, rule, supported=SUPPORTED_PLATFORMS):
     """`rule` for every platform a module is lowered for: ONE rule, so that JAX's multi-platform
     lowering (jax.export(..., platforms=("cpu", "cuda"))) emits the custom calls once, not one
     copy per platform under a conditional (the calls then stay chained in program order; each
-    platform registers the same targets). Raises NotImplementedError for a platform without a
-    runtime; a GPU platform needs the GPU runtime in this build, except when lowering for
-    jax.export (the program is compiled where it is called)."""
+    platform registers the same targets). Raises NotImplementedError for a platform outside
+    `supported` (the platforms whose runtime has `prim`'s custom call); a GPU platform needs the
+    GPU runtime in this build, except when lowering for jax.export (the program is compiled where
+    it is called)."""
 
     def lowering(ctx, *args, **params):
         platforms = compat.module_platforms(ctx)
-        unsupported = [p for p in platforms if p not in SUPPORTED_PLATFORMS]
+        unsupported = [p for p in platforms if p not in supported]
         if unsupported:
             raise NotImplementedError(
                 f"{prim.name}: no jax_rccl runtime for platform(s) {tuple(unsupported)}; "
-                f"supported: {SUPPORTED_PLATFORMS}"
+                f"supported: {tuple(supported)}"
             )
         gpus = tuple(p for p in platforms if p in GPU_PLATFORMS)
         if gpus and not compat.lowering_for_export(ctx):

@@ -503,3 +503,62 @@ def test_lowering_gathers_the_offsets_then_calls_the_runtime_on_cpu():
     assert len(calls) == 2, calls
     assert "@jax_rccl_all_gather" in calls[0] and "@jax_rccl_ragged_all_to_all" in calls[1]
     assert "ragged_all_to_all(" not in text.replace("@jax_rccl_ragged_all_to_all(", "")
+
+
+# --- jax.export ---------------------------------------------------------------------------------
+
+
+def _exported(mesh, *args, **kw):
+    """`rragged("i")` over `mesh`, jitted and exported with jax_rccl's custom calls allowed."""
+    spec = P("i")
+    sm = jax.shard_map(
+        lambda *a: jnp.expand_dims(rragged("i")(*(x[0] for x in a)), 0),
+        mesh=mesh,
+        in_specs=spec,
+        out_specs=spec,
+    )
+    return jax.export.export(jax.jit(sm), disabled_checks=jax_rccl.export_checks(), **kw)(*args)
+
+
+@needs_runtime
+@pytest.mark.parametrize("seed", [0, 1])
+def test_export_round_trip(seed):
+    """Serialized, deserialized and called: the same result as the reference, with sizes read
+    from the arguments of each call (two different cases through one exported program)."""
+    mesh, n_rows, m_rows = mesh_1d(), 24, 40
+    x = np.asarray(sample((N_DEV, n_rows, 3), "float32", seed=seed))
+    y = np.asarray(sample((N_DEV, m_rows, 3), "float32", seed=seed + 1))
+    cases = [make_case(np.random.default_rng(seed + k), n_rows, m_rows) for k in (0, 10)]
+    exp = _exported(mesh, x, y, *cases[0])
+    blob = exp.serialize()
+    assert isinstance(blob, (bytes, bytearray)) and blob
+    back = jax.export.deserialize(blob)
+    text = back.mlir_module()
+    assert "@jax_rccl_ragged_all_to_all(" in text and "@jax_rccl_all_gather(" in text
+    shard = jax.sharding.NamedSharding(mesh, P("i"))
+    for in_off, send, out_off, recv in cases:
+        args = jax.device_put((x, y, in_off, send, out_off, recv), shard)
+        got = np.asarray(back.call(*args))
+        np.testing.assert_array_equal(
+            got, np.stack(reference(list(x), list(y), in_off, send, out_off))
+        )
+
+
+@pytest.mark.parametrize(
+    ("platforms", "named"), [(("cpu", "cuda"), "cuda"), (("rocm",), "rocm"), (("tpu",), "tpu")]
+)
+def test_export_for_a_platform_without_the_runtime_names_it(platforms, named):
+    """One lowering rule for every platform, as the other collectives: a platform whose runtime
+    has no ragged call (every one but the CPU) is refused naming it."""
+    avals = [_sds((N_DEV, 8, 3), "float32"), _sds((N_DEV, 16, 3), "float32")]
+    avals += [_sds((N_DEV, N_DEV), "int32")] * 4
+    with pytest.raises(NotImplementedError, match=f"ragged_all_to_all.*'{named}'"):
+        _exported(mesh_1d(), *avals, platforms=platforms)
+
+
+def test_export_with_a_symbolic_dimension_names_it():
+    (b,) = jax.export.symbolic_shape("b")
+    avals = [_sds((N_DEV, b, 3), "float32"), _sds((N_DEV, 16, 3), "float32")]
+    avals += [_sds((N_DEV, N_DEV), "int32")] * 4
+    with pytest.raises(NotImplementedError, match="ragged_all_to_all: .*must be static"):
+        _exported(mesh_1d(), *avals)
