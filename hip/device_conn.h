@@ -109,7 +109,8 @@ enum DevFailure : int32_t {
   kDevFine = 0,
   kDevTimeout = 1,       // a wait passed its deadline (JAX_RCCL_TIMEOUT)
   kDevAborted = 2,       // another rank of the communicator failed first
-  kDevTooManyRanks = 3,  // the Direct algorithm's kernel holds at most kMaxDirectRanks peers
+  kDevTooManyRanks = 3,  // a Direct element on more than kMaxDirectRanks ranks (the plan's upload
+                         // refuses such plans first: a guard of the kernel itself)
 };
 
 // The most ranks the Direct algorithm's kernel holds (its per-peer tables in shared memory).

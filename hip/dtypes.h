@@ -64,7 +64,7 @@ JR_INLINE float HalfBitsToFloat(uint16_t h) {
   const uint32_t exp = (h >> 10) & 0x1fu;
   const uint32_t mant = h & 0x3ffu;
   const uint32_t normal = ((exp + 112u) << 23) | (mant << 13);  // rebias 15 -> 127
-  const uint32_t special = 0x7f800000u | (mant << 13);           // inf / NaN (payload kept)
+  const uint32_t special = 0x7f800000u | (mant << 13);          // inf / NaN (payload kept)
   // Zero or subnormal: mant * 2^-24, exact in float.
   const uint32_t sub = FloatAsBits(float(mant) * 5.9604644775390625e-08f);
   const uint32_t r = exp == 0x1fu ? special : (exp != 0 ? normal : sub);

@@ -71,7 +71,8 @@ __device__ inline void StoreVolatile64(uint64_t* p, uint64_t v) {
 }
 
 // Records the first failure of this rank and raises the communicator's abort word.
-__device__ void Report(const KernelArgs& a, DevFailure code, int ch, int peer, bool recv, uint64_t step) {
+__device__ void Report(const KernelArgs& a, DevFailure code, int ch, int peer, bool recv,
+                       uint64_t step) {
   if (atomicCAS(&a.status->code, kDevFine, code) == kDevFine) {
     a.status->rank = a.rank;
     a.status->channel = ch;

@@ -367,8 +367,9 @@ StatusOr<std::unique_ptr<DevicePlan>> DevicePlan::Upload(const Plan& plan, const
           tp.algo == Algo::kRing || tp.algo == Algo::kTree || tp.algo == Algo::kDirect || p2p,
           Code::kUnsupported, "task ", i, " (", CollName(tp.coll), "): algorithm ",
           AlgoName(tp.algo), " has no device program (Ring, Tree and Direct do)");
-      JR_REQUIRE(tp.algo != Algo::kDirect || plan.nRanks <= 64, Code::kUnsupported, "task ", i,
-                 ": Direct on the device takes at most 64 ranks, the plan has ", plan.nRanks);
+      JR_REQUIRE(tp.algo != Algo::kDirect || plan.nRanks <= kMaxDirectRanks, Code::kUnsupported,
+                 "task ", i, ": Direct on the device takes at most ", kMaxDirectRanks,
+                 " ranks, the plan has ", plan.nRanks);
     }
     if (plan.oneRank && !p2p && tp.count > 0) {
       OneRankTask o;

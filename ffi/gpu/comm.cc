@@ -414,10 +414,9 @@ Status GpuComm::Check(int rank, const std::string& who) {
   copy.pad = 0;
   copy.step = st[culprit].step;
   const Code code = copy.code == kDevTooManyRanks ? Code::kInvalidArgument : Code::kTimeout;
-  return Fail(
-      Status(code, detail::StrCat("jax_rccl '", who, "': an earlier launch on GPU group ",
-                                            groupText_, " failed: ", DescribeStatus(copy),
-                                            "; the communicator is unusable from now on")));
+  return Fail(Status(code, detail::StrCat("jax_rccl '", who, "': an earlier launch on GPU group ",
+                                          groupText_, " failed: ", DescribeStatus(copy),
+                                          "; the communicator is unusable from now on")));
 }
 
 StatusOr<std::vector<std::array<int64_t, 6>>> GpuComm::Counters(int rank) const {
