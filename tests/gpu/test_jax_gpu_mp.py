@@ -383,6 +383,103 @@ def test_step_of_every_collective_sharing_one_gpu(mps_env, nprocs, count, cb):
                 assert sent == head == tail, (s, p, c, sent, head, tail)
 
 
+# --- a thousand steps, every result checked on the device ----------------------------------------
+
+_LOOP_WORKER = textwrap.dedent(
+    """
+    import json, sys
+    import numpy as np
+    import jax
+    process, nprocs, port, count, steps = (int(a) for a in sys.argv[1:6])
+    jax.distributed.initialize(f"127.0.0.1:{port}", nprocs, process, initialization_timeout=120)
+    import jax.numpy as jnp
+    from jax import lax
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    import jax_rccl
+
+    devs = jax.devices()
+    n = len(devs)
+    b = count // n
+    mesh = Mesh(np.array(devs), ("i",))
+    spec = NamedSharding(mesh, P("i"))
+    perm = [(j, (j + 1) % n) for j in range(n)]
+    NAMES = ["psum_i32", "psum_f32", "all_gather", "psum_scatter", "ppermute", "all_to_all"]
+
+    # At step k rank m holds x = f((m - k) mod n), f(r) = ((i + 7 r) % 13) - 6 over i < count; the
+    # ppermute of the step hands rank m + 1 its next x. Every result's closed form is computed on
+    # the device from (m, k) and compared there: a mismatch count per collective, carried (with
+    # k and x) in donated buffers, so a captured command buffer replays with the same addresses.
+    def f(r):
+        return (lax.iota(jnp.int32, count) + 7 * r) % 13 - 6
+
+    def body(x, k, bad):
+        m = lax.axis_index("i")
+        kk = k[0]
+        src = [f((r - kk) % n) for r in range(n)]  # every rank's input of this step
+        tot = sum(src)
+        got = [
+            jax_rccl.psum(x, "i"),
+            jax_rccl.psum(x.astype(jnp.float32), "i"),
+            jax_rccl.all_gather(x, "i", tiled=True),
+            jax_rccl.psum_scatter(x, "i", tiled=True),
+            jax_rccl.ppermute(x, "i", perm),
+            jax_rccl.all_to_all(x, "i", 0, 0, tiled=True),
+        ]
+        want = [
+            tot,
+            tot.astype(jnp.float32),
+            jnp.concatenate(src),
+            lax.dynamic_slice(tot, (m * b,), (b,)),
+            f((m - 1 - kk) % n),
+            jnp.concatenate([lax.dynamic_slice(c, (m * b,), (b,)) for c in src]),
+        ]
+        bad = bad + jnp.stack([jnp.sum(g != w).astype(jnp.int32) for g, w in zip(got, want)])[None]
+        return got[4], k + 1, bad
+
+    step = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("i"), out_specs=P("i")),
+                   donate_argnums=(0, 1, 2))
+    x0 = np.concatenate([((np.arange(count) + 7 * r) % 13 - 6).astype(np.int32) for r in range(n)])
+    x = jax.make_array_from_callback((n * count,), spec, lambda idx: x0[idx])
+    k = jax.make_array_from_callback((n,), spec, lambda idx: np.zeros(n, np.int32)[idx])
+    bad = jax.make_array_from_callback(
+        (n, len(NAMES)), spec, lambda idx: np.zeros((n, len(NAMES)), np.int32)[idx])
+    for _ in range(steps):
+        x, k, bad = step(x, k, bad)
+    jax.block_until_ready(bad)
+    counts = np.asarray(bad.addressable_shards[0].data)[0]
+    ids = [d.id for d in devs]
+    print("RESULT " + json.dumps({
+        "rank": ids.index(jax.local_devices()[0].id),
+        "steps": int(np.asarray(k.addressable_shards[0].data)[0]),
+        "bad": {name: int(c) for name, c in zip(NAMES, counts) if c},
+        "errors": int(jax_rccl.runtime_stats()["errors"]),
+    }), flush=True)
+    """
+)
+
+
+@pytest.mark.parametrize(
+    "nprocs, count",
+    [
+        (2, 1 << 24),  # 64 MB per rank
+        (3, (1 << 24) - 1),  # 64 MB per rank less 4 bytes (a multiple of 3 elements)
+        (4, 1 << 24),
+    ],
+)
+@pytest.mark.parametrize("cb", [False, True], ids=["plain", "command_buffers"])
+def test_a_thousand_steps_sharing_one_gpu(mps_env, nprocs, count, cb):
+    """1,000 jitted steps of psum (int32, float32), all_gather, psum_scatter, ppermute and
+    all_to_all on 64 MB per rank, `nprocs` processes sharing the GPU, command buffers on and off:
+    every result of every step equals its closed form, compared on the device."""
+    steps = 1000
+    results = _run_step_processes(mps_env, nprocs, count, steps, cb, script=_LOOP_WORKER)
+    assert sorted(r["rank"] for r in results) == list(range(nprocs))
+    for r in results:
+        assert r["steps"] == steps, r
+        assert r["bad"] == {}, r
+        assert r["errors"] == 0, r
+
+
 # --- per-device premul scalars: processes sharing the GPU, command buffers on and off ----------
 
 _PREMUL_WORKER = textwrap.dedent(
