@@ -484,34 +484,47 @@ PROGRAMS = {
 }
 
 
-def main(argv=None) -> int:
+def run_programs(programs, argv=None, options=(), shutdown_timeout: int = 10) -> int:
+    """The command line every worker module shares: parses ``<program> --process=i --nprocs=N
+    --port=P`` and the bootstrap's timeouts, plus `options` ((flag, keyword arguments of
+    add_argument) pairs), runs the program and reports an exception it raises (exit 1)."""
     ap = argparse.ArgumentParser()
-    ap.add_argument("program", choices=sorted(PROGRAMS))
+    ap.add_argument("program", choices=sorted(programs))
     ap.add_argument("--process", type=int, required=True)
     ap.add_argument("--nprocs", type=int, required=True)
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--gloo", action="store_true")
-    ap.add_argument("--lax", action="store_true")
-    ap.add_argument("--bootstrap", action="store_true")
     ap.add_argument("--init-timeout", type=int, default=30)
-    ap.add_argument("--shutdown-timeout", type=int, default=10)
+    ap.add_argument("--shutdown-timeout", type=int, default=shutdown_timeout)
     ap.add_argument("--heartbeat-timeout", type=int, default=100)
-    ap.add_argument("--victim", type=int, default=-1)
-    ap.add_argument("--when", default="after")
-    ap.add_argument("--algo", default="")
-    ap.add_argument("--backend", default="jax_rccl", choices=["jax_rccl", "lax"])
-    ap.add_argument("--sizes", default="64,40000")
-    ap.add_argument("--chain", action="store_true", help="one order of the collectives")
-    ap.add_argument("--only", default="", help="comma-separated collectives of the flat body")
+    for flag, kw in options:
+        ap.add_argument(flag, **kw)
     args = ap.parse_args(argv)
     t0 = time.monotonic()
     try:
-        PROGRAMS[args.program](args)
+        programs[args.program](args)
     except Exception as e:  # noqa: BLE001 - reported to the parent
         traceback.print_exc()
         report(ok=False, error=f"{type(e).__name__}: {e}", seconds=time.monotonic() - t0)
         return 1
     return 0
+
+
+OPTIONS = (
+    ("--lax", {"action": "store_true"}),
+    ("--bootstrap", {"action": "store_true"}),
+    ("--victim", {"type": int, "default": -1}),
+    ("--when", {"default": "after"}),
+    ("--algo", {"default": ""}),
+    ("--backend", {"default": "jax_rccl", "choices": ["jax_rccl", "lax"]}),
+    ("--sizes", {"default": "64,40000"}),
+    ("--chain", {"action": "store_true", "help": "one order of the collectives"}),
+    ("--only", {"default": "", "help": "comma-separated collectives of the flat body"}),
+)
+
+
+def main(argv=None) -> int:
+    return run_programs(PROGRAMS, argv, OPTIONS)
 
 
 if __name__ == "__main__":

@@ -8,17 +8,15 @@ time the failing call took and the session (for the /dev/shm check).
 
 from __future__ import annotations
 
-import argparse
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
-import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # python -P: not on the path
-from worker import _global, init, report, session  # noqa: E402
+from worker import _global, init, report, run_programs, session  # noqa: E402
 
 
 def _setup(args):
@@ -212,29 +210,18 @@ PROGRAMS = {
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("program", choices=sorted(PROGRAMS))
-    ap.add_argument("--process", type=int, required=True)
-    ap.add_argument("--nprocs", type=int, required=True)
-    ap.add_argument("--port", type=int, required=True)
-    ap.add_argument("--gloo", action="store_true")
-    ap.add_argument("--init-timeout", type=int, default=30)
-    ap.add_argument("--shutdown-timeout", type=int, default=2)
-    ap.add_argument("--heartbeat-timeout", type=int, default=100)
-    ap.add_argument("--mode", default="")
-    ap.add_argument("--swap", default="kind")
-    ap.add_argument("--sites", type=int, default=0)
-    ap.add_argument("--victim", type=int, default=2)
-    ap.add_argument("--linger", type=float, default=12.0)
-    args = ap.parse_args(argv)
-    t0 = time.monotonic()
-    try:
-        PROGRAMS[args.program](args)
-    except Exception as e:  # noqa: BLE001 - reported to the parent
-        traceback.print_exc()
-        report(ok=False, error=f"{type(e).__name__}: {e}", seconds=time.monotonic() - t0)
-        return 1
-    return 0
+    return run_programs(
+        PROGRAMS,
+        argv,
+        (
+            ("--mode", {"default": ""}),
+            ("--swap", {"default": "kind"}),
+            ("--sites", {"type": int, "default": 0}),
+            ("--victim", {"type": int, "default": 2}),
+            ("--linger", {"type": float, "default": 12.0}),
+        ),
+        shutdown_timeout=2,
+    )
 
 
 if __name__ == "__main__":

@@ -6,14 +6,11 @@ NumPy reference), and for the bad call ``raised`` and ``error``.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
-import time
-import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # python -P: not on the path
-from worker import _global, init, report, session  # noqa: E402
+from worker import _global, init, report, run_programs, session  # noqa: E402
 from worker_calls import _raised  # noqa: E402
 
 
@@ -112,24 +109,7 @@ PROGRAMS = {"ragged": prog_ragged}
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("program", choices=sorted(PROGRAMS))
-    ap.add_argument("--process", type=int, required=True)
-    ap.add_argument("--nprocs", type=int, required=True)
-    ap.add_argument("--port", type=int, required=True)
-    ap.add_argument("--gloo", action="store_true")
-    ap.add_argument("--init-timeout", type=int, default=30)
-    ap.add_argument("--shutdown-timeout", type=int, default=2)
-    ap.add_argument("--heartbeat-timeout", type=int, default=100)
-    args = ap.parse_args(argv)
-    t0 = time.monotonic()
-    try:
-        PROGRAMS[args.program](args)
-    except Exception as e:  # noqa: BLE001 - reported to the parent
-        traceback.print_exc()
-        report(ok=False, error=f"{type(e).__name__}: {e}", seconds=time.monotonic() - t0)
-        return 1
-    return 0
+    return run_programs(PROGRAMS, argv, shutdown_timeout=2)
 
 
 if __name__ == "__main__":
