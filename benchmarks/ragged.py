@@ -10,16 +10,25 @@ result is `output` with the slices written in); "fill us" is that fill alone, ti
 run, and "net GB/s" the data rate of the ragged time without it.
 
     .venv/bin/python -P benchmarks/ragged.py [--rows 64,1024] [--row-bytes 1024] [--fill 0.25,1]
+        [--nprocs 4]
+
+With ``--nprocs N`` the same table comes from N processes of one CPU device each (jax.distributed
+on 127.0.0.1, jax_rccl across processes over shared memory, jax.lax's all_to_all over gloo);
+every process times the same calls and process 0 prints.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import socket
 import statistics
+import subprocess
+import sys
 import time
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+if "--process" not in sys.argv:  # a process of --nprocs gets its environment from the parent
+    os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -30,12 +39,14 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 import jax_rccl  # noqa: E402
 
 
-def time_fn(fn, args, min_iters: int, min_seconds: float) -> float:
+def time_fn(fn, args, min_iters: int, min_seconds: float, exact: bool = False) -> float:
+    """The median time of a call: at least `min_iters` calls and `min_seconds` (exactly
+    `min_iters` calls with `exact`: processes of one job must make the same calls)."""
     for _ in range(3):
         jax.block_until_ready(fn(*args))
     times = []
     t_end = time.perf_counter() + min_seconds
-    while len(times) < min_iters or time.perf_counter() < t_end:
+    while len(times) < min_iters or (not exact and time.perf_counter() < t_end):
         t0 = time.perf_counter()
         jax.block_until_ready(fn(*args))
         times.append(time.perf_counter() - t0)
@@ -54,14 +65,67 @@ def ragged_case(rng, n: int, rows: int, fill: float):
     return blocks, send, blocks.T.copy(), send.T.copy()
 
 
-def main() -> None:
+def launch(args, argv: list[str]) -> int:
+    """Runs this script as `args.nprocs` processes of one CPU device each; prints process 0's
+    output (and a failed process's)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(
+        os.environ,
+        XLA_FLAGS="--xla_force_host_platform_device_count=1",
+        JAX_PLATFORMS="cpu",
+        JAX_RCCL_TIMEOUT="120",
+    )
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-P", __file__, *argv, f"--process={i}", f"--port={port}"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for i in range(args.nprocs)
+    ]
+    rc = 0
+    for i, p in enumerate(procs):
+        try:
+            out, _ = p.communicate(timeout=args.timeout)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            out, _ = p.communicate()
+            print(f"process {i} did not finish within {args.timeout} s", file=sys.stderr)
+        if i == 0 or p.returncode != 0:
+            print(out if p.returncode == 0 else f"process {i} failed:\n{out[-3000:]}", end="")
+        rc = rc or (p.returncode or 0)
+    return rc
+
+
+def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--rows", default="16,256,4096", help="P: padded rows per peer")
     ap.add_argument("--row-bytes", type=int, default=1024)
     ap.add_argument("--fill", default="0.125,0.5,1", help="mean fraction of P sent")
-    ap.add_argument("--min-iters", type=int, default=5)
+    ap.add_argument("--min-iters", type=int, default=5, help="calls timed (exactly, with --nprocs)")
     ap.add_argument("--min-seconds", type=float, default=0.3)
+    ap.add_argument("--nprocs", type=int, default=0, help="processes of one CPU device each")
+    ap.add_argument("--timeout", type=float, default=900, help="seconds for the processes")
+    ap.add_argument("--process", type=int, default=-1, help=argparse.SUPPRESS)
+    ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.nprocs > 1 and args.process < 0:
+        return launch(args, sys.argv[1:])
+    if args.process >= 0:
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        jax.distributed.initialize(
+            coordinator_address=f"127.0.0.1:{args.port}",
+            num_processes=args.nprocs,
+            process_id=args.process,
+            initialization_timeout=60,
+        )
+    quiet = args.process > 0
+    exact = args.process >= 0
 
     devices = jax.devices()
     n = len(devices)
@@ -85,8 +149,10 @@ def main() -> None:
         lib: smap(lambda x, lib=lib: lib.all_to_all(x, "i", 0, 0, tiled=True))
         for lib in (jax_rccl, jax.lax)
     }
-    print(
-        f"jax {jax.__version__}, {n} CPU devices, {os.cpu_count()} cores; rows of "
+    where = f"{args.nprocs} processes of 1 CPU device" if args.process >= 0 else "CPU devices"
+    say = (lambda *a: None) if quiet else print
+    say(
+        f"jax {jax.__version__}, {n} {where}, {os.cpu_count()} cores; rows of "
         f"{args.row_bytes} B; GB/s = bytes per device per call / median time"
     )
     head = (
@@ -95,23 +161,28 @@ def main() -> None:
         f"{'dense rccl us':>13} {'data':>6} {'padded':>6} | {'dense lax us':>12} {'data':>6} | "
         f"{'ratio':>5}"
     )
-    print(head)
-    print("-" * len(head))
+    say(head)
+    say("-" * len(head))
     rng = np.random.default_rng(0)
     for rows in (int(r) for r in args.rows.split(",")):
-        x = jax.device_put(jnp.ones((n * n * rows, width), jnp.float32), sharding)
+        ones = np.ones((n * n * rows, width), np.float32)
+        x = jax.make_array_from_callback(ones.shape, sharding, lambda i, ones=ones: ones[i])
         t_dense = {
-            lib: time_fn(f, (x,), args.min_iters, args.min_seconds) for lib, f in dense.items()
+            lib: time_fn(f, (x,), args.min_iters, args.min_seconds, exact)
+            for lib, f in dense.items()
         }
-        t_zero = time_fn(zeros, (x,), args.min_iters, args.min_seconds)
+        t_zero = time_fn(zeros, (x,), args.min_iters, args.min_seconds, exact)
         for fill in (float(f) for f in args.fill.split(",")):
             idx = ragged_case(rng, n, rows, fill)
-            idx_dev = [jax.device_put(jnp.asarray(v.reshape(-1)), sharding) for v in idx]
-            t = time_fn(ragged, (x, *idx_dev), args.min_iters, args.min_seconds)
+            idx_dev = [
+                jax.make_array_from_callback((n * n,), sharding, lambda i, v=v: v.reshape(-1)[i])
+                for v in idx
+            ]
+            t = time_fn(ragged, (x, *idx_dev), args.min_iters, args.min_seconds, exact)
             data = float(idx[1].sum()) * args.row_bytes / n  # bytes each device sends
             padded = n * rows * args.row_bytes
             tr, tl = t_dense[jax_rccl], t_dense[jax.lax]
-            print(
+            say(
                 f"{rows:>7} {fill:>5.3g} {data / 2**20:>8.2f}MB | {t * 1e6:>10.1f} "
                 f"{data / t / 1e9:>6.2f} {t_zero * 1e6:>9.1f} "
                 f"{data / max(t - t_zero, 1e-9) / 1e9:>8.2f} | "
@@ -122,4 +193,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
