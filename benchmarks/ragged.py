@@ -149,7 +149,7 @@ def main() -> int:
         lib: smap(lambda x, lib=lib: lib.all_to_all(x, "i", 0, 0, tiled=True))
         for lib in (jax_rccl, jax.lax)
     }
-    where = f"{args.nprocs} processes of 1 CPU device" if args.process >= 0 else "CPU devices"
+    where = "CPU devices, one per process" if args.process >= 0 else "CPU devices"
     say = (lambda *a: None) if quiet else print
     say(
         f"jax {jax.__version__}, {n} {where}, {os.cpu_count()} cores; rows of "
