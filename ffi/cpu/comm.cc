@@ -517,10 +517,15 @@ std::string Communicator::Culprits(int rank, uint64_t seq) {
     bool known = false;
     if (links_ && links_->socketRank(q)) {
       uint64_t call = 0;
-      const int st = links_->PeerStatus(q, &entered, &call);
+      std::string theirs;
+      const int st = links_->PeerStatus(q, &entered, &call, &theirs);
       if (st > 0 && entered == seq + 1 && call != calls_[size_t(rank)].load()) {
-        out.push_back(detail::StrCat("mismatched calls: ", who, " runs another call #", seq,
-                                     " than ", RankString(rank), " (its ", CallText(rank), ")"));
+        out.push_back(detail::StrCat(
+            "mismatched calls: ", who, " runs its ",
+            theirs.empty() ? detail::StrCat("call #", seq, " (not known)") : theirs, " where ",
+            RankString(rank), " runs its ", CallText(rank),
+            " (the processes ran different collectives at this point, or the same ones in a "
+            "different order)"));
         continue;
       }
       if (st < 0) {

@@ -28,7 +28,7 @@ namespace {
 constexpr uint32_t kFrameData = 0x6a720001u;
 constexpr uint32_t kFrameFail = 0x6a720003u;    // payload: the sender's failure, as text
 constexpr uint32_t kFrameQuery = 0x6a720004u;   // no payload: "how many calls have you started?"
-constexpr uint32_t kFrameStatus = 0x6a720005u;  // payload: StatusAnswer
+constexpr uint32_t kFrameStatus = 0x6a720005u;  // payload: StatusAnswer, the call's text
 constexpr int64_t kMaxControlBytes = 4096;
 
 struct FrameHeader {
@@ -219,6 +219,7 @@ void SocketLinks::QueryPeers(std::chrono::milliseconds wait) {
     answered_.assign(size_t(n), 0);
     peerEntered_.assign(size_t(n), 0);
     peerCall_.assign(size_t(n), 0);
+    peerText_.assign(size_t(n), std::string());
     std::vector<uint8_t> asked(size_t(n), 0);
     for (auto& lk : links_) {
       if (lk->dead || asked[size_t(lk->remote)]) continue;
@@ -242,11 +243,12 @@ void SocketLinks::QueryPeers(std::chrono::milliseconds wait) {
   }
 }
 
-int SocketLinks::PeerStatus(int rank, uint64_t* entered, uint64_t* call) const {
+int SocketLinks::PeerStatus(int rank, uint64_t* entered, uint64_t* call, std::string* text) const {
   std::lock_guard<std::mutex> lock(mu_);
   if (size_t(rank) >= answered_.size()) return 0;
   *entered = peerEntered_[size_t(rank)];
   *call = peerCall_[size_t(rank)];
+  *text = peerText_[size_t(rank)];
   return answered_[size_t(rank)];
 }
 
@@ -504,7 +506,8 @@ bool SocketLinks::PumpRecv(SocketLink& lk, bool* wantRead) {
       const FrameHeader& h = lk.recvHdr;
       const bool okControl = (h.type == kFrameFail && h.bytes > 0 && h.bytes <= kMaxControlBytes) ||
                              (h.type == kFrameQuery && h.bytes == 0) ||
-                             (h.type == kFrameStatus && h.bytes == int64_t(sizeof(StatusAnswer)));
+                             (h.type == kFrameStatus && h.bytes >= int64_t(sizeof(StatusAnswer)) &&
+                              h.bytes <= kMaxControlBytes);
       const bool okData = h.type == kFrameData && h.channel == lk.channel && h.from == lk.remote &&
                           h.to == lk.local && h.step == lk.received && h.bytes >= 0 &&
                           h.bytes <= tr_->slotBytes();
@@ -558,13 +561,18 @@ bool SocketLinks::PumpRecv(SocketLink& lk, bool* wantRead) {
         StatusAnswer a{lk.local,
                        entered_ != nullptr ? entered_[lk.local].load(std::memory_order_acquire) : 0,
                        calls_ != nullptr ? calls_[lk.local].load(std::memory_order_acquire) : 0};
-        QueueControl(lk, kFrameStatus, std::string(reinterpret_cast<const char*>(&a), sizeof(a)));
+        std::string answer(reinterpret_cast<const char*>(&a), sizeof(a));
+        if (callText_ && a.entered > 0) {
+          answer += callText_(lk.local).substr(0, size_t(kMaxControlBytes) - sizeof(a));
+        }
+        QueueControl(lk, kFrameStatus, answer);
       } else if (size_t(lk.remote) < answered_.size()) {
         StatusAnswer a;
         std::memcpy(&a, lk.controlIn.data(), sizeof(a));
         answered_[size_t(lk.remote)] = 1;
         peerEntered_[size_t(lk.remote)] = a.entered;
         peerCall_[size_t(lk.remote)] = a.call;
+        peerText_[size_t(lk.remote)] = lk.controlIn.substr(sizeof(a));
       }
     }
     lk.hdrGot = 0;

@@ -105,10 +105,10 @@ class SocketLinks {
     callText_ = std::move(callText);
   }
   // Asks every socket rank how many calls it has started and waits at most `wait` for the
-  // answers. Then PeerStatus(r): 1 answered (*entered set), 0 no answer, -1 its process exited
-  // (a connection closed without a failure notice).
+  // answers. Then PeerStatus(r): 1 answered (*entered, *call and *text, the text of its call, set),
+  // 0 no answer, -1 its process exited (a connection closed without a failure notice).
   void QueryPeers(std::chrono::milliseconds wait);
-  int PeerStatus(int rank, uint64_t* entered, uint64_t* call) const;
+  int PeerStatus(int rank, uint64_t* entered, uint64_t* call, std::string* text) const;
   // Waits until every step local rank `rank` put into its send FIFOs is on the wire (before an
   // execution returns: the process may exit right after). False on a failure or the deadline.
   bool WaitDrained(int rank, Clock::time_point deadline);
@@ -147,9 +147,10 @@ class SocketLinks {
   const std::atomic<uint64_t>* entered_ = nullptr;
   const std::atomic<uint64_t>* calls_ = nullptr;
   std::function<std::string(int)> callText_;
-  std::vector<uint64_t> peerCall_;  // by rank: its answer's call identity
-  std::string reasonPending_;       // a failure seen by the progress thread, to report
-  std::string eofReason_;           // a connection closed without a notice, reported later
+  std::vector<uint64_t> peerCall_;     // by rank: its answer's call identity
+  std::vector<std::string> peerText_;  // by rank: its answer's call text ("call #S 'name' (...)")
+  std::string reasonPending_;          // a failure seen by the progress thread, to report
+  std::string eofReason_;              // a connection closed without a notice, reported later
   Clock::time_point eofAt_;
   std::vector<uint8_t> noticeFrom_;      // by rank: its process sent a failure notice
   std::vector<int> answered_;            // by rank: 1 answered the last query, -1 exited

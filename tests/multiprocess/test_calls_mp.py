@@ -78,6 +78,21 @@ def test_more_than_256_call_sites_still_checked(transport):
         assert " sum;" in r["error"] or " minmax;" in r["error"], r["error"]
 
 
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_mismatch_that_sends_nothing_names_both_calls(transport):
+    """Rank 0 waits to receive from rank 1 in one ppermute, rank 1 from rank 0 in another: no
+    step arrives to tell the calls apart. The wait ends in an error naming both calls (over
+    sockets the timeout asks the peers what they run), not an unexplained timeout."""
+    res = _results(_run("swap", 2, "--swap=perm", env=TRANSPORTS[transport]))
+    for r in res:
+        assert r["wrong"] == [], r
+        assert r["raised"] and "mismatched calls" in r["error"], r
+        assert r["seconds"] < TIMEOUT + 3, r
+        ids = set(re.findall(r"; id ([0-9a-f]{16})\)", r["error"]))
+        assert len(ids) == 2, r["error"]  # this rank's call and the peer's
+        assert "not known" not in r["error"], r["error"]
+
+
 def _culprits(error):
     return {(int(m.group(1)), m.group(5)) for m in CULPRIT.finditer(error)}
 

@@ -37,6 +37,15 @@ def init(args):
     return jax
 
 
+def barrier(name: str, timeout_s: float = 60.0) -> None:
+    """Every process waits here until all have arrived (JAX's coordination service): a call
+    that returned on one process may still be handing its last steps to another, so a test
+    that then makes the processes disagree on purpose first waits for all of them."""
+    from jax_rccl import _compat
+
+    _compat.distributed_client().wait_at_barrier(name, int(timeout_s * 1000))
+
+
 def session() -> str | None:
     from jax_rccl import _bootstrap
 

@@ -16,7 +16,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # python -P: not on the path
-from worker import _global, init, report, run_programs, session  # noqa: E402
+from worker import _global, barrier, init, report, run_programs, session  # noqa: E402
 
 
 def _setup(args):
@@ -86,7 +86,9 @@ def prog_identity(args):
 def prog_swap(args):
     """Executables A (psum) and B (all_gather) run once in order; then process 0 runs A, B and
     the others B, A. --sites=K first runs one program of K distinct psums (K call sites);
-    --swap=op then has process 0 run psum where the others run pmax (same shape)."""
+    --swap=op then has process 0 run psum where the others run pmax (same shape); --swap=perm
+    has process 0 run ppermute [(1, 0)] where the others run [(0, 1)] (both ranks wait to
+    receive: only the timeout's question to the peers finds the mismatch)."""
     jax, np, jr, mesh, P = _setup(args)
     n = len(jax.devices())
     full = np.arange(n * 1024, dtype=np.float32).reshape(n, 1024) + 1
@@ -107,11 +109,15 @@ def prog_swap(args):
     a = _sm(jax, mesh, P, lambda v: jr.psum(v, "i"))
     if args.swap == "op":
         b = _sm(jax, mesh, P, lambda v: jr.pmax(v, "i"))
+    elif args.swap == "perm":  # each rank's first step a receive: no step ever tells them apart
+        a = _sm(jax, mesh, P, lambda v: jr.ppermute(v, "i", [(1, 0)]))
+        b = _sm(jax, mesh, P, lambda v: jr.ppermute(v, "i", [(0, 1)]))
     else:
         b = _sm(jax, mesh, P, lambda v: jr.all_gather(v, "i", tiled=True))
     jax.block_until_ready((a(x), b(x)))
+    barrier("swap/warm")  # every process done with A and B before the orders differ
     order = (a, b) if args.process == 0 else (b, a)
-    if args.swap == "op":
+    if args.swap in ("op", "perm"):
         order = (a,) if args.process == 0 else (b,)
     outs = []
 
@@ -140,6 +146,7 @@ def prog_fault(args):
     full = np.ones((n, 4096), np.float32)
     x = _global(jax, mesh, P("i"), full)
     jax.block_until_ready(f(x))
+    barrier("fault/good")  # the good psum done everywhere before the victim goes
     if args.process == args.victim:
         sys.stdout.flush()
         if args.mode == "killed":
