@@ -14,7 +14,9 @@ run, and "net GB/s" the data rate of the ragged time without it.
 
 With ``--nprocs N`` the same table comes from N processes of one CPU device each (jax.distributed
 on 127.0.0.1, jax_rccl across processes over shared memory, jax.lax's all_to_all over gloo);
-every process times the same calls and process 0 prints.
+every process times the same calls and process 0 prints. With ``--gpu`` as well, the N processes
+share GPU 0 (start an MPS daemon first: ``nvidia-cuda-mps-control -d``); XLA's all_to_all has no
+group of processes on one GPU, so its column is left out there.
 """
 
 from __future__ import annotations
@@ -71,12 +73,12 @@ def launch(args, argv: list[str]) -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = dict(
-        os.environ,
-        XLA_FLAGS="--xla_force_host_platform_device_count=1",
-        JAX_PLATFORMS="cpu",
-        JAX_RCCL_TIMEOUT="120",
-    )
+    env = dict(os.environ, JAX_RCCL_TIMEOUT="120")
+    if args.gpu:
+        env.update(CUDA_VISIBLE_DEVICES="0", XLA_PYTHON_CLIENT_PREALLOCATE="false")
+        env.pop("XLA_FLAGS", None)
+    else:
+        env.update(XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_PLATFORMS="cpu")
     procs = [
         subprocess.Popen(
             [sys.executable, "-P", __file__, *argv, f"--process={i}", f"--port={port}"],
@@ -110,6 +112,7 @@ def main() -> int:
     ap.add_argument("--min-iters", type=int, default=5, help="calls timed (exactly, with --nprocs)")
     ap.add_argument("--min-seconds", type=float, default=0.3)
     ap.add_argument("--nprocs", type=int, default=0, help="processes of one CPU device each")
+    ap.add_argument("--gpu", action="store_true", help="with --nprocs: processes share GPU 0")
     ap.add_argument("--timeout", type=float, default=900, help="seconds for the processes")
     ap.add_argument("--process", type=int, default=-1, help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
@@ -117,7 +120,8 @@ def main() -> int:
     if args.nprocs > 1 and args.process < 0:
         return launch(args, sys.argv[1:])
     if args.process >= 0:
-        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        if not args.gpu:
+            jax.config.update("jax_cpu_collectives_implementation", "gloo")
         jax.distributed.initialize(
             coordinator_address=f"127.0.0.1:{args.port}",
             num_processes=args.nprocs,
@@ -145,11 +149,11 @@ def main() -> int:
         )
     )
     zeros = smap(lambda x: jnp.zeros_like(x) + np.float32(0))
-    dense = {
-        lib: smap(lambda x, lib=lib: lib.all_to_all(x, "i", 0, 0, tiled=True))
-        for lib in (jax_rccl, jax.lax)
-    }
-    where = "CPU devices, one per process" if args.process >= 0 else "CPU devices"
+    # XLA's GPU all_to_all needs a GPU per process: none across processes sharing one.
+    libs = (jax_rccl,) if args.gpu and args.process >= 0 else (jax_rccl, jax.lax)
+    dense = {lib: smap(lambda x, lib=lib: lib.all_to_all(x, "i", 0, 0, tiled=True)) for lib in libs}
+    kind = devices[0].platform.upper()
+    where = f"{kind} devices, one per process" if args.process >= 0 else f"{kind} devices"
     say = (lambda *a: None) if quiet else print
     say(
         f"jax {jax.__version__}, {n} {where}, {os.cpu_count()} cores; rows of "
@@ -181,13 +185,17 @@ def main() -> int:
             t = time_fn(ragged, (x, *idx_dev), args.min_iters, args.min_seconds, exact)
             data = float(idx[1].sum()) * args.row_bytes / n  # bytes each device sends
             padded = n * rows * args.row_bytes
-            tr, tl = t_dense[jax_rccl], t_dense[jax.lax]
+            tr, tl = t_dense[jax_rccl], t_dense.get(jax.lax)
+            if tl is None:
+                lax = f"{'n/a':>12} {'':>6}"
+            else:
+                lax = f"{tl * 1e6:>12.1f} {data / tl / 1e9:>6.2f}"
             say(
                 f"{rows:>7} {fill:>5.3g} {data / 2**20:>8.2f}MB | {t * 1e6:>10.1f} "
                 f"{data / t / 1e9:>6.2f} {t_zero * 1e6:>9.1f} "
                 f"{data / max(t - t_zero, 1e-9) / 1e9:>8.2f} | "
                 f"{tr * 1e6:>13.1f} {data / tr / 1e9:>6.2f} "
-                f"{padded / tr / 1e9:>6.2f} | {tl * 1e6:>12.1f} {data / tl / 1e9:>6.2f} | "
+                f"{padded / tr / 1e9:>6.2f} | {lax} | "
                 f"{tr / t:>5.2f}"
             )
 

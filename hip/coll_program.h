@@ -233,6 +233,37 @@ JR_INLINE Prim P2pPrim(const WorkElemP2p& e, int64_t i) {
   return p;
 }
 
+// floor(a * b / d) for a, b <= d < 2^62, in 64-bit integers (host and device): the product in
+// two 64-bit words, then a bitwise long division (the quotient fits in 64 bits as a, b <= d).
+JR_INLINE uint64_t MulDivFloor(uint64_t a, uint64_t b, uint64_t d) {
+  const uint64_t a0 = a & 0xffffffffu, a1 = a >> 32, b0 = b & 0xffffffffu, b1 = b >> 32;
+  const uint64_t p00 = a0 * b0, p01 = a0 * b1, p10 = a1 * b0, p11 = a1 * b1;
+  const uint64_t mid = (p00 >> 32) + (p01 & 0xffffffffu) + (p10 & 0xffffffffu);
+  uint64_t hi = p11 + (p01 >> 32) + (p10 >> 32) + (mid >> 32);
+  const uint64_t lo = (mid << 32) | (p00 & 0xffffffffu);
+  uint64_t q = 0, r = hi;  // r < d: the quotient's high word is 0
+  for (int i = 63; i >= 0; --i) {
+    r = (r << 1) | ((lo >> i) & 1);  // r < 2d < 2^63: no overflow
+    q <<= 1;
+    if (r >= d) {
+      r -= d;
+      q |= 1;
+    }
+  }
+  return q;
+}
+
+// Where byte `edge` of a point-to-point task planned for `planned` bytes falls when `bytes` of it
+// move (ragged_all_to_all: the plan is for the largest transfer, the operands say how much of it
+// moves): the same fraction of `bytes`, rounded down to 64 bytes, the task's end staying its end.
+// Every channel's element keeps its share, and both ends cut the same planned elements the same
+// way.
+JR_INLINE int64_t ScaledEdge(int64_t edge, int64_t planned, int64_t bytes) {
+  if (planned <= 0 || edge >= planned) return ProgMin(bytes, ProgMax(planned, 0));
+  const int64_t b = ProgMin(bytes, planned);
+  return int64_t(MulDivFloor(uint64_t(edge), uint64_t(b), uint64_t(planned))) & ~int64_t(63);
+}
+
 // Primitives of a point-to-point element (at least one, so an empty transfer still meets its
 // peer).
 JR_INLINE int64_t P2pOpCount(const WorkElemP2p& e) {

@@ -85,9 +85,38 @@ struct DevTask {
   uint8_t op;       // DevRedOp (copies: kSum, unused)
   uint8_t proto;    // Proto
   uint8_t unitSize;
-  uint8_t copy;        // a data movement (all_gather, broadcast, send/recv): bytes, no reduction
-  uint8_t opArgIsPtr;  // 1: the op's argument is read at run time from the slot's `scalar`
-  uint64_t opArg;      // the op's argument (opArgIsPtr 0)
+  uint8_t copy;     // a data movement (all_gather, broadcast, send/recv): bytes, no reduction
+  uint8_t argKind;  // DevTaskArg: what opArg holds
+  uint64_t opArg;   // the op's argument (kArgValue), or a ragged transfer's entry (kArgRagged)
+};
+
+// What DevTask::opArg holds.
+enum DevTaskArg : uint8_t {
+  kArgValue = 0,   // the op's argument itself
+  kArgScalar = 1,  // nothing: the op's argument is read at run time from the slot's `scalar`
+  kArgRagged = 2,  // a ragged_all_to_all transfer: RaggedEntry(sender, slice) of the slot's table
+};
+
+// A ragged_all_to_all transfer's table entry: slice `slice` of rank `sender`'s rows of the table.
+JR_REGION_FN uint64_t RaggedEntry(int sender, int64_t slice) {
+  return (uint64_t(uint32_t(sender)) << 40) | uint64_t(slice);
+}
+JR_REGION_FN int RaggedSender(uint64_t entry) {
+  return int(entry >> 40);
+}
+JR_REGION_FN int64_t RaggedSlice(uint64_t entry) {
+  return int64_t(entry & ((uint64_t(1) << 40) - 1));
+}
+
+// The shapes of a ragged_all_to_all launch (slices 0: none): operand [inRows, R], output
+// [outRows, R] (R elements are rowBytes), and the table of every rank's (input_offsets,
+// send_sizes, output_offsets, recv_sizes), `slices` int32 or int64 values each (ffi/ragged.h).
+struct RaggedDims {
+  int64_t inRows;
+  int64_t outRows;
+  int64_t rowBytes;
+  int32_t slices;
+  int32_t table64;
 };
 
 // Where one block starts: its channel and the index of its first work in the work array.
@@ -97,11 +126,15 @@ struct BlockInfo {
 };
 
 // One task's buffers in one launch. `scalar`: a per-device PreMulSum scalar (one element of the
-// task's type in device memory, read by the kernel when it runs), or null.
+// task's type in device memory, read by the kernel when it runs), or null; `table`: a
+// ragged_all_to_all transfer's offsets table (device memory, read by the kernel when it runs).
 struct SlotPtrs {
   const void* send;
   void* recv;
-  const void* scalar;
+  union {
+    const void* scalar;
+    const void* table;
+  };
 };
 
 // Why a rank's launch stopped (DevStatus::code).
@@ -111,6 +144,8 @@ enum DevFailure : int32_t {
   kDevAborted = 2,       // another rank of the communicator failed first
   kDevTooManyRanks = 3,  // a Direct element on more than kMaxDirectRanks ranks (the plan's upload
                          // refuses such plans first: a guard of the kernel itself)
+  kDevBadRagged = 4,     // a ragged_all_to_all table entry out of range (peer: the sender, step:
+                         // the slice); both ends of the transfer moved nothing for it
 };
 
 // The most ranks the Direct algorithm's kernel holds (its per-peer tables in shared memory).
@@ -174,6 +209,7 @@ struct KernelArgs {
   int32_t nRanks;
   int32_t nSlots;
   int32_t systemFence;  // peers on other devices or processes
+  RaggedDims ragged;    // a ragged_all_to_all plan's shapes (slices 0: none)
   SlotPtrs inlineSlots[kInlineSlots];
 };
 

@@ -75,25 +75,85 @@ __device__ bool DispatchOp(const KernelArgs& a, uint64_t deadline, int ch, const
   return true;
 }
 
+// Element `e` of a ragged_all_to_all transfer as this launch runs it: its bytes cut to what the
+// table's entry moves (ScaledEdge) and the slot's pointer moved to the entry's rows. Both ends read
+// the same entry (the sender's slice and the receiver's recv_sizes), so they cut alike; an entry
+// out of range moves nothing on both ends and is reported (kDevBadRagged) to the host, which
+// raises it at the rank's next call. False: the element moves nothing this launch.
+__device__ bool RaggedElem(const KernelArgs& a, int ch, WorkElemP2p* e, SlotPtrs* sp) {
+  const DevTask t = a.tasks[e->slot];
+  if (t.argKind != kArgRagged) return true;
+  const RaggedDims& d = a.ragged;
+  const int s = RaggedSender(t.opArg);
+  const int64_t i = RaggedSlice(t.opArg), K = d.slices, spd = K / a.nRanks;
+  const int dst = int(i / spd);
+  auto entry = [&](int rank, int field, int64_t slice) -> int64_t {
+    const int64_t at = (int64_t(rank) * 4 + field) * K + slice;
+    return d.table64 ? static_cast<const int64_t*>(sp->table)[at]
+                     : int64_t(static_cast<const int32_t*>(sp->table)[at]);
+  };
+  const int64_t inOff = entry(s, 0, i), size = entry(s, 1, i), outOff = entry(s, 2, i);
+  const int64_t expect = entry(dst, 3, int64_t(s) * spd + i % spd);
+  const bool ok = inOff >= 0 && size >= 0 && outOff >= 0 && inOff <= d.inRows &&
+                  size <= d.inRows - inOff && outOff <= d.outRows && size <= d.outRows - outOff &&
+                  size == expect;
+  const bool send = e->p2pType == kWorkP2pTypeSend;
+  if (!ok) {
+    if (threadIdx.x == 0 && atomicCAS(&a.status->code, kDevFine, kDevBadRagged) == kDevFine) {
+      a.status->rank = a.rank;
+      a.status->channel = ch;
+      a.status->peer = s;
+      a.status->waitingRecv = send ? 0 : 1;
+      a.status->step = uint64_t(i);
+    }
+    e->countHi = e->countLo = 0;
+    return false;
+  }
+  const int64_t planned = ProgMin(d.inRows, d.outRows) * d.rowBytes;
+  const int64_t base = int64_t((uint64_t(e->offsetHi) << 32) | e->offsetLo);
+  const int64_t count = int64_t((uint64_t(e->countHi) << 32) | e->countLo);
+  const int64_t bytes = size * d.rowBytes;
+  const int64_t lo = ScaledEdge(base, planned, bytes);
+  const int64_t cut = ProgMax(0, ScaledEdge(base + count, planned, bytes) - lo);
+  e->offsetLo = uint32_t(uint64_t(lo) & 0xffffffffu);
+  e->offsetHi = uint32_t(uint64_t(lo) >> 32) & 0xffffu;
+  e->countHi = uint32_t(uint64_t(cut) >> 32);
+  e->countLo = uint32_t(uint64_t(cut) & 0xffffffffu);
+  if (send) {
+    sp->send = static_cast<const char*>(sp->send) + inOff * d.rowBytes;
+  } else {
+    sp->recv = static_cast<char*>(sp->recv) + outOff * d.rowBytes;
+  }
+  return cut > 0;
+}
+
 // A send and a receive of one p2p work, interleaved; a send to and a receive from this rank in the
-// same work are a copy.
+// same work are a copy. A ragged_all_to_all element whose cut is empty takes no FIFO step (its
+// peer's cuts the same way).
 __device__ __noinline__ bool RunP2pWork(const KernelArgs& a, uint64_t deadline, int ch,
                                         const Work& w, BlockShared* sh) {
   const FuncSum<uint8_t> fn(0);
-  const WorkElemP2p* el[2] = {nullptr, nullptr};
+  WorkElemP2p el[2];
+  SlotPtrs sp[2];
+  bool moves[2] = {true, true};
   int nEl = 0;
   for (int k = 0; k < kMaxWorkElementsP2p; ++k) {
     const WorkElemP2p& p = w.p2pElems[k];
-    if (p.p2pType == kWorkP2pTypeSend || p.p2pType == kWorkP2pTypeRecv) el[nEl++] = &p;
+    if (p.p2pType != kWorkP2pTypeSend && p.p2pType != kWorkP2pTypeRecv) continue;
+    el[nEl] = p;
+    sp[nEl] = GetSlot(a, p.slot);
+    if (a.ragged.slices > 0) moves[nEl] = RaggedElem(a, ch, &el[nEl], &sp[nEl]);
+    ++nEl;
   }
-  if (nEl == 2 && el[0]->peer == a.rank && el[1]->peer == a.rank) {
-    const WorkElemP2p& s = el[0]->p2pType == kWorkP2pTypeSend ? *el[0] : *el[1];
-    const WorkElemP2p& r = el[0]->p2pType == kWorkP2pTypeSend ? *el[1] : *el[0];
+  if (nEl == 2 && el[0].peer == a.rank && el[1].peer == a.rank) {
+    const int si = el[0].p2pType == kWorkP2pTypeSend ? 0 : 1;
+    const WorkElemP2p& s = el[si];
+    const WorkElemP2p& r = el[1 - si];
     const int64_t bytes = int64_t((uint64_t(s.countHi) << 32) | s.countLo);
-    const char* from = static_cast<const char*>(GetSlot(a, s.slot).send) +
-                       int64_t((uint64_t(s.offsetHi) << 32) | s.offsetLo);
-    char* to = static_cast<char*>(GetSlot(a, r.slot).recv) +
-               int64_t((uint64_t(r.offsetHi) << 32) | r.offsetLo);
+    const char* from =
+        static_cast<const char*>(sp[si].send) + int64_t((uint64_t(s.offsetHi) << 32) | s.offsetLo);
+    char* to =
+        static_cast<char*>(sp[1 - si].recv) + int64_t((uint64_t(r.offsetHi) << 32) | r.offsetLo);
     if (from != to && bytes > 0) {
       PieceIo io;
       io.src = from;
@@ -104,7 +164,7 @@ __device__ __noinline__ bool RunP2pWork(const KernelArgs& a, uint64_t deadline, 
   }
   int64_t op[2] = {0, 0}, piece[2] = {0, 0};
   int64_t nOps[2] = {0, 0};
-  for (int k = 0; k < nEl; ++k) nOps[k] = P2pOpCount(*el[k]);
+  for (int k = 0; k < nEl; ++k) nOps[k] = moves[k] ? P2pOpCount(el[k]) : 0;
   int idle = 0;
   while (true) {
     bool allDone = true;
@@ -112,7 +172,7 @@ __device__ __noinline__ bool RunP2pWork(const KernelArgs& a, uint64_t deadline, 
     for (int k = 0; k < nEl; ++k) {
       if (op[k] >= nOps[k]) continue;
       allDone = false;
-      const WorkElemP2p& e = *el[k];
+      const WorkElemP2p& e = el[k];
       const int proto = int(e.proto) & 3;
       const Prim p = P2pPrim(e, op[k]);
       const int64_t cap = StepCap(a, proto, 1);
@@ -147,7 +207,7 @@ __device__ __noinline__ bool RunP2pWork(const KernelArgs& a, uint64_t deadline, 
       const bool ready = sh->ready[k] != 0;
       __syncthreads();
       if (!ready) continue;
-      if (!DoPiece(fn, a, deadline, ch, proto, p, lo, m, 1, GetSlot(a, e.slot), sh)) return false;
+      if (!DoPiece(fn, a, deadline, ch, proto, p, lo, m, 1, sp[k], sh)) return false;
       __syncthreads();
       progressed = true;
       if (++piece[k] == nPieces) {
@@ -159,7 +219,7 @@ __device__ __noinline__ bool RunP2pWork(const KernelArgs& a, uint64_t deadline, 
     if (!progressed && ++idle == kSpinsPerAbortCheck) {
       idle = 0;
       if (threadIdx.x == 0) {
-        const WorkElemP2p& e = *el[0];
+        const WorkElemP2p& e = el[0];
         sh->ok = ShouldStop(a, deadline, ch, e.peer, e.p2pType == kWorkP2pTypeRecv, 0) ? 0 : 1;
       }
       __syncthreads();

@@ -25,7 +25,7 @@ __device__ inline SlotPtrs GetSlot(const KernelArgs& a, uint32_t slot) {
 // in a graph reads each replay's value). Bytewise: the element may be narrower than 8 bytes and
 // only its own alignment is known.
 __device__ inline uint64_t TaskOpArg(const DevTask& t, const SlotPtrs& sp) {
-  if (t.opArgIsPtr == 0 || sp.scalar == nullptr) return t.opArg;
+  if (t.argKind != kArgScalar || sp.scalar == nullptr) return t.opArg;
   const unsigned char* p = static_cast<const unsigned char*>(sp.scalar);
   uint64_t bits = 0;
   for (int i = 0; i < int(t.unitSize) && i < 8; ++i) bits |= uint64_t(p[i]) << (8 * i);

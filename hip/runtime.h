@@ -106,6 +106,12 @@ struct RankLaunch {
   uint64_t* traceDev = nullptr;  // a timeline buffer [blocks][kTraceEvents], or null
 };
 
+// A ragged_all_to_all plan's device side: its shapes and, by task, its table entry.
+struct RaggedPlan {
+  RaggedDims dims{};
+  std::vector<uint64_t> entries;  // RaggedEntry(sender, slice), by task
+};
+
 // One rank's plan on the device.
 class DevicePlan {
  public:
@@ -113,7 +119,11 @@ class DevicePlan {
   // type the device code lacks (kUnsupported). A PreMulSum scalar given by pointer (a per-device
   // scalar) is not taken from the plan: each launch gives its address in the task's
   // SlotPtrs::scalar, and the kernel reads the value when it runs.
-  static StatusOr<std::unique_ptr<DevicePlan>> Upload(const Plan& plan, const Geometry& geo);
+  // A ragged_all_to_all plan (`ragged`, ffi/ragged.h) gives its shapes and every task's table
+  // entry (RaggedEntry, by task): each launch's slots give the table's address (SlotPtrs::table),
+  // and the kernels read the entries when they run.
+  static StatusOr<std::unique_ptr<DevicePlan>> Upload(const Plan& plan, const Geometry& geo,
+                                                      const RaggedPlan* ragged = nullptr);
   ~DevicePlan();
   DevicePlan(const DevicePlan&) = delete;
   DevicePlan& operator=(const DevicePlan&) = delete;
@@ -155,6 +165,7 @@ class DevicePlan {
   bool oneRank_ = false;
   std::vector<OneRankTask> oneRankTasks_;
   std::vector<int> scalarSlots_;  // tasks whose op reads SlotPtrs::scalar
+  RaggedDims ragged_{};           // a ragged_all_to_all plan's shapes (slices 0: none)
 };
 
 // Formats a failed launch's status ("timed out on channel 3 waiting for data from rank 2 ...").

@@ -329,8 +329,15 @@ void MappedFree(const Mapped& m) {
 
 // ---- DevicePlan ----
 
-StatusOr<std::unique_ptr<DevicePlan>> DevicePlan::Upload(const Plan& plan, const Geometry& geo) {
+StatusOr<std::unique_ptr<DevicePlan>> DevicePlan::Upload(const Plan& plan, const Geometry& geo,
+                                                         const RaggedPlan* ragged) {
   std::unique_ptr<DevicePlan> dp(new DevicePlan());
+  if (ragged != nullptr) {
+    JR_REQUIRE(ragged->entries.size() == plan.tasks.size() && ragged->dims.slices > 0,
+               Code::kInternal, "a ragged_all_to_all plan of ", plan.tasks.size(), " tasks got ",
+               ragged->entries.size(), " table entries");
+    dp->ragged_ = ragged->dims;
+  }
   dp->geo_ = geo;
   dp->nTasks_ = static_cast<int>(plan.tasks.size());
   dp->oneRank_ = plan.oneRank;
@@ -349,9 +356,13 @@ StatusOr<std::unique_ptr<DevicePlan>> DevicePlan::Upload(const Plan& plan, const
     t.copy = copy ? 1 : 0;
     // A scalar given by pointer (a per-device PreMulSum scalar) is read by the kernel from the
     // launch's slot (SlotPtrs::scalar), never from the address the plan holds.
-    t.opArgIsPtr = !copy && tp.opFull.scalarArgIsPtr ? 1 : 0;
-    t.opArg = t.opArgIsPtr ? 0 : tp.opFull.scalarArg;
-    if (t.opArgIsPtr && tp.count > 0) dp->scalarSlots_.push_back(int(i));
+    t.argKind = !copy && tp.opFull.scalarArgIsPtr ? kArgScalar : kArgValue;
+    t.opArg = t.argKind == kArgScalar ? 0 : tp.opFull.scalarArg;
+    if (t.argKind == kArgScalar && tp.count > 0) dp->scalarSlots_.push_back(int(i));
+    if (ragged != nullptr) {
+      t.argKind = kArgRagged;
+      t.opArg = ragged->entries[i];
+    }
     if (!copy) {
       JR_REQUIRE(DeviceHasDtype(tp.dtype), Code::kUnsupported, "task ", i, " (", CollName(tp.coll),
                  "): this build's device code has no reductions over ", DataTypeName(tp.dtype),
@@ -459,7 +470,7 @@ Status DevicePlan::Launch(const RankLaunch& rl, const std::vector<SlotPtrs>& slo
       if (o.scaled) {
         JR_REQUIRE(
             LaunchScaleFor(DataType(o.task.dtype), DevRedOp(o.task.op), s.send, s.recv, o.count,
-                           o.task.opArg, o.task.opArgIsPtr ? s.scalar : nullptr, stream),
+                           o.task.opArg, o.task.argKind == kArgScalar ? s.scalar : nullptr, stream),
             Code::kUnsupported, "no device reduction for ", DataTypeName(DataType(o.task.dtype)));
       } else {
         LaunchCopy(s.send, s.recv, o.bytes, stream);
@@ -469,6 +480,8 @@ Status DevicePlan::Launch(const RankLaunch& rl, const std::vector<SlotPtrs>& slo
     return Status::Ok();
   }
   if (kernels_.empty()) return Status::Ok();
+  JR_REQUIRE(ragged_.slices == 0 || rl.statusDev != nullptr, Code::kInternal,
+             "a ragged_all_to_all launch without a status word");
   KernelArgs a;
   std::memset(&a, 0, sizeof(a));
   a.tasks = tasks_;
@@ -483,6 +496,7 @@ Status DevicePlan::Launch(const RankLaunch& rl, const std::vector<SlotPtrs>& slo
   a.nSlots = nTasks_;
   a.systemFence = rl.systemFence ? 1 : 0;
   a.trace = rl.traceDev;
+  a.ragged = ragged_;
   if (nTasks_ <= kInlineSlots) {
     for (int i = 0; i < nTasks_; ++i) a.inlineSlots[i] = slots[size_t(i)];
   } else if (first) {
@@ -521,6 +535,11 @@ std::string DescribeStatus(const DevStatus& s) {
   } else if (s.code == kDevTooManyRanks) {
     os << "rank " << s.rank << ": the Direct algorithm holds at most " << kMaxDirectRanks
        << " ranks (set JAX_RCCL_ALGO to another algorithm)";
+  } else if (s.code == kDevBadRagged) {
+    os << "rank " << s.rank << ": ragged_all_to_all's slice " << s.step << " of rank " << s.peer
+       << " is out of range (input_offsets + send_sizes past the operand's rows, output_offsets + "
+          "send_sizes past the output's, a negative entry, or send_sizes unequal to the "
+          "receiver's recv_sizes); nothing moved for it";
   } else {
     os << "rank " << s.rank << ": status " << s.code;
   }

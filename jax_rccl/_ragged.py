@@ -302,10 +302,9 @@ def _lower(ctx, operand, output, *index, axes, groups, axis_size, tuning):
 
 
 # One rule for every platform (jax.export's multi-platform lowering combines it like the other
-# collectives'); only the CPU runtime has the ragged custom call, so any other platform, a GPU
-# one included, raises NotImplementedError naming it.
+# collectives'): the CPU runtime and the GPU runtime both run the ragged custom call.
 mlir.register_lowering(
     ragged_all_to_all_p,
-    L.platform_rule(ragged_all_to_all_p, _lower, supported=("cpu",)),
+    L.platform_rule(ragged_all_to_all_p, _lower),
     cacheable=False,
 )

@@ -47,16 +47,6 @@ int64_t DivUpI(int64_t a, int64_t b) {
   return (a + b - 1) / b;
 }
 
-// Where byte `edge` of a planned p2p task of `planned` bytes falls when `bytes` of it move:
-// the same fraction of `bytes`, rounded down to 64 bytes (the task's end stays its end).
-int64_t ScaledEdge(int64_t edge, int64_t planned, int64_t bytes) {
-  if (planned <= 0 || edge >= planned) return std::min(bytes, std::max<int64_t>(planned, 0));
-  const int64_t b = std::min(bytes, planned);
-  const int64_t x =
-      int64_t((static_cast<unsigned __int128>(edge) * uint64_t(b)) / uint64_t(planned));
-  return x & ~int64_t(63);
-}
-
 bool IsCopyColl(Coll c) {
   return c == Coll::kAllGather || c == Coll::kBroadcast;
 }

@@ -140,7 +140,8 @@ GpuComm::GpuComm(std::vector<int64_t> devices, std::vector<int> ordinals, Topolo
 }
 
 Status GpuComm::Init() {
-  if (nRanks() == 1) return Status::Ok();
+  // A group of one GPU moves nothing between ranks, but its kernels (ragged_all_to_all's copy to
+  // itself) may report a bad operand in its status word.
   JR_ASSIGN_OR_RETURN(status_, MappedAlloc(int64_t(nRanks()) * int64_t(sizeof(DevStatus))));
   JR_ASSIGN_OR_RETURN(abort_, MappedAlloc(64));
   return Status::Ok();
@@ -394,7 +395,6 @@ Status GpuComm::Check(int rank, const std::string& who) {
     JR_STATUS_FRAME_(s);
     return s;
   }
-  if (nRanks() == 1) return Status::Ok();
   const volatile DevStatus* st = static_cast<const volatile DevStatus*>(status_.host);
   if (st[rank].code == kDevFine) return Status::Ok();
   // The root cause first: a rank that timed out, else any failed rank.
@@ -413,6 +413,16 @@ Status GpuComm::Check(int rank, const std::string& who) {
   copy.waitingRecv = st[culprit].waitingRecv;
   copy.pad = 0;
   copy.step = st[culprit].step;
+  if (copy.code == kDevBadRagged) {
+    // Bad operands, not a broken communicator: both ends of the transfer skipped it alike, so the
+    // FIFO counters stay in step. Reported once (the word is cleared); later calls run.
+    volatile DevStatus* mine = static_cast<volatile DevStatus*>(status_.host) + culprit;
+    mine->code = kDevFine;
+    return Status(Code::kInvalidArgument,
+                  detail::StrCat("jax_rccl '", who, "': an earlier ragged_all_to_all on GPU group ",
+                                 groupText_, " had a bad offsets table: ", DescribeStatus(copy),
+                                 " (its result kept the output's rows there)"));
+  }
   const Code code = copy.code == kDevTooManyRanks ? Code::kInvalidArgument : Code::kTimeout;
   return Fail(Status(code, detail::StrCat("jax_rccl '", who, "': an earlier launch on GPU group ",
                                           groupText_, " failed: ", DescribeStatus(copy),
@@ -443,11 +453,11 @@ RankLaunch GpuComm::Launch(int rank, void* stream) const {
   rl.rank = rank;
   rl.nRanks = nRanks();
   rl.stream = stream;
-  if (nRanks() == 1) return rl;
-  rl.regionsDev = static_cast<char* const*>(ranks_[static_cast<size_t>(rank)].regionTable);
   rl.statusDev = static_cast<DevStatus*>(status_.dev) + rank;
   rl.abortDev = static_cast<int32_t*>(abort_.dev);
   rl.timeoutNs = timeoutNs_;
+  if (nRanks() == 1) return rl;
+  rl.regionsDev = static_cast<char* const*>(ranks_[static_cast<size_t>(rank)].regionTable);
   rl.systemFence = systemFence_;
   return rl;
 }

@@ -91,6 +91,15 @@ Status MemsetAsync(void* dst, int64_t bytes, void* stream) {
   return Status::Ok();
 }
 
+Status CopyAsync(void* dst, const void* src, int64_t bytes, void* stream) {
+  if (bytes <= 0 || dst == src) return Status::Ok();
+  const hipError_t err = hipMemcpyAsync(dst, src, static_cast<size_t>(bytes),
+                                        hipMemcpyDeviceToDevice, static_cast<hipStream_t>(stream));
+  JR_REQUIRE(err == hipSuccess, Code::kInternal, "copying ", bytes,
+             " bytes into a result: ", hipGetErrorString(err));
+  return Status::Ok();
+}
+
 StatusOr<int> DeviceCount() {
   int n = 0;
   const hipError_t err = hipGetDeviceCount(&n);

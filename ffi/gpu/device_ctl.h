@@ -50,6 +50,10 @@ Status EnablePeerAccess(int from, int to);
 // Zeroes `bytes` at `dst` in stream order (captured like any other stream operation).
 Status MemsetAsync(void* dst, int64_t bytes, void* stream);
 
+// Copies `bytes` from `src` to `dst` (device memory) in stream order (captured like any other
+// stream operation).
+Status CopyAsync(void* dst, const void* src, int64_t bytes, void* stream);
+
 // How many devices this process sees.
 StatusOr<int> DeviceCount();
 

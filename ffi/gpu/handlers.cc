@@ -43,6 +43,7 @@
 #include "ffi/planner/redop.h"
 #include "ffi/planner/status.h"
 #include "ffi/planner/types.h"
+#include "ffi/ragged.h"
 #include "hip/runtime.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -74,6 +75,7 @@ struct DeviceSlot {
   std::vector<void*> inPtr, outPtr;         // by leaf; sized at build
   std::vector<const void*> scalarPtr;       // by leaf (premul == 2); sized at build
   std::unique_ptr<uint64_t[]> scalarCells;  // premul == 2: one per leaf, names its user op
+  RaggedShape ragged;                       // ragged_all_to_all only
 };
 
 constexpr int kMaxOrdinals = 64;
@@ -106,8 +108,6 @@ StatusOr<std::unique_ptr<GpuState>> MakeState(Kind kind, ffi::Span<const int64_t
   if (protocol.empty() && st->params.proto.empty()) {
     st->tuning.protoMask &= ~(1u << static_cast<int>(Proto::kLL128));
   }
-  JR_REQUIRE(kind != Kind::kRaggedAllToAll, Code::kUnsupported, "jax_rccl '", st->name,
-             "': ragged_all_to_all has no GPU runtime yet (the CPU runtime runs it)");
   for (size_t g = 0; g < st->groups.size(); ++g) {
     for (int r = 0; r < static_cast<int>(st->groups[g].size()); ++r) {
       auto slot = std::make_unique<DeviceSlot>();
@@ -131,7 +131,9 @@ Status BuildPlan(const GpuState& st, DeviceSlot& slot, const ffi::RemainingArgs&
              st.name, "' (", KindName(st.kind),
              "): a program exported with jax.export runs on the CPU runtime only; on GPUs its "
              "device order cannot be checked yet: lower the program where it runs instead");
-  JR_CHECK(ReadLeaves(st, args, rets, &slot.leaves));
+  const bool ragged = st.kind == Kind::kRaggedAllToAll;
+  JR_CHECK(ragged ? ReadRaggedLeaves(st, args, rets, &slot.ragged, &slot.leaves)
+                  : ReadLeaves(st, args, rets, &slot.leaves));
   const size_t nLeaves = slot.leaves.size();
   JR_ASSIGN_OR_RETURN(slot.comm, GetOrCreateComm(st.groups[slot.group], st.params, who));
 
@@ -139,7 +141,8 @@ Status BuildPlan(const GpuState& st, DeviceSlot& slot, const ffi::RemainingArgs&
   slot.outPtr.assign(nLeaves, nullptr);
   slot.scalarPtr.assign(nLeaves, nullptr);
 
-  RankTasks rt = MakeRankTasks(st, slot.rank, slot.leaves, /*oneRankCopies=*/true);
+  RankTasks rt = ragged ? MakeRaggedTasks(st, slot.rank, slot.ragged)
+                        : MakeRankTasks(st, slot.rank, slot.leaves, /*oneRankCopies=*/true);
   std::vector<TaskDesc>& tasks = rt.tasks;
   slot.sources = std::move(rt.sources);
   slot.zeroBefore = std::move(rt.zeroBefore);
@@ -179,13 +182,28 @@ Status BuildPlan(const GpuState& st, DeviceSlot& slot, const ffi::RemainingArgs&
   req.userOps = &slot.userOps;
   req.persistent = true;
   JR_ASSIGN_OR_RETURN(Plan plan, MakePlan(req));
+  RaggedPlan raggedPlan;
+  if (ragged) {
+    // Task 2 (j spd + k) sends this rank's slice j spd + k to rank j; the next receives rank j's
+    // slice rank spd + k (MakeRaggedTasks's order).
+    const int n = st.groupSize;
+    const int64_t spd = slot.ragged.slices / n;
+    raggedPlan.dims = RaggedDims{slot.ragged.inRows, slot.ragged.outRows, slot.ragged.rowBytes,
+                                 int32_t(slot.ragged.slices), slot.ragged.table64 ? 1 : 0};
+    for (size_t t = 0; t < plan.tasks.size(); ++t) {
+      const int64_t pair = int64_t(t / 2), j = pair / spd, k = pair % spd;
+      raggedPlan.entries.push_back(t % 2 == 0 ? RaggedEntry(slot.rank, j * spd + k)
+                                              : RaggedEntry(int(j), slot.rank * spd + k));
+    }
+  }
   if (st.params.debug == "INFO" || st.params.debug == "TRACE")
     LogPlan(st, slot.rank, plan, " (GPU)");
   {
     RelaxedCapture relaxed;
     DeviceGuard guard(slot.ordinal);
     JR_CHECK(guard.status());
-    StatusOr<std::unique_ptr<DevicePlan>> dp = DevicePlan::Upload(plan, slot.comm->geo());
+    StatusOr<std::unique_ptr<DevicePlan>> dp =
+        DevicePlan::Upload(plan, slot.comm->geo(), ragged ? &raggedPlan : nullptr);
     if (!dp.ok()) {
       Status s = dp.status();
       JR_STATUS_FRAME_(s);
@@ -275,6 +293,17 @@ Status Execute(GpuState& st, void* stream, int ordinal, const ffi::RemainingArgs
       JR_CHECK(MemsetAsync(slot.outPtr[i], static_cast<int64_t>(slot.leaves.outBytes[i]), stream));
     }
   }
+  const void* table = nullptr;
+  if (st.kind == Kind::kRaggedAllToAll) {
+    // The result starts as `output` (XLA aliases them; a copy where it did not), and the kernels
+    // read the offsets table when they run.
+    auto base = args.get<ffi::AnyBuffer>(1);
+    auto tab = args.get<ffi::AnyBuffer>(2);
+    JR_REQUIRE(base.has_value() && tab.has_value(), Code::kInvalidArgument, "jax_rccl '", st.name,
+               "': output or offsets table is not a buffer");
+    JR_CHECK(CopyAsync(slot.outPtr[0], base->untyped_data(), int64_t(base->size_bytes()), stream));
+    table = tab->untyped_data();
+  }
   if (slot.devPlan) {
     for (size_t t = 0; t < slot.sources.size(); ++t) {
       const SlotSource& s = slot.sources[t];
@@ -283,6 +312,7 @@ Status Execute(GpuState& st, void* stream, int ordinal, const ffi::RemainingArgs
       slot.scratch[t].recv =
           s.recv ? static_cast<char*>(slot.outPtr[s.leaf]) + s.recvOffset : nullptr;
       slot.scratch[t].scalar = slot.scalarPtr[s.leaf];
+      if (table != nullptr) slot.scratch[t].table = table;
     }
     Status launched = slot.devPlan->Launch(slot.comm->Launch(slot.rank, stream), slot.scratch);
     if (!launched.ok()) {
