@@ -9,6 +9,7 @@ import math
 import pytest
 from jax_rccl._jax_rccl import internal
 
+import jax_rccl
 from jax_rccl import _jax_rccl, planner
 from jax_rccl.planner import Task, Topology
 
@@ -159,3 +160,11 @@ def test_python_topology_checks_ranks_and_nodes_by_the_same_rule():
 
 def test_validate_returns_the_topology():
     assert MI300X_8.validate() is MI300X_8
+
+
+def test_runtime_topology_is_valid_and_keeps_the_default_fifo_depth():
+    # The runtime's plans are persistent: no FIFO budget applies, and no setting changes it.
+    envs = {p["env"] for p in jax_rccl.params()}
+    assert "JAX_RCCL_WORK_FIFO_DEPTH" not in envs
+    topo = Topology.from_native(jax_rccl.runtime_topology(4))
+    assert topo.validate().work_fifo_depth == Topology(nranks=4).work_fifo_depth == 262144
