@@ -21,9 +21,7 @@ namespace {
 TopologyView ChunkTopology(int nRanks, int nNodes, const std::string& arch,
                            const std::vector<int64_t>& buffSizes) {
   TopologyView t;
-  if (nRanks < 1 || nNodes < 1 || nRanks % nNodes != 0) {
-    throw nb::value_error("nranks must be >= 1 and a multiple of nnodes (>= 1)");
-  }
+  ThrowIfError(ValidateRanksAndNodes(nRanks, nNodes));
   t.nRanks = nRanks;
   t.nNodes = nNodes;
   t.arch = ValueOrThrow(ParseArch(arch));

@@ -393,6 +393,18 @@ void BindPlanner(nb::module_& m) {
           "The FIFO placement of one kernel's works in a ring of `depth` slots after `sent`.");
 
   m.def(
+      "validate_topology",
+      [](const nb::dict& topology) { ThrowIfError(ValidateTopology(TopologyFromDict(topology))); },
+      nb::arg("topology"),
+      "Checks a topology dict by the planner's rules (ValidateTopology, the check MakePlan and "
+      "the cost model make); raises ValueError naming the field.");
+  m.def(
+      "validate_ranks_and_nodes",
+      [](int nRanks, int nNodes) { ThrowIfError(ValidateRanksAndNodes(nRanks, nNodes)); },
+      nb::arg("nranks"), nb::arg("nnodes"),
+      "ValidateTopology's rule for ranks and nodes alone (planner.Topology checks it when built).");
+
+  m.def(
       "make_plan",
       [](const nb::dict& topology, const nb::list& tasks, int rank, const std::string& algo,
          const std::string& proto, nb::object tuner, const RedOpTable* userOps, bool persistent,

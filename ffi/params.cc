@@ -89,10 +89,6 @@ StatusOr<Params> LoadValidParams() {
   if (p.p2p_ll_threshold < 0) return bad("JAX_RCCL_P2P_LL_THRESHOLD", "an integer >= 0");
   if (p.huge_pages != 0 && p.huge_pages != 1) return bad("JAX_RCCL_HUGE_PAGES", "0 or 1");
   if (p.check_calls != 0 && p.check_calls != 1) return bad("JAX_RCCL_CHECK_CALLS", "0 or 1");
-  if (p.work_fifo_depth < 1 || p.work_fifo_depth > (int64_t(1) << 30) ||
-      (p.work_fifo_depth & (p.work_fifo_depth - 1)) != 0) {
-    return bad("JAX_RCCL_WORK_FIFO_DEPTH", "a power of two 1..2^30");
-  }
   for (char& c : p.debug) c = char(std::toupper(static_cast<unsigned char>(c)));
   if (p.debug != "WARN" && p.debug != "INFO" && p.debug != "TRACE") {
     return bad("JAX_RCCL_DEBUG", "WARN, INFO or TRACE (any case)");

@@ -30,8 +30,6 @@ namespace jax_rccl {
     "ranks, 16 above; at most 32 on GPUs)")                                                       \
   X(huge_pages, "JAX_RCCL_HUGE_PAGES", Int, 1,                                                    \
     "1: advise transparent huge pages on large CPU outputs before writing them; 0: leave them")   \
-  X(work_fifo_depth, "JAX_RCCL_WORK_FIFO_DEPTH", Int, 262144,                                     \
-    "Work elements in the FIFO ring of a non-persistent launch (a power of two)")                 \
   X(transport, "JAX_RCCL_TRANSPORT", String, "auto",                                              \
     "Between processes: auto (shared memory on one host, TCP sockets between hosts), shm, or "    \
     "socket (TCP between all processes, also on one host)")                                       \

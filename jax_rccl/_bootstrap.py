@@ -56,7 +56,6 @@ AGREED_SETTINGS = (
     "JAX_RCCL_NCHANNELS",
     "JAX_RCCL_TRANSPORT",
     "JAX_RCCL_P2P_LL_THRESHOLD",
-    "JAX_RCCL_WORK_FIFO_DEPTH",
 )
 
 _lock = threading.Lock()

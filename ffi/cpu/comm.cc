@@ -34,7 +34,7 @@ TopologyView CpuTopology(int nRanks, const Params& params) {
   t.buffSizes[static_cast<int>(Proto::kLL128)] = 458752;
   t.buffSizes[static_cast<int>(Proto::kSimple)] = 1048576;
   t.p2pChunkSize = 524288;
-  t.workFifoDepth = static_cast<int>(params.work_fifo_depth);
+  // workFifoDepth keeps its default: the runtime's plans are persistent (no FIFO budget).
   t.directPeers = true;
   return t;
 }

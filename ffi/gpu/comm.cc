@@ -117,7 +117,7 @@ TopologyView GpuTopology(int nRanks, const Params& params) {
   // LL128 where the device code has it (NVIDIA); the handlers leave it to explicit protocol
   // settings (ffi/gpu/handlers.cc: MakeState).
   t.ll128Enabled = DeviceHasLL128();
-  t.workFifoDepth = static_cast<int>(params.work_fifo_depth);
+  // workFifoDepth keeps its default: the runtime's plans are persistent (no FIFO budget).
   t.directPeers = false;
   return t;
 }

@@ -244,15 +244,9 @@ int Log2i(int64_t n) {
   return l;
 }
 
-// The host executor runs Ring and Tree through FIFOs in host memory (see the CPU tables).
-bool HostFifoLinks(const TopologyView& topo) {
-  return topo.arch == Arch::kCpu &&
-         (topo.intraLink == LinkKind::kLoopback || topo.intraLink == LinkKind::kShm);
-}
-
 const char* ModelSource(const TopologyView& topo) {
   if (IsAmd(topo.arch)) return AmdTuningFor(topo).name;
-  if (HostFifoLinks(topo)) {
+  if (topo.hostFifoLinks()) {
     return "nccl v2.19.3 tables, Ampere caps, host hand-offs and FIFO copies (cpu executor)";
   }
   if (topo.arch == Arch::kCpu) return "nccl v2.19.3 tables, Ampere caps (cpu executor)";
@@ -260,46 +254,12 @@ const char* ModelSource(const TopologyView& topo) {
                                   : "nccl v2.19.3 tables, Ampere caps";
 }
 
-Status CheckTopology(const TopologyView& t) {
-  JR_REQUIRE(static_cast<int>(t.arch) >= 0 && static_cast<int>(t.arch) < kNumArchs,
-             Code::kInvalidArgument, "arch: value ", static_cast<int>(t.arch),
-             " out of range; allowed: cpu, gfx90a, gfx942, sm80, sm90");
-  JR_REQUIRE(static_cast<int>(t.intraLink) >= 0 && static_cast<int>(t.intraLink) < kNumLinkKinds &&
-                 t.intraLink != LinkKind::kNet,
-             Code::kInvalidArgument, "intraLink: '", LinkName(t.intraLink),
-             "' cannot join the ranks of one node; allowed: loopback, shm, pcie, xgmi, nvlink");
-  JR_REQUIRE(static_cast<int>(t.interLink) >= 0 && static_cast<int>(t.interLink) < kNumLinkKinds,
-             Code::kInvalidArgument, "interLink: value ", static_cast<int>(t.interLink),
-             " out of range; allowed: loopback, shm, pcie, xgmi, nvlink, net");
-  JR_REQUIRE(t.nRanks >= 1, Code::kInvalidArgument, "nRanks: ", t.nRanks,
-             " is not allowed; it must be at least 1");
-  JR_REQUIRE(t.nNodes >= 1 && t.nNodes <= t.nRanks, Code::kInvalidArgument, "nNodes: ", t.nNodes,
-             " is not allowed; it must be in 1..nRanks (", t.nRanks, ")");
-  JR_REQUIRE(t.nRanks % t.nNodes == 0, Code::kInvalidArgument, "nNodes: ", t.nNodes,
-             " does not divide nRanks (", t.nRanks, "); every node must hold as many ranks");
-  JR_REQUIRE(t.nChannels >= 1 && t.nChannels <= kMaxChannels, Code::kInvalidArgument,
-             "nChannels: ", t.nChannels, " is not allowed; it must be in 1..", kMaxChannels);
-  JR_REQUIRE(std::isfinite(t.bwIntra) && t.bwIntra >= 0, Code::kInvalidArgument,
-             "bwIntra: ", t.bwIntra, " is not allowed; it must be a finite value >= 0 (GB/s)");
-  JR_REQUIRE(std::isfinite(t.bwInter) && t.bwInter >= 0, Code::kInvalidArgument,
-             "bwInter: ", t.bwInter, " is not allowed; it must be a finite value >= 0 (GB/s)");
-  if (t.nRanks > 1) {
-    JR_REQUIRE(t.bwIntra > 0, Code::kInvalidArgument,
-               "bwIntra: must be > 0 (GB/s per channel) when nRanks > 1");
-  }
-  if (t.nNodes > 2) {
-    JR_REQUIRE(t.bwInter > 0, Code::kInvalidArgument,
-               "bwInter: must be > 0 (GB/s per channel) when nNodes > 2");
-  }
-  return Status::Ok();
-}
-
 }  // namespace
 
 // =============================================================================== formula ==
 
 StatusOr<CostModel> BuildCostModel(const TopologyView& topo) {
-  JR_CHECK(CheckTopology(topo));
+  JR_CHECK(ValidateTopology(topo));
   CostModel m;
   const bool amd = IsAmd(topo.arch);
   const int tree = static_cast<int>(Algo::kTree);
@@ -350,7 +310,7 @@ StatusOr<CostModel> BuildCostModel(const TopologyView& topo) {
   const double perChMaxTreeLL128Bw = kNvPerChMaxTreeLL128Bw[cc][nodesIx];
   const float netOverheadBase = amd ? kNetOverheadAmdHost : kNetOverheadIntelHost;
   const int nch = topo.nChannels;
-  const bool hostFifo = HostFifoLinks(topo);
+  const bool hostFifo = topo.hostFifoLinks();
   const bool directOk = topo.directPeers && nNodes == 1;
 
   for (int c = 0; c < CostModel::kNumCostColls; ++c) {
@@ -376,7 +336,7 @@ StatusOr<CostModel> BuildCostModel(const TopologyView& topo) {
         // RCCL: no Tree/Simple on a single gfx94x node.
         if (amd && a == tree && p == simple && gfx94OneNode) continue;
         float bw = nNodes <= 2 ? topo.bwIntra : topo.bwInter;
-        if (hostFifo && nNodes > 1 && topo.bwInter > 0) bw = std::min(topo.bwIntra, topo.bwInter);
+        if (hostFifo && nNodes > 1) bw = std::min(topo.bwIntra, topo.bwInter);  // bwInter validated
         float busBw = nch * bw;
         if (amd) {
           busBw *= amdT->bwRatio[nNodes <= 2 ? 0 : 1][a][p];

@@ -13,41 +13,6 @@ int KernelPlan::nWork() const {
   return n;
 }
 
-Status ValidateTopology(const TopologyView& t) {
-  JR_REQUIRE(t.nRanks >= 1, Code::kInvalidArgument, "topology.nranks must be >= 1, got ", t.nRanks);
-  JR_REQUIRE(t.nNodes >= 1 && t.nNodes <= t.nRanks && t.nRanks % t.nNodes == 0,
-             Code::kInvalidArgument, "topology.nnodes must divide nranks (", t.nRanks, "), got ",
-             t.nNodes);
-  JR_REQUIRE(t.nChannels >= 1 && t.nChannels <= kMaxChannels, Code::kInvalidArgument,
-             "topology.nchannels must be in 1..", kMaxChannels, ", got ", t.nChannels);
-  JR_REQUIRE(t.p2pnChannels >= 1 && t.p2pnChannels <= kMaxChannels &&
-                 (t.p2pnChannels & (t.p2pnChannels - 1)) == 0,
-             Code::kInvalidArgument, "topology.p2p_nchannels must be a power of two in 1..",
-             kMaxChannels, ", got ", t.p2pnChannels);
-  JR_REQUIRE(t.p2pnChannelsPerPeer >= 1 && t.p2pnChannelsPerPeer <= t.p2pnChannels &&
-                 (t.p2pnChannelsPerPeer & (t.p2pnChannelsPerPeer - 1)) == 0,
-             Code::kInvalidArgument,
-             "topology.p2p_nchannels_per_peer must be a power of two in 1..p2p_nchannels (",
-             t.p2pnChannels, "), got ", t.p2pnChannelsPerPeer);
-  for (int p = 0; p < kNumProtos; ++p) {
-    JR_REQUIRE(t.buffSizes[p] >= 0 && t.buffSizes[p] % kSteps == 0, Code::kInvalidArgument,
-               "topology.buff_sizes[", ProtoName(Proto(p)), "] must be a non-negative multiple of ",
-               kSteps, ", got ", t.buffSizes[p]);
-  }
-  JR_REQUIRE(t.buffSizes[int(Proto::kSimple)] > 0, Code::kInvalidArgument,
-             "topology.buff_sizes[simple] must be > 0");
-  JR_REQUIRE(t.p2pChunkSize >= 8, Code::kInvalidArgument,
-             "topology.p2p_chunk_size must be >= 8 bytes, got ", t.p2pChunkSize);
-  JR_REQUIRE(t.bwIntra > 0, Code::kInvalidArgument, "topology.bw_intra must be > 0 GB/s");
-  JR_REQUIRE(t.nNodes == 1 || t.bwInter > 0, Code::kInvalidArgument,
-             "topology.bw_inter must be > 0 GB/s when nnodes > 1");
-  JR_REQUIRE(t.workFifoDepth >= 2 * kMaxChannels && (t.workFifoDepth & (t.workFifoDepth - 1)) == 0,
-             Code::kInvalidArgument,
-             "topology.work_fifo_depth must be a power of two >= ", 2 * kMaxChannels, ", got ",
-             t.workFifoDepth);
-  return Status::Ok();
-}
-
 namespace {
 
 // collCmp: a task compares greater than another by (collective, datatype, device op, count); it

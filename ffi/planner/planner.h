@@ -106,9 +106,6 @@ struct PlanRequest {
 // Validates the tasks (ArgsCheck) and builds the plan.
 StatusOr<Plan> MakePlan(const PlanRequest& req);
 
-// Checks a topology view for values the planner cannot work with; names the field.
-Status ValidateTopology(const TopologyView& topo);
-
 // ---- Work layout (uploadWork) ----
 
 // A persistent plan's work array: channel c's first work at index (number of channels below c

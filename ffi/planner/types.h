@@ -163,8 +163,9 @@ struct TopologyView {
   int nChannels = 1;     // channels for collectives (comm->nChannels / collChannels)
   int p2pnChannels = 1;  // channels for point-to-point
   int p2pnChannelsPerPeer = 1;
-  int64_t buffSizes[kNumProtos] = {0, 0, 0};  // connection buffer bytes per protocol
-  int64_t p2pChunkSize = 0;
+  // Connection buffer bytes per protocol and the p2p chunk: RCCL's defaults, as Python's Topology.
+  int64_t buffSizes[kNumProtos] = {kGpuBuffSizes[0], kGpuBuffSizes[1], kGpuBuffSizes[2]};
+  int64_t p2pChunkSize = 524288;
   bool ll128Enabled = false;      // the topology allows LL128 (RCCL: RCCL_TOPO_XGMI_ALL)
   bool treeDefined = false;       // RCCL: a tree was given by the topology file; AllReduce uses it
   int pivotA2ANumBiRings = 0;     // RCCL: 3 on MI250X's pivot all-to-all topology
@@ -173,7 +174,19 @@ struct TopologyView {
 
   int localRanks() const { return nNodes > 0 ? nRanks / nNodes : nRanks; }
   int warpSize() const { return ArchWarpSize(arch); }
+  // The host executor's own links: Ring and Tree pass every chunk through FIFOs in host memory
+  // and cross nodes through sockets (the cost model's CPU rows).
+  bool hostFifoLinks() const {
+    return arch == Arch::kCpu && (intraLink == LinkKind::kLoopback || intraLink == LinkKind::kShm);
+  }
 };
+
+// The one check of a topology view (topology.cc): every rule once, each error naming the field
+// (Python's name, then TopologyView's) and the allowed values. Link bandwidths are required
+// exactly where the cost model reads them. MakePlan and BuildCostModel call it.
+Status ValidateTopology(const TopologyView& topo);
+// Its rule for ranks and nodes alone (the Python Topology checks it when built).
+Status ValidateRanksAndNodes(int nRanks, int nNodes);
 
 // Tunables that NCCL/RCCL read from the environment; here they are passed in.
 struct PlannerParams {

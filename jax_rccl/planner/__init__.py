@@ -118,7 +118,8 @@ class Plan:
         return self.to_dict()["kernels"]
 
     def layout(self, kernel: int = 0, *, fifo_depth: int | None = None, fifo_sent: int = 0) -> Any:
-        """The work array of one kernel: persistent (default) or placed in a FIFO ring."""
+        """The work array of one kernel: persistent (default, as the runtimes upload it) or
+        placed in a FIFO ring of ``fifo_depth`` slots (planner API only, mirroring RCCL)."""
         if fifo_depth is None:
             return self._native.layout_persistent(kernel)
         return self._native.layout_fifo(kernel, fifo_depth, fifo_sent)
@@ -160,7 +161,8 @@ def plan(
     ``algorithm``/``protocol`` restrict the choice in NCCL's syntax ("Ring", "Tree,Ring",
     "^LL128"); when None, JAX_RCCL_ALGO / JAX_RCCL_PROTO apply. ``tuner`` may fix algorithm,
     protocol and channel count per collective. ``persistent=False`` plans for a FIFO launch whose
-    work budget is half of ``topology.work_fifo_depth``.
+    work budget is half of ``topology.work_fifo_depth``, as RCCL plans a non-persistent launch
+    (planner API only: the runtimes' plans are persistent).
     """
     if isinstance(tasks, Task):
         tasks = [tasks]

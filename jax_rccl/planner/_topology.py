@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from jax_rccl import _jax_rccl
+
 # Connection buffer bytes per protocol (LL, LL128, Simple) of the project's kernels, after RCCL:
 # LL = 8 lines/thread x 256 threads x 8 steps x 16 B; LL128 = 28 elems/thread x 256 threads x
 # 8 steps x 8 B; Simple = 4 MiB.
@@ -40,13 +42,13 @@ class Topology:
     direct_peers: bool = False
 
     def __post_init__(self) -> None:
-        if not isinstance(self.nranks, int) or self.nranks < 1:
-            raise ValueError(f"nranks must be an integer >= 1, got {self.nranks!r}")
-        if not isinstance(self.nnodes, int) or self.nnodes < 1 or self.nranks % self.nnodes:
-            raise ValueError(
-                f"nnodes must be an integer >= 1 that divides nranks ({self.nranks}), "
-                f"got {self.nnodes!r}"
-            )
+        # Built: the types and names this dataclass converts, and the planner's rule for ranks
+        # and nodes (local_ranks needs it). Every other rule is the planner's ValidateTopology,
+        # which plan(), explain() and validate() apply.
+        for name in ("nranks", "nnodes"):
+            if not isinstance(getattr(self, name), int):
+                raise ValueError(f"{name} must be an integer, got {getattr(self, name)!r}")
+        _jax_rccl.validate_ranks_and_nodes(self.nranks, self.nnodes)
         if self.arch not in _ARCHES:
             raise ValueError(f"arch must be one of {', '.join(_ARCHES)}; got {self.arch!r}")
         for name in ("link", "inter_link"):
@@ -56,6 +58,12 @@ class Topology:
                 )
         if len(tuple(self.buff_sizes)) != 3:
             raise ValueError("buff_sizes must hold 3 sizes: (ll, ll128, simple)")
+
+    def validate(self) -> Topology:
+        """Checks every field by the planner's rules (the check plan() and the cost model make);
+        raises ValueError naming the field and the allowed values. Returns the topology."""
+        _jax_rccl.validate_topology(self.to_native())
+        return self
 
     @property
     def local_ranks(self) -> int:
