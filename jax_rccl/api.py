@@ -24,7 +24,6 @@ from jax import lax
 
 from jax_rccl import _carry
 from jax_rccl import _compat as compat
-from jax_rccl import lowering as _lowering  # noqa: F401 - registers the lowering rules
 from jax_rccl import primitives as P
 
 __all__ = [
