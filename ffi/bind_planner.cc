@@ -1,13 +1,17 @@
 // Python view of the planner: make_plan() over value dicts, the native Plan with to_dict() and
-// its work layouts, and a planning-time benchmark entry point.
+// its work layouts, a planning-time benchmark entry point, and the names the native side knows
+// (reduction ops, dtypes, collective kinds), which the Python package takes from here.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
 #include <chrono>
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "ffi/bindings.h"
+#include "ffi/handler_common.h"
 #include "ffi/planner/planner.h"
 
 namespace nb = nanobind;
@@ -391,6 +395,34 @@ void BindPlanner(nb::module_& m) {
           },
           nb::arg("kernel"), nb::arg("depth"), nb::arg("sent") = 0,
           "The FIFO placement of one kernel's works in a ring of `depth` slots after `sent`.");
+
+  // Read-only vocabularies, each in its native order (an op's index is its `op` attribute).
+  m.def(
+      "reduction_ops",
+      []() {
+        std::vector<std::string> out;
+        for (int32_t op = 0; op < kNumRedOps; ++op) out.push_back(RedOpName(op));
+        return out;
+      },
+      "The reduction op names the planner knows, in the order of their codes (sum, prod, ...).");
+  m.def(
+      "dtypes",
+      []() {
+        std::vector<std::string> out;
+        for (int t = 0; t < kNumDataTypes; ++t) out.push_back(DataTypeName(DataType(t)));
+        return out;
+      },
+      "The element type names the planner knows, in the order of their codes.");
+  m.def(
+      "collective_kinds",
+      []() {
+        std::vector<std::string> out;
+#define JAX_RCCL_KIND_NAME(name, kind) out.push_back(KindName(Kind::k##kind));
+        JAX_RCCL_FFI_KINDS(JAX_RCCL_KIND_NAME)
+#undef JAX_RCCL_KIND_NAME
+        return out;
+      },
+      "The collective kinds of the FFI contract: target jax_rccl_<kind> each, in enum order.");
 
   m.def(
       "validate_topology",

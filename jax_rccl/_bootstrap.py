@@ -175,10 +175,8 @@ def socket_address() -> str:
 
 
 def _coordinator_address() -> str | None:
-    try:
-        from jax._src import distributed
-    except ImportError:
-        return None
+    from jax._src import distributed
+
     state = getattr(distributed, "global_state", None)
     return getattr(state, "coordinator_address", None)
 
@@ -315,19 +313,11 @@ def _bootstrap() -> None:
             peers[p]["endpoint"] = ep
             endpoints.append(ep)
         table["endpoints"] = endpoints
-    set_world = getattr(_jax_rccl, "set_world", None)
-    if set_world is None:
-        raise RuntimeError(
-            "jax_rccl: this native module cannot run collectives across processes (it has no "
-            "set_world); rebuild jax_rccl"
-        )
-    set_world(table)
-    reap = getattr(_jax_rccl, "reap_shm_session", None)
-    if reap is not None:
-        # Before JAX's own shutdown (atexit runs last-registered first), which may abort the
-        # process when a peer is gone: segments of processes that died before every peer
-        # mapped them are unlinked here.
-        atexit.register(reap, session)
+    _jax_rccl.set_world(table)
+    # Before JAX's own shutdown (atexit runs last-registered first), which may abort the
+    # process when a peer is gone: segments of processes that died before every peer
+    # mapped them are unlinked here.
+    atexit.register(_jax_rccl.reap_shm_session, session)
     _world = table
     _peers = peers
 

@@ -12,11 +12,6 @@ from jax._src import core as _core
 from jax._src.interpreters import ad, batching, mlir, pxla  # noqa: F401 - re-exported
 from jax._src.sharding_impls import SPMDAxisContext
 
-try:  # jax >= 0.7: public shard_map
-    from jax import shard_map  # noqa: F401 - re-exported
-except ImportError:  # pragma: no cover - older JAX
-    pass  # type: ignore[no-redef]
-
 Primitive = _core.Primitive
 Tracer = _core.Tracer
 
@@ -48,10 +43,7 @@ def ct_zero(undefined_primal):
 
 def varying(aval) -> frozenset:
     """The manual mesh axes over which values of type `aval` may differ."""
-    mat = getattr(aval, "mat", None)  # 0.10+: ManualAxisType
-    if mat is not None:
-        return frozenset(mat.varying)
-    return frozenset(getattr(aval, "vma", frozenset()))  # older: aval.vma
+    return frozenset(getattr(getattr(aval, "mat", None), "varying", frozenset()))
 
 
 def reduced(aval) -> frozenset:
@@ -86,11 +78,7 @@ def unreduced_by_sum(aval) -> bool:
 
 def with_varying(aval, vma):
     """`aval` with its varying manual axes replaced by `vma`."""
-    vma = frozenset(vma)
-    mat = getattr(aval, "mat", None)
-    if mat is not None:
-        return aval.update(manual_axis_type=mat.update(varying=vma))
-    return aval.update(vma=vma)
+    return aval.update(manual_axis_type=aval.mat.update(varying=frozenset(vma)))
 
 
 def preduced(x, axes):
@@ -118,9 +106,7 @@ def pvary(x, axes):
 
 
 def check_unreduced(avals, axes, name):
-    fn = getattr(_core, "check_unreduced_args", None)
-    if fn is not None:
-        fn(list(avals), tuple(axes), name)
+    _core.check_unreduced_args(list(avals), tuple(axes), name)
 
 
 def manual_axes() -> tuple:
@@ -219,12 +205,8 @@ def kv_get(client, key: str, timeout_s: float) -> str:
 
 def kv_try_get(client, key: str) -> str | None:
     """The value of `key` if it is set now, else None (never waits)."""
-    try_get = getattr(client, "key_value_try_get", None)
     try:
-        if try_get is not None:
-            value = try_get(key)
-        else:  # pragma: no cover - a client without try_get
-            value = client.blocking_key_value_get(key, 1)
+        value = client.key_value_try_get(key)
     except Exception:  # noqa: BLE001 - "not found" is an exception in every version
         return None
     return value.decode() if isinstance(value, bytes) else value

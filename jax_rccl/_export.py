@@ -17,18 +17,13 @@ from __future__ import annotations
 
 import jax
 
-from jax_rccl import _ffi
+from jax_rccl import _ffi, _jax_rccl
 
 
 def target_names() -> tuple[str, ...]:
     """Every custom-call target of the jax_rccl runtime, sorted."""
     names = set(_ffi.TARGETS)
-    try:
-        from jax_rccl import _jax_rccl
-
-        names |= {n for n in _jax_rccl.cpu_ffi_targets() if n.startswith("jax_rccl_")}
-    except (ImportError, AttributeError):  # a build without the native module
-        pass
+    names |= {n for n in _jax_rccl.cpu_ffi_targets() if n.startswith("jax_rccl_")}
     return tuple(sorted(names))
 
 

@@ -16,22 +16,15 @@ from __future__ import annotations
 import threading
 
 import jax
+from jax._src.lib import xla_client
 
 from jax_rccl import _bootstrap, _jax_rccl
 
 STATE_TYPE = "jax_rccl_cpu_state"
 GPU_STATE_TYPE = "jax_rccl_gpu_state"
 
-TARGETS = (
-    "jax_rccl_all_reduce",
-    "jax_rccl_all_gather",
-    "jax_rccl_reduce_scatter",
-    "jax_rccl_broadcast",
-    "jax_rccl_reduce",
-    "jax_rccl_all_to_all",
-    "jax_rccl_ppermute",
-    "jax_rccl_ragged_all_to_all",
-)
+#: One target per collective kind of the FFI contract, named by the native side.
+TARGETS = tuple(f"jax_rccl_{kind}" for kind in _jax_rccl.collective_kinds())
 
 _lock = threading.Lock()
 _registered = False
@@ -49,9 +42,7 @@ def ensure_registered() -> None:
         # "Types used by FFI handlers must be registered before the handler registration".
         jax.devices()
         # A bad JAX_RCCL_* value is a ValueError naming it here, before anything is lowered.
-        check = getattr(_jax_rccl, "check_params", None)
-        if check is not None:
-            check()
+        _jax_rccl.check_params()
         # Several JAX processes: meet them once and hand the world table to the runtime
         # before anything is lowered (a no-op in a single-process program).
         _bootstrap.ensure_world()
@@ -113,21 +104,12 @@ def _register_gpu() -> None:
     missing = set(TARGETS) - set(targets)
     if missing:
         raise RuntimeError(f"jax_rccl: the GPU module lacks the targets {sorted(missing)}")
-    traits = {}
-    custom_traits = getattr(_xla_client(), "CustomCallTargetTraits", None)
-    if custom_traits is not None:
-        traits["traits"] = custom_traits.COMMAND_BUFFER_COMPATIBLE
+    traits = xla_client.CustomCallTargetTraits.COMMAND_BUFFER_COMPATIBLE
     for name in TARGETS:
-        jax.ffi.register_ffi_target(name, targets[name], platform=platform, api_version=1, **traits)
+        jax.ffi.register_ffi_target(
+            name, targets[name], platform=platform, api_version=1, traits=traits
+        )
     _gpu_platform = platform
-
-
-def _xla_client():
-    try:
-        from jax._src.lib import xla_client
-    except ImportError:  # pragma: no cover - very old or very new jax
-        return None
-    return xla_client
 
 
 def world() -> dict | None:

@@ -248,7 +248,7 @@ def _lower(ctx, operand, output, *index, axes, groups, axis_size, tuning):
     meta = hlo.concatenate(parts, ir.IntegerAttr.get(ir.IntegerType.get_signless(64), 0))
     rg = L.replica_groups(ctx, axes, groups)
     n = int(rg.shape[1])
-    label = L._label("ragged_all_to_all", axes)
+    label = L.label("ragged_all_to_all", axes)
     sub = ctx.replace(
         avals_in=[_core.ShapedArray((4 * k,), table_dtype)],
         avals_out=[_core.ShapedArray((n * 4 * k,), table_dtype)],
@@ -303,8 +303,4 @@ def _lower(ctx, operand, output, *index, axes, groups, axis_size, tuning):
 
 # One rule for every platform (jax.export's multi-platform lowering combines it like the other
 # collectives'): the CPU runtime and the GPU runtime both run the ragged custom call.
-mlir.register_lowering(
-    ragged_all_to_all_p,
-    L.platform_rule(ragged_all_to_all_p, _lower),
-    cacheable=False,
-)
+L.register(ragged_all_to_all_p, _lower)

@@ -24,7 +24,6 @@ from jax import lax
 
 from jax_rccl import _carry
 from jax_rccl import _compat as compat
-from jax_rccl import lowering as _lowering  # noqa: F401 - registers the lowering rules
 from jax_rccl import primitives as P
 
 __all__ = [
@@ -438,6 +437,22 @@ def _moveaxis(x, src, dst):
     return x if src == dst else jnp.moveaxis(x, src, dst)
 
 
+def _split_blocks(x, d: int, n: int):
+    """tiled=True's split: dimension `d` of `x` (a multiple of n) as [n, size / n], the block
+    index at `d`."""
+    shape = list(x.shape)
+    shape[d : d + 1] = [n, shape[d] // n]
+    return x.reshape(shape)
+
+
+def _merge_blocks(x, d: int):
+    """tiled=True's merge, the inverse of `_split_blocks`: dimensions d and d + 1 of `x` as
+    one, block-major."""
+    shape = list(x.shape)
+    shape[d : d + 2] = [shape[d] * shape[d + 1]]
+    return x.reshape(shape)
+
+
 def all_gather(
     x,
     axis_name,
@@ -485,11 +500,7 @@ def all_gather(
             ys = []
             for y in outs[k : k + c]:  # y[n, *s]
                 y = _moveaxis(y, 0, d)
-                if tiled:
-                    shape = list(y.shape)
-                    shape[d : d + 2] = [shape[d] * shape[d + 1]]
-                    y = y.reshape(shape)
-                ys.append(y)
+                ys.append(_merge_blocks(y, d) if tiled else y)
             res.append(dec(ys))
             k += c
         return res
@@ -572,11 +583,7 @@ def psum_scatter(
         ins, flat_srcs, k = [], [], 0
         for d, c, src in zip(blocks, counts, srcs, strict=True):
             for v in flat[k : k + c]:
-                if tiled:
-                    shape = list(v.shape)
-                    shape[d : d + 1] = [n, shape[d] // n]
-                    v = v.reshape(shape)
-                ins.append(_moveaxis(v, d, 0))
+                ins.append(_moveaxis(_split_blocks(v, d, n) if tiled else v, d, 0))
                 flat_srcs.append(src)
             k += c
         outs = [None] * len(ins)
@@ -617,11 +624,7 @@ def all_to_all(x, axis_name, split_axis, concat_axis, *, tiled=False, axis_index
         ins, k = [], 0
         for (s, _), cnt in zip(plans, counts, strict=True):
             for v in flat[k : k + cnt]:
-                if tiled:
-                    shape = list(v.shape)
-                    shape[s : s + 1] = [n, shape[s] // n]
-                    v = v.reshape(shape)
-                ins.append(_moveaxis(v, s, 0))  # v[n, rest...]
+                ins.append(_moveaxis(_split_blocks(v, s, n) if tiled else v, s, 0))  # v[n, ...]
             k += cnt
         outs = P.all_to_all_p.bind(*ins, axes=axes, groups=groups, axis_size=n, tuning=_tuning())
         res, k = [], 0
@@ -629,11 +632,7 @@ def all_to_all(x, axis_name, split_axis, concat_axis, *, tiled=False, axis_index
             ys = []
             for y in outs[k : k + cnt]:  # y[j] = device j's block
                 y = _moveaxis(y, 0, c)
-                if tiled:
-                    shape = list(y.shape)
-                    shape[c : c + 2] = [shape[c] * shape[c + 1]]
-                    y = y.reshape(shape)
-                ys.append(y)
+                ys.append(_merge_blocks(y, c) if tiled else y)
             res.append(dec(ys))
             k += cnt
         return res

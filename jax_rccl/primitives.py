@@ -1,4 +1,6 @@
-"""jax_rccl's JAX primitives: one registration block per collective.
+"""jax_rccl's JAX primitives: one registration block per collective (the primitive, its
+abstract eval, JVP/transpose, batching and lowering side by side; the lowering rules hand their
+parameters to `jax_rccl.lowering.lower_collective`).
 
 Every primitive is variadic: all leaves of one public call travel as ONE custom call. Each one
 works in the layout the runtime expects, so lowering only flattens operands to 1-D:
@@ -38,33 +40,23 @@ from jax import lax
 from jax._src import dispatch
 
 from jax_rccl import _compat as compat
+from jax_rccl import _jax_rccl
+from jax_rccl import lowering as L
 
 # --- shared checks and typing -----------------------------------------------------------------
 
-#: Element types of the contract (bool, complex and the dtypes of jax_rccl._carry are converted
-#: by jax_rccl.api).
+#: Dtypes the runtime knows that no primitive takes: bool travels as uint8 (jax_rccl.api converts
+#: it, as it converts complex and the dtypes of jax_rccl._carry).
+CONVERTED_DTYPES = frozenset({"bool"})
+
+#: Element types of the contract: the native side's, less those jax_rccl.api converts.
 SUPPORTED_DTYPES = frozenset(
-    np.dtype(jnp.dtype(name))
-    for name in (
-        "float16",
-        "bfloat16",
-        "float32",
-        "float64",
-        "int8",
-        "uint8",
-        "int16",
-        "uint16",
-        "int32",
-        "uint32",
-        "int64",
-        "uint64",
-        "float8_e4m3fn",
-        "float8_e5m2",
-    )
+    np.dtype(jnp.dtype(name)) for name in _jax_rccl.dtypes() if name not in CONVERTED_DTYPES
 )
 
-OPS = ("sum", "prod", "max", "min", "avg")
-OP_CODES = {op: i for i, op in enumerate(OPS)}
+#: Reduction ops, in the native side's order (an op's index is its code, `L.OP_CODES`).
+OPS = tuple(_jax_rccl.reduction_ops())
+OP_CODES = L.OP_CODES
 
 
 def check_axis_names(axes, api: str) -> None:
@@ -221,6 +213,14 @@ def vary_over(x, axes):
         return x
     mesh_axes, have = compat.manual_axes(), compat.varying(compat.typeof(x))
     return compat.pvary(x, tuple(a for a in axes if a in mesh_axes and a not in have))
+
+
+def _moving_lowering(ctx, *args, axes, groups, axis_size, tuning, kind, api, **typing):
+    """The lowering of a data-movement primitive (all_gather, reduce_scatter, all_to_all)."""
+    del axis_size, typing  # all_gather's `to`, reduce_scatter's `src`: types only
+    return L.lower_collective(
+        ctx, *args, kind=kind, axes=axes, groups=groups, tuning=tuning, name=L.label(api, axes)
+    )
 
 
 # --- all_reduce_p ------------------------------------------------------------------------------
@@ -488,10 +488,35 @@ def _group_size(axes, groups):
     return int(np.prod([compat.axis_size(a) for a in axes]))
 
 
+#: The public functions named after an op; the others are all_reduce(op).
+_REDUCE_NAMES = {"sum": "psum", "max": "pmax", "min": "pmin"}
+
+
+def _all_reduce_lowering(ctx, *args, axes, groups, op, premul, premul_value, invariant, tuning):
+    del invariant
+    n = len(args) // 2 if premul == 2 else len(args)
+    return L.lower_collective(
+        ctx,
+        *args,
+        kind="all_reduce",
+        axes=axes,
+        groups=groups,
+        op=op,
+        premul=premul,
+        premul_value=premul_value,
+        tuning=tuning,
+        n_leaves=n,
+        name=L.label(
+            "all_reduce(premul)" if premul else _REDUCE_NAMES.get(op, f"all_reduce({op})"), axes
+        ),
+    )
+
+
 all_reduce_p.def_effectful_abstract_eval(_all_reduce_abstract_eval)
 compat.ad.primitive_jvps[all_reduce_p] = _all_reduce_jvp
 compat.ad.primitive_transposes[all_reduce_p] = _all_reduce_transpose
 compat.batching.fancy_primitive_batchers[all_reduce_p] = _all_reduce_batch
+L.register(all_reduce_p, _all_reduce_lowering)
 
 
 # --- reduce_p (sum to `root`, zeros elsewhere) <-> broadcast_p (from `root`) -----------------
@@ -535,12 +560,26 @@ def _rooted_batch(prim, axis_data, vals, dims, *, axes, groups, root, tuning):
     return outs, [0] * len(outs)
 
 
+def _rooted_lowering(ctx, *args, axes, groups, root, tuning, kind, api):
+    return L.lower_collective(
+        ctx,
+        *args,
+        kind=kind,
+        axes=axes,
+        groups=groups,
+        root=root,
+        tuning=tuning,
+        name=L.label(api, axes),
+    )
+
+
 reduce_p.def_effectful_abstract_eval(partial(_rooted_abstract_eval, api="jax_rccl.preduce"))
 compat.ad.primitive_jvps[reduce_p] = partial(_linear_jvp, reduce_p)
 compat.ad.primitive_transposes[reduce_p] = partial(
     _linear_transpose, lambda cts, **p: broadcast_p.bind(*cts, **p), reduce_p
 )
 compat.batching.fancy_primitive_batchers[reduce_p] = partial(_rooted_batch, reduce_p)
+L.register(reduce_p, partial(_rooted_lowering, kind="reduce", api="preduce"))
 
 broadcast_p.def_effectful_abstract_eval(partial(_rooted_abstract_eval, api="jax_rccl.pbroadcast"))
 compat.ad.primitive_jvps[broadcast_p] = partial(_linear_jvp, broadcast_p)
@@ -548,6 +587,7 @@ compat.ad.primitive_transposes[broadcast_p] = partial(
     _linear_transpose, lambda cts, **p: reduce_p.bind(*cts, **p), broadcast_p
 )
 compat.batching.fancy_primitive_batchers[broadcast_p] = partial(_rooted_batch, broadcast_p)
+L.register(broadcast_p, partial(_rooted_lowering, kind="broadcast", api="pbroadcast"))
 
 
 # --- all_gather_p (x[s] -> y[n, s]) <-> reduce_scatter_p (x[n, s] -> y[s]) ------------------
@@ -656,6 +696,7 @@ compat.ad.primitive_transposes[all_gather_p] = partial(
     _linear_transpose, _all_gather_dual, all_gather_p
 )
 compat.batching.fancy_primitive_batchers[all_gather_p] = _all_gather_batch
+L.register(all_gather_p, partial(_moving_lowering, kind="all_gather", api="all_gather"))
 
 
 def _leading_blocks_check(avals, axis_size, api):
@@ -753,6 +794,7 @@ compat.ad.primitive_transposes[reduce_scatter_p] = partial(
 compat.batching.fancy_primitive_batchers[reduce_scatter_p] = partial(
     _blocks_batch, reduce_scatter_p
 )
+L.register(reduce_scatter_p, partial(_moving_lowering, kind="reduce_scatter", api="psum_scatter"))
 
 
 # --- all_to_all_p (x[n, s] -> y[n, s]; its own transpose) ------------------------------------
@@ -798,6 +840,7 @@ compat.ad.primitive_transposes[all_to_all_p] = partial(
     _linear_transpose, lambda cts, **p: all_to_all_p.bind(*cts, **p), all_to_all_p
 )
 compat.batching.fancy_primitive_batchers[all_to_all_p] = partial(_blocks_batch, all_to_all_p)
+L.register(all_to_all_p, partial(_moving_lowering, kind="all_to_all", api="all_to_all"))
 
 
 # --- ppermute_p (transpose: the inverse permutation) -----------------------------------------
@@ -867,12 +910,26 @@ def _ppermute_over_vmapped_axis(axis_data, vals, dims, *, axes, perm, tuning):
     return outs, [0] * len(outs)
 
 
+def _ppermute_lowering(ctx, *args, axes, perm, tuning):
+    return L.lower_collective(
+        ctx,
+        *args,
+        kind="ppermute",
+        axes=axes,
+        perm=perm,
+        tuning=tuning,
+        sort_groups=True,
+        name=L.label("ppermute", axes),
+    )
+
+
 ppermute_p.def_effectful_abstract_eval(_ppermute_abstract_eval)
 compat.ad.primitive_jvps[ppermute_p] = partial(_linear_jvp, ppermute_p)
 compat.ad.primitive_transposes[ppermute_p] = partial(
     _linear_transpose, _ppermute_transpose_dual, ppermute_p
 )
 compat.batching.fancy_primitive_batchers[ppermute_p] = _ppermute_batch
+L.register(ppermute_p, _ppermute_lowering)
 
 
 ALL_PRIMITIVES = (

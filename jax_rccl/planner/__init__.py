@@ -33,7 +33,8 @@ __all__ = [
 ]
 
 COLLS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "send", "recv")
-OPS = ("sum", "prod", "max", "min", "avg")
+#: Reduction op names, as the native planner knows them (in the order of their codes).
+OPS = tuple(_jax_rccl.reduction_ops())
 
 # A tuner: fn(coll, nbytes, num_pipe_ops) -> None or (algorithm|None, protocol|None, nchannels).
 Tuner = Callable[[str, int, int], "tuple[str | None, str | None, int] | None"]

@@ -28,7 +28,7 @@ from jax._src.lib.mlir import ir
 from jax._src.lib.mlir.dialects import hlo
 
 from jax_rccl import _compat as compat
-from jax_rccl import primitives as P
+from jax_rccl import _ffi, _jax_rccl
 
 mlir = compat.mlir
 
@@ -36,13 +36,12 @@ mlir = compat.mlir
 SUPPORTED_PLATFORMS = ("cpu", "cuda", "rocm")
 GPU_PLATFORMS = ("cuda", "rocm")
 
+#: The `op` attribute: each reduction op's code, as the native side numbers them.
+OP_CODES = {op: i for i, op in enumerate(_jax_rccl.reduction_ops())}
+
 
 def _runtime():
-    """jax_rccl._ffi with its targets registered, or None while the runtime is not built."""
-    try:
-        from jax_rccl import _ffi
-    except ImportError:
-        return None
+    """jax_rccl._ffi with its targets registered."""
     _ffi.ensure_registered()
     return _ffi
 
@@ -179,7 +178,7 @@ def lower_collective(
     attrs = {
         "replica_groups": np.ascontiguousarray(rg.reshape(-1), dtype=np.int64),
         "group_size": np.int64(rg.shape[1]),
-        "op": np.int32(P.OP_CODES[op]),
+        "op": np.int32(OP_CODES[op]),
         "premul": np.int32(premul),
         "premul_value": np.float64(premul_value),
         "root": np.int64(root),
@@ -265,11 +264,9 @@ def lower_collective(
 
 
 def _block_argument(value):
-    """`value` as an ir.BlockArgument, or None (the bindings' API differs across jax versions)."""
-    if hasattr(value, "maybe_downcast"):
-        value = value.maybe_downcast()
-        return value if isinstance(value, ir.BlockArgument) else None
-    return ir.BlockArgument(value) if ir.BlockArgument.isinstance(value) else None
+    """`value` as an ir.BlockArgument, or None."""
+    value = value.maybe_downcast()
+    return value if isinstance(value, ir.BlockArgument) else None
 
 
 def _row_major(t) -> tuple[int, ...]:
@@ -341,99 +338,9 @@ def _remember_call(ctx, value):
     _lowering.last_call = (module, ir.InsertionPoint.current.block, value)
 
 
-# --- per-primitive rules: parameters -> the helper ------------------------------------------
-
-_REDUCE_NAMES = {
-    "sum": "psum",
-    "max": "pmax",
-    "min": "pmin",
-    "prod": "all_reduce(prod)",
-    "avg": "all_reduce(avg)",
-}
-
-
-def _label(api, axes):
+def label(api, axes):
+    """The `name` attribute of a call: the public function and its axes (for messages)."""
     return f"{api} over {tuple(axes)!r}"
-
-
-def _all_reduce_rule(ctx, *args, axes, groups, op, premul, premul_value, invariant, tuning):
-    del invariant
-    n = len(args) // 2 if premul == 2 else len(args)
-    return lower_collective(
-        ctx,
-        *args,
-        kind="all_reduce",
-        axes=axes,
-        groups=groups,
-        op=op,
-        premul=premul,
-        premul_value=premul_value,
-        tuning=tuning,
-        n_leaves=n,
-        name=_label("all_reduce(premul)" if premul else _REDUCE_NAMES[op], axes),
-    )
-
-
-def _reduce_rule(ctx, *args, axes, groups, root, tuning):
-    return lower_collective(
-        ctx,
-        *args,
-        kind="reduce",
-        axes=axes,
-        groups=groups,
-        root=root,
-        tuning=tuning,
-        name=_label("preduce", axes),
-    )
-
-
-def _broadcast_rule(ctx, *args, axes, groups, root, tuning):
-    return lower_collective(
-        ctx,
-        *args,
-        kind="broadcast",
-        axes=axes,
-        groups=groups,
-        root=root,
-        tuning=tuning,
-        name=_label("pbroadcast", axes),
-    )
-
-
-def _moving_rule(kind, api):
-    """The rule of a data-movement primitive (all_gather, reduce_scatter, all_to_all)."""
-
-    def rule(ctx, *args, axes, groups, axis_size, tuning, **typing):
-        del axis_size, typing  # all_gather's `to`, reduce_scatter's `src`: types only
-        return lower_collective(
-            ctx, *args, kind=kind, axes=axes, groups=groups, tuning=tuning, name=_label(api, axes)
-        )
-
-    return rule
-
-
-def _ppermute_rule(ctx, *args, axes, perm, tuning):
-    return lower_collective(
-        ctx,
-        *args,
-        kind="ppermute",
-        axes=axes,
-        perm=perm,
-        tuning=tuning,
-        sort_groups=True,
-        name=_label("ppermute", axes),
-    )
-
-
-_RULES = {
-    P.all_reduce_p: _all_reduce_rule,
-    P.reduce_p: _reduce_rule,
-    P.broadcast_p: _broadcast_rule,
-    P.all_gather_p: _moving_rule("all_gather", "all_gather"),
-    P.reduce_scatter_p: _moving_rule("reduce_scatter", "psum_scatter"),
-    P.all_to_all_p: _moving_rule("all_to_all", "all_to_all"),
-    P.ppermute_p: _ppermute_rule,
-}
 
 
 def platform_rule(prim, rule, supported=SUPPORTED_PLATFORMS):
@@ -455,9 +362,7 @@ def platform_rule(prim, rule, supported=SUPPORTED_PLATFORMS):
             )
         gpus = tuple(p for p in platforms if p in GPU_PLATFORMS)
         if gpus and not compat.lowering_for_export(ctx):
-            ffi = _runtime()
-            ok = ffi is not None and hasattr(ffi, "gpu_platform") and ffi.gpu_platform()
-            if not ok:
+            if not _runtime().gpu_platform():
                 raise NotImplementedError(
                     f"{prim.name}: the installed jax_rccl has no GPU runtime for platform(s) "
                     f"{gpus} (build it with JAX_RCCL_GPU=cuda or JAX_RCCL_GPU=rocm), or JAX "
@@ -468,7 +373,9 @@ def platform_rule(prim, rule, supported=SUPPORTED_PLATFORMS):
     return lowering
 
 
-# cacheable=False: JAX would otherwise reuse one lowering for equal equations of a module, and
-# two calls would share one custom call (each needs its own place in the program order).
-for _prim, _rule in _RULES.items():
-    mlir.register_lowering(_prim, platform_rule(_prim, _rule), cacheable=False)
+def register(prim, rule, supported=SUPPORTED_PLATFORMS):
+    """Register `rule(ctx, *args, **params)` as `prim`'s lowering for every platform (see
+    `platform_rule`). cacheable=False: JAX would otherwise reuse one lowering for equal equations
+    of a module, and two calls would share one custom call (each needs its own place in the
+    program order)."""
+    mlir.register_lowering(prim, platform_rule(prim, rule, supported), cacheable=False)
