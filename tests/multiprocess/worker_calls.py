@@ -173,7 +173,13 @@ def _survivors_meet(args, survivors):
     from jax_rccl import _compat
 
     client = _compat.distributed_client()
-    _compat.kv_set(client, f"calls_test/done/{args.process}", "1")
+    try:
+        _compat.kv_set(client, f"calls_test/done/{args.process}", "1")
+    except Exception:  # noqa: BLE001 - this process's report is out already
+        # The service can be gone already (process 0 left its wait early): nothing is lost, the
+        # result was printed before the meet.
+        if args.process == 0:
+            raise
     if args.process != 0:
         return
     for q in survivors:
