@@ -5,8 +5,8 @@
 
 #include <stdint.h>
 
+#include "ffi/compute/dtypes.h"
 #include "hip/device_conn.h"
-#include "hip/dtypes.h"
 #include "hip/portability.h"
 
 // The kernel space: X(name, DataType enumerator, element type), one reduction kernel body per
