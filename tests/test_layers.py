@@ -32,7 +32,7 @@ def test_the_tree_keeps_its_layers():
     [
         ("ffi/planner/plan.cc", "ffi/comm/comm.h"),  # the planner knows no runtime
         ("ffi/core/status.cc", "ffi/planner/types.h"),  # core is the bottom layer
-        ("ffi/comm/comm.cc", "ffi/handlers/cpu.h"),  # the communicator knows no handler
+        ("ffi/comm/comm.cc", "ffi/handlers/collective.h"),  # the communicator knows no handler
         ("ffi/host/executor.cc", "hip/portability.h"),  # the host executor knows no device code
         ("hip/runtime.hip", "ffi/comm/shm.h"),  # device code knows no transport
     ],

@@ -15,7 +15,7 @@
 
 #include "ffi/bind/bindings.h"
 #include "ffi/gpu/comm.h"
-#include "ffi/handlers/gpu.h"
+#include "ffi/handlers/collective.h"
 #include "ffi/planner/planner.h"
 #include "hip/runtime.h"
 
@@ -191,12 +191,13 @@ void BindGpu(nb::module_& m) {
           },
           nb::arg("slots"), nb::arg("iters") = 20, nb::arg("reps") = 1);
 
-  // The FFI handlers of the GPU platforms (ffi/handlers/gpu.cc), registered by jax_rccl/_ffi.py.
+  // The FFI handlers of the GPU platforms (GpuFfi(), ffi/handlers/gpu.cc), registered by
+  // jax_rccl/_ffi.py.
   g.def(
       "ffi_targets",
       []() {
         nb::dict out;
-        for (const cpu::FfiTarget& t : gpu::GpuFfiTargets()) {
+        for (const FfiTarget& t : GpuFfi().targets) {
           nb::dict stages;
           stages["instantiate"] = nb::capsule(t.instantiate);
           stages["execute"] = nb::capsule(t.execute);
@@ -209,10 +210,10 @@ void BindGpu(nb::module_& m) {
       "ffi_types",
       []() {
         nb::dict reg;
-        reg["type_id"] = nb::capsule(gpu::GpuStateTypeId());
-        reg["type_info"] = nb::capsule(gpu::GpuStateTypeInfo());
+        reg["type_id"] = nb::capsule(GpuFfi().typeId);
+        reg["type_info"] = nb::capsule(GpuFfi().typeInfo);
         nb::dict out;
-        out[gpu::kGpuStateTypeName] = reg;
+        out[GpuFfi().stateTypeName] = reg;
         return out;
       },
       "The GPU state type: {name: {'type_id': capsule, 'type_info': capsule}}.");

@@ -18,7 +18,7 @@
 #include "ffi/comm/world.h"
 #include "ffi/core/params.h"
 #include "ffi/core/stats.h"
-#include "ffi/handlers/cpu.h"
+#include "ffi/handlers/collective.h"
 
 namespace nb = nanobind;
 
@@ -173,7 +173,7 @@ void BindRuntime(nb::module_& m) {
       "cpu_ffi_targets",
       []() {
         nb::dict out;
-        for (const cpu::FfiTarget& t : cpu::CpuFfiTargets()) {
+        for (const FfiTarget& t : CpuFfi().targets) {
           nb::dict stages;
           stages["instantiate"] = nb::capsule(t.instantiate);
           stages["execute"] = nb::capsule(t.execute);
@@ -186,10 +186,10 @@ void BindRuntime(nb::module_& m) {
       "cpu_ffi_types",
       []() {
         nb::dict reg;
-        reg["type_id"] = nb::capsule(cpu::CpuStateTypeId());
-        reg["type_info"] = nb::capsule(cpu::CpuStateTypeInfo());
+        reg["type_id"] = nb::capsule(CpuFfi().typeId);
+        reg["type_info"] = nb::capsule(CpuFfi().typeInfo);
         nb::dict out;
-        out[cpu::kCpuStateTypeName] = reg;
+        out[CpuFfi().stateTypeName] = reg;
         return out;
       },
       "The CPU state type: {name: {'type_id': capsule, 'type_info': capsule}}.");

@@ -26,8 +26,8 @@ void BindRedop(nanobind::module_& m, nanobind::module_& internal);
 void BindSelectInternals(nanobind::module_& internal);
 void BindCollInternals(nanobind::module_& internal);
 void BindP2pInternals(nanobind::module_& internal);
-// The CPU runtime: FFI targets and types to register, runtime statistics (ffi/handlers/cpu.cc,
-// ffi/bind/bind_runtime.cc).
+// The CPU runtime: FFI targets and types to register (CpuFfi(), ffi/handlers/collective.h),
+// runtime statistics (ffi/bind/bind_runtime.cc).
 void BindRuntime(nanobind::module_& m);
 // Sets the process's world table from its dict form (`jax_rccl._jax_rccl.set_world`).
 void SetWorld(const nanobind::dict& world);

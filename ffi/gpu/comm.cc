@@ -116,7 +116,7 @@ TopologyView GpuTopology(int nRanks, const Params& params) {
   for (int p = 0; p < kNumProtos; ++p) t.buffSizes[p] = kGpuBuffSizes[p];
   t.p2pChunkSize = 131072;
   // LL128 where the device code has it (NVIDIA); the handlers leave it to explicit protocol
-  // settings (ffi/handlers/gpu.cc: MakeState).
+  // settings (ffi/handlers/gpu.cc: GpuBackend::Configure).
   t.ll128Enabled = DeviceHasLL128();
   // workFifoDepth keeps its default: the runtime's plans are persistent (no FIFO budget).
   t.directPeers = false;

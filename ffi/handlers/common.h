@@ -1,12 +1,11 @@
-// What the CPU and GPU FFI handlers share (ffi/handlers/cpu.cc, ffi/handlers/gpu.cc): the
-// collective kinds, the attributes of the FFI contract and their validation, the leaves' shapes,
-// the task list a device plans with, and the one place a Status becomes an ffi::Error.
+// The FFI contract of every collective call, as the handler (ffi/handlers/collective.h) reads
+// it: the collective kinds, the attributes and their validation, the leaves' shapes, the device
+// check of an exported program, the task list a device plans with, and the one place a Status
+// becomes an ffi::Error.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
-#include <exception>
-#include <memory>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -73,55 +72,6 @@ Status ParseCallAttrs(Kind kind, xla::ffi::Span<const int64_t> groups, int64_t g
                       xla::ffi::Span<const int64_t> perm, std::string_view algorithm,
                       std::string_view protocol, int64_t callSite, std::string_view name,
                       CallAttrs* out);
-
-// An FFI instantiate entry's body: `make()` returns StatusOr<std::unique_ptr<State>>; a failed
-// Status becomes its ffi::Error, an exception an internal error prefixed with `who`.
-template <typename State, typename Make>
-xla::ffi::ErrorOr<std::unique_ptr<State>> GuardInstantiate(const char* who, Make&& make) {
-  try {
-    StatusOr<std::unique_ptr<State>> st = make();
-    if (!st.ok()) return xla::ffi::Unexpected(ToFfiError(st.status()));
-    return st.take();
-  } catch (const std::exception& e) {
-    return xla::ffi::Unexpected(xla::ffi::Error::Internal(std::string(who) + ": " + e.what()));
-  } catch (...) {
-    return xla::ffi::Unexpected(
-        xla::ffi::Error::Internal(std::string(who) + ": unknown exception"));
-  }
-}
-
-// An FFI execute entry's body: `run()` returns a Status; a failure (or an exception, an internal
-// error prefixed with `who`) bumps `*errors` and becomes its ffi::Error.
-template <typename Counter, typename Run>
-xla::ffi::Error GuardExecute(const char* who, Counter* errors, Run&& run) {
-  try {
-    Status s = run();
-    if (!s.ok()) errors->fetch_add(1);
-    return ToFfiError(s);
-  } catch (const std::exception& e) {
-    errors->fetch_add(1);
-    return xla::ffi::Error::Internal(std::string(who) + ": " + e.what());
-  } catch (...) {
-    errors->fetch_add(1);
-    return xla::ffi::Error::Internal(std::string(who) + ": unknown exception");
-  }
-}
-
-// The instantiate binding of every target (the attributes in the contract's order).
-inline auto InstantiateAttrs() {
-  return xla::ffi::Ffi::BindInstantiate()
-      .Attr<xla::ffi::Span<const int64_t>>("replica_groups")
-      .Attr<int64_t>("group_size")
-      .Attr<int32_t>("op")
-      .Attr<int32_t>("premul")
-      .Attr<double>("premul_value")
-      .Attr<int64_t>("root")
-      .Attr<xla::ffi::Span<const int64_t>>("perm")
-      .Attr<std::string_view>("algorithm")
-      .Attr<std::string_view>("protocol")
-      .Attr<int64_t>("call_site")
-      .Attr<std::string_view>("name");
-}
 
 // The leaves of a call as planned: element type and byte sizes of operand and result.
 struct Leaves {
