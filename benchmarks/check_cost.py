@@ -7,7 +7,7 @@ without (0), their all-reduces interleaved block by block.
         [--against OTHER_PYTHON --rounds 10]
 
 Plain Python processes (no JAX) run the runtime's communicator directly
-(``_jax_rccl.internal.run_plan_process``), each owning two devices: device 2p in the checked
+(``jax_rccl._jax_rccl_testing.run_plan_process``), each owning two devices: device 2p in the checked
 group, 2p+1 in the unchecked one. Each block times `--calls` float32 sum all-reduces of one
 group, then of the other (their order alternating from block to block); a block's time is its
 slowest process's. The table gives each group's median block time per call and the median of
@@ -55,7 +55,8 @@ def world_of(p: int, nprocs: int, session: str) -> dict:
 
 def _run(native, world, group: list[int], p: int, size: int, name: str, repeat: int) -> float:
     """`repeat` all-reduces of `size` bytes on `group` (this process's rank p); seconds per call."""
-    _, secs = native.internal.run_plan_process(
+    run = getattr(native, "run_plan_process", None) or native.internal.run_plan_process
+    _, secs = run(
         world,
         group,
         [p],
@@ -71,7 +72,10 @@ def _run(native, world, group: list[int], p: int, size: int, name: str, repeat: 
 
 
 def worker(args: dict) -> dict:
-    from jax_rccl import _jax_rccl as native
+    try:
+        from jax_rccl import _jax_rccl_testing as native
+    except ImportError:  # a build before the test module (--against an older build)
+        from jax_rccl import _jax_rccl as native
 
     p, n = args["process"], args["nprocs"]
     world = world_of(p, n, args["session"])

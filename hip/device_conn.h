@@ -12,8 +12,8 @@
 
 #include <stdint.h>
 
+#include "ffi/compute/dtypes.h"
 #include "ffi/planner/work.h"
-#include "hip/dtypes.h"
 
 #define JR_REGION_FN JR_HOST_DEVICE inline
 
@@ -110,7 +110,8 @@ JR_REGION_FN int64_t RaggedSlice(uint64_t entry) {
 
 // The shapes of a ragged_all_to_all launch (slices 0: none): operand [inRows, R], output
 // [outRows, R] (R elements are rowBytes), and the table of every rank's (input_offsets,
-// send_sizes, output_offsets, recv_sizes), `slices` int32 or int64 values each (ffi/ragged.h).
+// send_sizes, output_offsets, recv_sizes), `slices` int32 or int64 values each
+// (ffi/handlers/ragged.h).
 struct RaggedDims {
   int64_t inRows;
   int64_t outRows;

@@ -7,7 +7,7 @@ the folder --out:
 
 - kernels/<name>.hip for every selected type, and kernels/copy.hip (always: data movement needs
   no type);
-- kernel_set.h: JR_DEVICE_DTYPES(X), X(name, DataType enumerator, element type) for every
+- hip/kernel_set.h: JR_DEVICE_DTYPES(X), X(name, DataType enumerator, element type) for every
   selected type, which hip/runtime_kernel.h and hip/runtime.hip expand (the kernels' declarations,
   loading, DeviceHasDtype).
 
@@ -86,7 +86,7 @@ def outputs(types):
     macro = " \\\n".join(
         ["#define JR_DEVICE_DTYPES(X)"] + [f"  X({n}, {e}, {c})" for n, e, c in types]
     )
-    files["kernel_set.h"] = (
+    files["hip/kernel_set.h"] = (
         HEADER + "// The element types whose reduction kernels this build holds: "
         "X(name, DataType enumerator, element type).\n#pragma once\n\n" + macro + "\n"
     )
@@ -101,6 +101,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     out = pathlib.Path(args.out)
     (out / "kernels").mkdir(parents=True, exist_ok=True)
+    (out / "hip").mkdir(parents=True, exist_ok=True)
     files = outputs(select(args.only, args.quick))
     for rel, text in files.items():
         path = out / rel

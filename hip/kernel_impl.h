@@ -2,7 +2,7 @@
 // hip/gen_kernels.py writes, one kernel per element type so that they compile in parallel and each
 // stays small): one block per channel of a launch walks that channel's works (a
 // persistent plan's work array), running each work element's primitive program
-// (hip/coll_program.h) through the connection FIFOs of hip/device_conn.h with the element's
+// (ffi/compute/coll_program.h) through the connection FIFOs of hip/device_conn.h with the element's
 // protocol, a type (hip/kernel_piece.h: ProtoSimple, ProtoLL, ProtoLL128) chosen once per element:
 //   - Simple: the sender waits for room (head), writes a step into the receiver's slot, fences,
 //     and publishes tail; the receiver waits for tail, reads the slot, and publishes head.

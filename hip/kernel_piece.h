@@ -6,10 +6,10 @@
 
 #include <stdint.h>
 
-#include "hip/coll_program.h"
+#include "ffi/compute/coll_program.h"
+#include "ffi/compute/reduce_functors.h"
 #include "hip/device_conn.h"
 #include "hip/portability.h"
-#include "hip/reduce_functors.h"
 
 namespace jax_rccl {
 namespace gpu {

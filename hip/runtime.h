@@ -15,8 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "ffi/core/status.h"
 #include "ffi/planner/planner.h"
-#include "ffi/planner/status.h"
 #include "hip/device_conn.h"
 
 namespace jax_rccl {
@@ -119,9 +119,9 @@ class DevicePlan {
   // type the device code lacks (kUnsupported). A PreMulSum scalar given by pointer (a per-device
   // scalar) is not taken from the plan: each launch gives its address in the task's
   // SlotPtrs::scalar, and the kernel reads the value when it runs.
-  // A ragged_all_to_all plan (`ragged`, ffi/ragged.h) gives its shapes and every task's table
-  // entry (RaggedEntry, by task): each launch's slots give the table's address (SlotPtrs::table),
-  // and the kernels read the entries when they run.
+  // A ragged_all_to_all plan (`ragged`, ffi/handlers/ragged.h) gives its shapes and every task's
+  // table entry (RaggedEntry, by task): each launch's slots give the table's address
+  // (SlotPtrs::table), and the kernels read the entries when they run.
   static StatusOr<std::unique_ptr<DevicePlan>> Upload(const Plan& plan, const Geometry& geo,
                                                       const RaggedPlan* ragged = nullptr);
   ~DevicePlan();

@@ -10,8 +10,8 @@
 #include <utility>
 #include <vector>
 
+#include "ffi/compute/reduce_functors.h"
 #include "hip/portability.h"
-#include "hip/reduce_functors.h"
 #include "hip/runtime.h"
 #include "hip/runtime_kernel.h"
 

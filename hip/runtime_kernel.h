@@ -5,16 +5,16 @@
 
 #include <stdint.h>
 
+#include "ffi/compute/dtypes.h"
 #include "hip/device_conn.h"
-#include "hip/dtypes.h"
 #include "hip/portability.h"
 
-// The kernel space, declared once in hip/gen_kernels.py: its generated kernel_set.h (in the build
-// folder) defines JR_DEVICE_DTYPES(X), X(name, DataType enumerator, element type) for each element
-// type whose reduction kernel this build holds (all of them, or the build's filter:
+// The kernel space, declared once in hip/gen_kernels.py: its generated hip/kernel_set.h (in the
+// build folder) defines JR_DEVICE_DTYPES(X), X(name, DataType enumerator, element type) for each
+// element type whose reduction kernel this build holds (all of them, or the build's filter:
 // JAX_RCCL_DEVICE_TYPES, JAX_RCCL_DEVICE_QUICK); data movement (CollKernel_copy) never needs a
 // type. DeviceHasDtype tells the host what is in.
-#include "kernel_set.h"
+#include "hip/kernel_set.h"
 
 namespace jax_rccl {
 namespace gpu {

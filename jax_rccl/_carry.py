@@ -7,7 +7,7 @@ a 4- or 2-bit integer goes through 8 bits and is truncated back (sums wrap). The
 the same:
 
 - float8_e4m3fn and float8_e5m2 travel natively (one byte an element on the wire); the runtime's
-  reductions step in float16 for them (hip/reduce_functors.h), as XLA does. XLA moves
+  reductions step in float16 for them (ffi/compute/reduce_functors.h), as XLA does. XLA moves
   float8_e5m2 through float16, rewriting its NaNs to 0x7f: data movement does the same.
 - The other small floats (float8_e4m3fnuz, float8_e5m2fnuz, float8_e4m3b11fnuz, float8_e3m4,
   float8_e4m3, float4_e2m1fn, float8_e8m0fnu, whatever the installed ml_dtypes has): reductions

@@ -1,6 +1,6 @@
 """The README's table of environment variables, generated from the parameter list.
 
-The parameters are declared once (``JAX_RCCL_PARAMS`` in ffi/params.h) and reach Python through
+The parameters are declared once (``JAX_RCCL_PARAMS`` in ffi/core/params.h) and reach Python through
 ``jax_rccl.params()``. ``python -P -m jax_rccl._params_doc README.md`` rewrites the table between
 the two marker lines; ``--check`` only says whether it is current (tests/test_params_doc.py runs
 the same comparison).

@@ -105,7 +105,7 @@ def replica_groups(ctx, axes, groups=None, *, sort=False) -> np.ndarray:
     return np.where(positions >= 0, ids[np.maximum(positions, 0)], -1)
 
 
-# The first of three int64s {magic, partition id, device id} (ffi/handler_common.h).
+# The first of three int64s {magic, partition id, device id} (ffi/handlers/common.h).
 DEVICE_CHECK_MAGIC = 0x6A72636364657631
 
 

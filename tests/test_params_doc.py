@@ -1,4 +1,4 @@
-"""The README's environment table is the parameter list (ffi/params.h) as jax_rccl.params() shows
+"""The README's environment table is the parameter list (ffi/core/params.h) as jax_rccl.params() shows
 it; tools and docs generate it with jax_rccl._params_doc."""
 
 from __future__ import annotations

@@ -12,7 +12,8 @@
 #include <memory>
 #include <thread>
 
-#include "ffi/cpu/comm.h"
+#include "ffi/comm/comm.h"
+#include "ffi/core/stats.h"
 #include "ffi/gpu/device_ctl.h"
 #include "hip/portability.h"
 
@@ -115,7 +116,7 @@ TopologyView GpuTopology(int nRanks, const Params& params) {
   for (int p = 0; p < kNumProtos; ++p) t.buffSizes[p] = kGpuBuffSizes[p];
   t.p2pChunkSize = 131072;
   // LL128 where the device code has it (NVIDIA); the handlers leave it to explicit protocol
-  // settings (ffi/gpu/handlers.cc: MakeState).
+  // settings (ffi/handlers/gpu.cc: MakeState).
   t.ll128Enabled = DeviceHasLL128();
   // workFifoDepth keeps its default: the runtime's plans are persistent (no FIFO budget).
   t.directPeers = false;
@@ -147,7 +148,7 @@ Status GpuComm::Init() {
   return Status::Ok();
 }
 
-void GpuComm::SetShared(cpu::GroupPlacement placement, std::unique_ptr<cpu::ShmGroup> shm) {
+void GpuComm::SetShared(comm::GroupPlacement placement, std::unique_ptr<comm::ShmGroup> shm) {
   placement_ = std::move(placement);
   shm_ = std::move(shm);
   systemFence_ = true;
@@ -225,7 +226,7 @@ Status GpuComm::Join(int rank, const std::string& who) {
                                               " s (JAX_RCCL_TIMEOUT) for the other ranks' "
                                               "first call; missing rank(s) ",
                                               missing));
-      cpu::Stats().rendezvousTimeouts.fetch_add(1);
+      Stats().rendezvousTimeouts.fetch_add(1);
       lock.unlock();
       return Fail(s);
     }
@@ -257,7 +258,7 @@ struct alignas(64) IpcRecord {
 };
 
 constexpr int64_t kIpcRecordOffset = 1024;
-static_assert(kIpcRecordOffset + int64_t(sizeof(IpcRecord)) <= cpu::RankRegion::kHeadersOffset,
+static_assert(kIpcRecordOffset + int64_t(sizeof(IpcRecord)) <= host::RankRegion::kHeadersOffset,
               "the IPC record fits the doorbell page");
 
 namespace {
@@ -479,7 +480,7 @@ StatusOr<GpuComm*> GetOrCreateComm(const std::vector<int64_t>& devices, const Pa
       devices, ordinals, GpuTopology(static_cast<int>(devices.size()), params), params.timeout);
   if (!remote.empty()) {
     // Devices of other processes: the world table places them (one host only).
-    JR_ASSIGN_OR_RETURN(cpu::GroupPlacement placement, cpu::PlaceGroup(devices));
+    JR_ASSIGN_OR_RETURN(comm::GroupPlacement placement, comm::PlaceGroup(devices));
     for (size_t r = 0; r < devices.size(); ++r) {
       JR_REQUIRE(placement.host[r] == placement.thisHost, Code::kUnsupported, "jax_rccl '", who,
                  "': the GPU group ", ListText(devices), " spans hosts (device ", devices[r],
@@ -491,19 +492,19 @@ StatusOr<GpuComm*> GetOrCreateComm(const std::vector<int64_t>& devices, const Pa
     JR_REQUIRE(nLocal == 1, Code::kUnsupported, "jax_rccl '", who, "': the GPU group ",
                ListText(devices), " spans processes and has ", nLocal,
                " devices in this one; across processes a group takes one device per process");
-    cpu::TransportGeometry g;  // the segments carry only the IPC records
+    host::TransportGeometry g;  // the segments carry only the IPC records
     g.nRanks = static_cast<int>(devices.size());
     g.nChannels = 1;
     g.slotBytes = 64;
     for (int p = 0; p < kNumProtos; ++p) g.stepBytes[p] = 64;
     uint64_t h = 0x13198a2e03707344ull;
-    for (int64_t d : devices) h = cpu::HashMix(h, static_cast<uint64_t>(d));
+    for (int64_t d : devices) h = comm::HashMix(h, static_cast<uint64_t>(d));
     char hex[17];
     std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(h));
-    auto shm =
-        std::make_unique<cpu::ShmGroup>(detail::StrCat("/jrccl.", placement.session, ".g", hex, ".",
-                                                       cpu::ShmNameTag(detail::StrCat("g", hex))),
-                                        placement, g, std::vector<uint8_t>(devices.size(), 1));
+    auto shm = std::make_unique<comm::ShmGroup>(
+        detail::StrCat("/jrccl.", placement.session, ".g", hex, ".",
+                       comm::ShmNameTag(detail::StrCat("g", hex))),
+        placement, g, std::vector<uint8_t>(devices.size(), 1));
     JR_CHECK(shm->CreateLocal());
     comm->SetShared(std::move(placement), std::move(shm));
   }
@@ -513,7 +514,7 @@ StatusOr<GpuComm*> GetOrCreateComm(const std::vector<int64_t>& devices, const Pa
   }
   GpuComm* p = comm.get();
   reg.comms.emplace(devices, std::move(comm));
-  cpu::Stats().communicators.fetch_add(1);
+  Stats().communicators.fetch_add(1);
   return p;
 }
 

@@ -12,7 +12,7 @@
 //
 // Across processes of one host (one rank of the group per process, e.g. one process per GPU or
 // several processes sharing a GPU under MPS): each rank's region is exported as an IPC handle
-// through a small shared-memory segment per rank (ffi/cpu/shm.h: "/jrccl.<session>.g<group
+// through a small shared-memory segment per rank (ffi/comm/shm.h: "/jrccl.<session>.g<group
 // hash>.<rank>", unlinked once every process mapped it) and mapped by the others; a process whose
 // communicator fails marks the segments, and the others fail at their next call (kernels already
 // running stop at their own deadline).
@@ -30,11 +30,11 @@
 #include <utility>
 #include <vector>
 
-#include "ffi/cpu/shm.h"
-#include "ffi/cpu/world.h"
-#include "ffi/params.h"
+#include "ffi/comm/shm.h"
+#include "ffi/comm/world.h"
+#include "ffi/core/params.h"
+#include "ffi/core/status.h"
 #include "ffi/planner/planner.h"
-#include "ffi/planner/status.h"
 #include "hip/runtime.h"
 
 namespace jax_rccl {
@@ -63,7 +63,7 @@ class GpuComm {
   // Allocates the status and abort words (a group of several ranks).
   Status Init();
   // A group spanning processes: its placement and its segments (this process's created).
-  void SetShared(cpu::GroupPlacement placement, std::unique_ptr<cpu::ShmGroup> shm);
+  void SetShared(comm::GroupPlacement placement, std::unique_ptr<comm::ShmGroup> shm);
   bool shared() const { return shm_ != nullptr; }
 
   int nRanks() const { return topo_.nRanks; }
@@ -129,8 +129,8 @@ class GpuComm {
   Status failure_;
 
   // Across processes.
-  cpu::GroupPlacement placement_;
-  std::unique_ptr<cpu::ShmGroup> shm_;
+  comm::GroupPlacement placement_;
+  std::unique_ptr<comm::ShmGroup> shm_;
   // Exports `rank`'s region, maps the other processes' regions into published_ (deadline), and
   // lowers planTopo_'s channels to what the GPUs hold for the ranks sharing them.
   Status TradeRegions(int rank, const std::string& who);

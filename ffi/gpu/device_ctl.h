@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "ffi/planner/status.h"
+#include "ffi/core/status.h"
 
 namespace jax_rccl {
 namespace gpu {

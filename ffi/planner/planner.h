@@ -12,9 +12,9 @@
 #include <string>
 #include <vector>
 
+#include "ffi/core/status.h"
 #include "ffi/planner/cost_model.h"
 #include "ffi/planner/redop.h"
-#include "ffi/planner/status.h"
 #include "ffi/planner/types.h"
 #include "ffi/planner/work.h"
 

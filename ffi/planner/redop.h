@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "ffi/planner/status.h"
+#include "ffi/core/status.h"
 #include "ffi/planner/types.h"
 
 namespace jax_rccl {

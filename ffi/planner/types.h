@@ -10,7 +10,7 @@
 #include <functional>
 #include <string>
 
-#include "ffi/planner/status.h"
+#include "ffi/core/status.h"
 
 namespace jax_rccl {
 

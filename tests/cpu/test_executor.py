@@ -1,6 +1,6 @@
-"""The host executor (ffi/cpu/executor.cc) against numpy.
+"""The host executor (ffi/host/executor.cc) against numpy.
 
-Every rank runs as a thread of this process through `_jax_rccl.internal.run_plan_threads`, which
+Every rank runs as a thread of this process through `jax_rccl._jax_rccl_testing.run_plan_threads`, which
 plans the group per rank, runs the ranks over one in-process host transport and returns every
 rank's outputs. Inputs are chosen so that narrow-float results are exact (small integers) where
 the reduction order would otherwise matter; float32/float64 compare with a tolerance.
@@ -15,10 +15,10 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from jax_rccl import _jax_rccl
+from jax_rccl import _jax_rccl_testing
 from jax_rccl.planner import Topology
 
-run_plan_threads = _jax_rccl.internal.run_plan_threads
+run_plan_threads = _jax_rccl_testing.run_plan_threads
 
 DTYPES = {
     "float32": np.float32,
@@ -482,7 +482,7 @@ def test_repeated_executions_reuse_fifos():
         np.testing.assert_array_equal(out_array(outs[r][0], "float32"), sum(xs))
 
 
-# ---- the shared conversions (hip/dtypes.h) against ml_dtypes ----
+# ---- the shared conversions (ffi/compute/dtypes.h) against ml_dtypes ----
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float8_e4m3fn", "float8_e5m2"])

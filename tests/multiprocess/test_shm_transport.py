@@ -1,7 +1,7 @@
 """The shared-memory transport across processes, without JAX.
 
 Each test starts plain Python processes (this file run as a script) that load the native module
-directly and call ``_jax_rccl.internal.run_plan_process`` for their ranks of one replica group:
+directly and call ``_jax_rccl_testing.run_plan_process`` for their ranks of one replica group:
 the plan runs through the runtime's real communicator, which (with a world table spanning
 processes) maps one shared-memory segment per rank and moves the data through FIFOs in them.
 Every process checks its own outputs against numpy and reports in JSON on stdout.
@@ -26,14 +26,14 @@ HERE = os.path.abspath(__file__)
 
 
 def load_native():
-    """The extension module, imported without running jax_rccl/__init__ (and so without jax)."""
+    """The test-only extension module, imported without running jax_rccl/__init__ (and so without jax)."""
     import types
 
     spec = importlib.util.find_spec("jax_rccl")
     pkg = types.ModuleType("jax_rccl")
     pkg.__path__ = list(spec.submodule_search_locations)
     sys.modules["jax_rccl"] = pkg
-    return importlib.import_module("jax_rccl._jax_rccl")
+    return importlib.import_module("jax_rccl._jax_rccl_testing")
 
 
 # ---- the worker (one process) ----
@@ -81,7 +81,7 @@ def time_all_reduce(native, world, group, local, args, algorithm, protocol) -> d
     count = args["count"]
     task = [{"coll": "all_reduce", "count": count, "dtype": "float32", "op": "sum"}]
     inputs = [[np.ones(count, np.float32).tobytes()] for _ in local]
-    outs, secs = native.internal.run_plan_process(
+    outs, secs = native.run_plan_process(
         world,
         group,
         local,
@@ -115,7 +115,7 @@ def run_cases(native, world, group, local, cases, timeout) -> list[str]:
                 inputs.append([b for j in range(n) for b in (blocks[j].tobytes(), b"")])
             else:
                 inputs.append([full[r].tobytes()])
-        outs, _ = native.internal.run_plan_process(
+        outs, _ = native.run_plan_process(
             world,
             group,
             local,

@@ -1,0 +1,246 @@
+// Python view of the CPU runtime: the FFI targets and the state type to register with JAX, the
+// runtime's counters and the topology it plans with; the socket handshake's crypto (for tests).
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ffi/bind/bindings.h"
+#include "ffi/comm/comm.h"
+#include "ffi/comm/hmac.h"
+#include "ffi/comm/shm.h"
+#include "ffi/comm/socket.h"
+#include "ffi/comm/socket_listen.h"
+#include "ffi/comm/world.h"
+#include "ffi/core/params.h"
+#include "ffi/core/stats.h"
+#include "ffi/handlers/cpu.h"
+
+namespace nb = nanobind;
+
+namespace jax_rccl {
+
+namespace {
+
+nb::object GetWorld() {
+  std::shared_ptr<const comm::WorldTable> t = comm::GetWorldTable();
+  if (!t) return nb::none();
+  nb::dict d;
+  d["process"] = t->process;
+  d["nprocesses"] = t->nprocesses;
+  d["session"] = t->session;
+  nb::list devs;
+  for (const comm::WorldDevice& wd : t->devices) {
+    nb::dict e;
+    e["id"] = wd.id;
+    e["process"] = wd.process;
+    e["host"] = wd.host;
+    devs.append(e);
+  }
+  d["devices"] = devs;
+  if (!t->endpoints.empty()) {
+    nb::list eps;
+    for (const std::string& e : t->endpoints) eps.append(e);
+    d["endpoints"] = eps;
+  }
+  return d;
+}
+
+nb::bytes DigestBytes(const comm::Digest& d) {
+  return nb::bytes(d.data(), d.size());
+}
+
+void BindCrypto(nb::module_& m) {
+  m.def(
+      "sha256",
+      [](const nb::bytes& data, const std::string& backend) {
+        const comm::CryptoBackend b = ValueOrThrow(comm::ParseCryptoBackend(backend));
+        comm::Digest d;
+        {
+          nb::gil_scoped_release release;
+          d = comm::Sha256(data.data(), data.size(), b);
+        }
+        return DigestBytes(d);
+      },
+      nb::arg("data"), nb::arg("backend") = "default",
+      "SHA-256 of `data` (32 bytes) through `backend`: 'default' (libcrypto when linked, else "
+      "builtin), 'builtin' or 'openssl' (see crypto_backends()). For tests: the socket "
+      "transport's handshake calls the same code.");
+  m.def(
+      "hmac_sha256",
+      [](const nb::bytes& key, const nb::bytes& msg, const std::string& backend) {
+        const comm::CryptoBackend b = ValueOrThrow(comm::ParseCryptoBackend(backend));
+        comm::Digest d;
+        {
+          nb::gil_scoped_release release;
+          d = comm::HmacSha256(key.data(), key.size(), msg.data(), msg.size(), b);
+        }
+        return DigestBytes(d);
+      },
+      nb::arg("key"), nb::arg("msg"), nb::arg("backend") = "default",
+      "HMAC-SHA-256 of `msg` under `key` (32 bytes) through `backend`, as sha256.");
+  m.def(
+      "crypto_backends",
+      []() {
+        std::vector<std::string> out = {"builtin"};
+        if (comm::HaveOpenSsl()) out.push_back("openssl");
+        return out;
+      },
+      "The crypto backends of this build: 'builtin', and 'openssl' when it links libcrypto "
+      "('default' is the last of them).");
+  m.def(
+      "constant_time_equal",
+      [](const nb::bytes& a, const nb::bytes& b) {
+        return a.size() == b.size() && comm::ConstantTimeEqual(a.data(), b.data(), a.size());
+      },
+      nb::arg("a"), nb::arg("b"),
+      "Whether `a` and `b` are equal, in time independent of where they differ (False for "
+      "different lengths). For tests.");
+  m.def(
+      "random_bytes",
+      [](int64_t n) {
+        if (n < 0) throw nb::value_error("random_bytes: n must be >= 0");
+        std::string buf(static_cast<size_t>(n), '\0');
+        ThrowIfError(comm::RandomBytes(buf.data(), buf.size()));
+        return nb::bytes(buf.data(), buf.size());
+      },
+      nb::arg("n"), "`n` bytes from the kernel's CSPRNG. For tests.");
+}
+
+}  // namespace
+
+void BindRuntime(nb::module_& m) {
+  BindCrypto(m);
+  m.def("set_world", &SetWorld, nb::arg("world"),
+        "Installs the world table of a multi-process run: {'process': this process's index, "
+        "'nprocesses', 'session': hex str (same in every process, unique per run), 'devices': "
+        "[{'id': global device id, 'process', 'host'}, ...], 'endpoints': ['host:port' of each "
+        "process's socket listener, by process] (optional), 'secret': bytes (optional: "
+        "set_session_secret)}. Replica groups spanning processes "
+        "then run over shared memory within a host and TCP sockets between hosts "
+        "(JAX_RCCL_TRANSPORT).");
+  m.def(
+      "set_session_secret",
+      [](nb::bytes secret) {
+        ThrowIfError(comm::SetSessionSecret(std::string(secret.c_str(), secret.size())));
+      },
+      nb::arg("secret"),
+      "Sets the run's secret (16..256 random bytes, the same in every process of the run; once per "
+      "process): socket connections prove it in their handshake, shared-memory names carry a tag "
+      "derived from it.");
+  m.def(
+      "socket_listen",
+      [](const std::string& address) { return ValueOrThrow(comm::SocketListen(address)); },
+      nb::arg("address"),
+      "Starts this process's TCP listener for the socket transport (once), bound to `address` (a "
+      "numeric IPv4 or IPv6 address) on an ephemeral port, and returns the port. Needs the "
+      "session secret.");
+  m.def("socket_listener_port", &comm::SocketListenerPort,
+        "The port this process listens on for the socket transport, or 0 when it does not.");
+  m.def(
+      "socket_listener_counts",
+      []() {
+        const comm::ListenerCounts c = comm::SocketListenerCounts();
+        nb::dict d;
+        d["accepted"] = c.accepted;
+        d["dropped"] = c.dropped;
+        d["unauthorized"] = c.unauthorized;
+        return d;
+      },
+      "Connections the listener accepted (handshake done) and dropped (of which unauthorized).");
+  m.def(
+      "network_interfaces",
+      []() {
+        nb::list out;
+        for (const comm::NetworkInterface& i : comm::NetworkInterfaces()) {
+          out.append(nb::make_tuple(i.name, i.address));
+        }
+        return out;
+      },
+      "This host's network interfaces with an address: [(name, numeric address), ...] (IPv4 "
+      "first, then IPv6 other than link-local).");
+  m.def("world", &GetWorld, "The world table set by set_world, or None.");
+  m.def(
+      "reap_shm_session", [](const std::string& session) { return comm::ReapSession(session); },
+      nb::arg("session"),
+      "Unlinks the shared-memory segments of `session` whose creating process has exited; "
+      "returns how many.");
+  m.def(
+      "cpu_ffi_targets",
+      []() {
+        nb::dict out;
+        for (const cpu::FfiTarget& t : cpu::CpuFfiTargets()) {
+          nb::dict stages;
+          stages["instantiate"] = nb::capsule(t.instantiate);
+          stages["execute"] = nb::capsule(t.execute);
+          out[t.name] = stages;
+        }
+        return out;
+      },
+      "The CPU FFI targets: {name: {'instantiate': capsule, 'execute': capsule}}.");
+  m.def(
+      "cpu_ffi_types",
+      []() {
+        nb::dict reg;
+        reg["type_id"] = nb::capsule(cpu::CpuStateTypeId());
+        reg["type_info"] = nb::capsule(cpu::CpuStateTypeInfo());
+        nb::dict out;
+        out[cpu::kCpuStateTypeName] = reg;
+        return out;
+      },
+      "The CPU state type: {name: {'type_id': capsule, 'type_info': capsule}}.");
+  m.def(
+      "runtime_stats",
+      []() {
+        const RuntimeStats& s = Stats();
+        nb::dict d;
+        d["plans_built"] = s.plansBuilt.load();
+        d["executions"] = s.executions.load();
+        d["instantiations"] = s.instantiations.load();
+        d["rendezvous_timeouts"] = s.rendezvousTimeouts.load();
+        d["mismatches"] = s.mismatches.load();
+        d["errors"] = s.errors.load();
+        d["communicators"] = s.communicators.load();
+        d["rendezvous_pending"] = s.rendezvousPending.load();
+        return d;
+      },
+      "Counters of the CPU runtime (communicators and rendezvous_pending are gauges).");
+  m.def(
+      "reset_runtime_stats", []() { ResetStats(); },
+      "Zeroes the runtime counters (not the gauges).");
+  m.def(
+      "cpu_topology",
+      [](int nranks) {
+        if (nranks < 1) throw nb::value_error("cpu_topology: nranks must be >= 1");
+        const TopologyView t = comm::CpuTopology(nranks, LoadParams());
+        nb::dict d;
+        d["nRanks"] = t.nRanks;
+        d["nNodes"] = t.nNodes;
+        d["arch"] = ArchName(t.arch);
+        d["intraLink"] = LinkName(t.intraLink);
+        d["interLink"] = LinkName(t.interLink);
+        d["bwIntra"] = t.bwIntra;
+        d["bwInter"] = t.bwInter;
+        d["nChannels"] = t.nChannels;
+        d["p2pnChannels"] = t.p2pnChannels;
+        d["p2pnChannelsPerPeer"] = t.p2pnChannelsPerPeer;
+        nb::list sizes;
+        for (int p = 0; p < kNumProtos; ++p) sizes.append(t.buffSizes[p]);
+        d["buffSizes"] = sizes;
+        d["p2pChunkSize"] = t.p2pChunkSize;
+        d["ll128Enabled"] = t.ll128Enabled;
+        d["treeDefined"] = t.treeDefined;
+        d["pivotA2ANumBiRings"] = t.pivotA2ANumBiRings;
+        d["workFifoDepth"] = t.workFifoDepth;
+        d["directPeers"] = t.directPeers;
+        return d;
+      },
+      nb::arg("nranks"),
+      "The topology the CPU runtime plans with for a group of `nranks` (a TopologyView dict).");
+}
+
+}  // namespace jax_rccl

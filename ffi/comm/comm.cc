@@ -1,0 +1,868 @@
+#include "ffi/comm/comm.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <sstream>
+#include <thread>
+#include <utility>
+
+#include "ffi/comm/comm_stall.h"
+#include "ffi/comm/shm.h"
+#include "ffi/comm/socket.h"
+#include "ffi/core/stats.h"
+#include "ffi/host/transport_host.h"
+
+namespace jax_rccl {
+namespace comm {
+
+TopologyView CpuTopology(int nRanks, const Params& params) {
+  TopologyView t;
+  t.nRanks = nRanks;
+  t.nNodes = 1;
+  t.arch = Arch::kCpu;
+  t.intraLink = LinkKind::kLoopback;
+  t.interLink = LinkKind::kNet;
+  t.bwIntra = 8.0f;  // GB/s a channel gets from host memory (a rough figure)
+  t.nChannels = params.nchannels > 0 ? static_cast<int>(params.nchannels) : 2;
+  t.p2pnChannels = 2;
+  t.p2pnChannelsPerPeer = 1;
+  // RCCL's LL and LL128 defaults (DEFAULT_LL_BUFFSIZE 256 KiB, 448 KiB). Simple: 1 MiB (128 KiB
+  // steps) rather than RCCL's 4 MiB: on a host, a ring across processes pipelines only when a
+  // rank's chunk spans several steps; 4 processes on 2 cores, 4 MB all-reduce: 2.0 ms against
+  // 2.5-3.0 ms with 4 MiB (benchmarks/multiprocess.py). Ranks of one process use Direct.
+  t.buffSizes[static_cast<int>(Proto::kLL)] = 262144;
+  t.buffSizes[static_cast<int>(Proto::kLL128)] = 458752;
+  t.buffSizes[static_cast<int>(Proto::kSimple)] = 1048576;
+  t.p2pChunkSize = 524288;
+  // workFifoDepth keeps its default: the runtime's plans are persistent (no FIFO budget).
+  t.directPeers = true;
+  return t;
+}
+
+uint64_t HashMix(uint64_t h, uint64_t v) {
+  // splitmix64 finalizer over the running hash and the value
+  uint64_t z = h ^ (v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2));
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+uint64_t P2pTransferHash(int src, int dst, int k, uint64_t bytes) {
+  uint64_t h = HashMix(0x6a09e667f3bcc909ull, static_cast<uint64_t>(src));
+  h = HashMix(h, static_cast<uint64_t>(dst));
+  h = HashMix(h, static_cast<uint64_t>(k));
+  return HashMix(h, bytes);
+}
+
+CallFingerprint FingerprintPlan(const Plan& plan, uint64_t seed) {
+  CallFingerprint f;
+  const int n = plan.nRanks;
+  uint64_t fp = HashMix(0, seed);
+  std::vector<int> sentTo(size_t(std::max(n, 1)), 0), receivedFrom(size_t(std::max(n, 1)), 0);
+  std::ostringstream text;
+  int listed = 0;
+  for (const TaskPlan& tp : plan.tasks) {
+    const bool p2p = tp.coll == Coll::kSend || tp.coll == Coll::kRecv;
+    if (listed < 6) {
+      text << (listed ? "; " : "") << CollName(tp.coll) << " " << DataTypeName(tp.dtype) << " x"
+           << tp.count;
+      if (p2p) text << (tp.coll == Coll::kSend ? " to " : " from ") << tp.peer;
+      if (!p2p && tp.coll != Coll::kAllGather && tp.coll != Coll::kBroadcast)
+        text << " " << DevRedOpName(tp.opFull.op);
+      if (tp.coll == Coll::kBroadcast || tp.coll == Coll::kReduce) text << " root " << tp.root;
+      ++listed;
+    } else if (listed == 6) {
+      text << "; ... (" << plan.tasks.size() << " tasks)";
+      ++listed;
+    }
+    if (p2p) {
+      if (tp.peer < 0 || tp.peer >= n) continue;
+      const uint64_t bytes = tp.count * DataTypeSize(tp.dtype);
+      if (tp.coll == Coll::kSend)
+        f.send += P2pTransferHash(plan.rank, tp.peer, sentTo[size_t(tp.peer)]++, bytes);
+      else
+        f.recv += P2pTransferHash(tp.peer, plan.rank, receivedFrom[size_t(tp.peer)]++, bytes);
+      continue;
+    }
+    for (uint64_t v : {static_cast<uint64_t>(tp.coll), tp.count, static_cast<uint64_t>(tp.dtype),
+                       static_cast<uint64_t>(tp.opFull.op), static_cast<uint64_t>(tp.root),
+                       static_cast<uint64_t>(static_cast<int>(tp.algo) + 1)}) {
+      fp = HashMix(fp, v);
+    }
+  }
+  if (plan.tasks.empty()) text << "nothing";
+  f.coll = fp;
+  f.text = text.str();
+  return f;
+}
+
+namespace {
+
+template <typename T>
+std::string ListString(const std::vector<T>& v) {
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < v.size(); ++i) os << (i ? ", " : "") << v[i];
+  os << "]";
+  return os.str();
+}
+
+Clock::time_point DeadlineIn(double seconds) {
+  if (!(seconds > 0)) seconds = 0;
+  if (seconds > 1e8) seconds = 1e8;  // "forever" without overflowing the clock
+  return Clock::now() +
+         std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+}
+
+}  // namespace
+
+// One execution's rendezvous, shared by its ranks (each holds a reference until it returns).
+// Every field is guarded by the communicator's mutex.
+struct Execution {
+  Execution(const ExecKey& k, int n)
+      : key(k), present(n, 0), peers(n), collFingerprints(n, 0), barrierIn(n, 0) {}
+  ExecKey key;
+  int arrived = 0;
+  std::vector<uint8_t> present;                 // by rank
+  std::vector<std::vector<SlotBuffers>> peers;  // [rank][slot]
+  std::vector<uint64_t> collFingerprints;       // by rank
+  int errorRank = -1;                           // the first rank that cannot take part
+  uint64_t sendSum = 0;
+  uint64_t recvSum = 0;
+  bool complete = false;
+  Status verdict;  // set by the last rank: the ranks disagree on the call
+  uint64_t ticket = 0;
+  // ExecContext::barrier
+  int barrierArrived = 0;
+  uint64_t barrierGeneration = 0;
+  std::vector<uint8_t> barrierIn;  // by rank, in the current generation
+};
+
+Communicator::Communicator(std::vector<int64_t> devices, TopologyView topo,
+                           std::unique_ptr<HostTransport> transport)
+    : devices_(std::move(devices)),
+      topo_(topo),
+      transport_(std::move(transport)),
+      served_(devices_.size(), 0) {
+  entered_ = std::make_unique<std::atomic<uint64_t>[]>(devices_.size());
+  calls_ = std::make_unique<std::atomic<uint64_t>[]>(devices_.size());
+  callTexts_.resize(devices_.size());
+  for (size_t r = 0; r < devices_.size(); ++r) {
+    entered_[r].store(0);
+    calls_[r].store(0);
+    rankNames_.push_back(detail::StrCat("rank ", r, " (device ", devices_[r], ")"));
+  }
+  placement_.process.assign(devices_.size(), 0);
+  placement_.local.assign(devices_.size(), 1);
+  placement_.processes = {0};
+  nLocal_ = static_cast<int>(devices_.size());
+  Stats().communicators.fetch_add(1);
+}
+
+Communicator::Communicator(std::vector<int64_t> devices, TopologyView topo,
+                           std::unique_ptr<HostTransport> transport, GroupPlacement placement,
+                           std::unique_ptr<ShmGroup> shm, std::unique_ptr<SocketLinks> links)
+    : Communicator(std::move(devices), topo, std::move(transport)) {
+  placement_ = std::move(placement);
+  shm_ = std::move(shm);
+  links_ = std::move(links);
+  shmTransport_ = dynamic_cast<HostFifoTransport*>(transport_.get());
+  nLocal_ = 0;
+  for (uint8_t l : placement_.local) nLocal_ += l ? 1 : 0;
+  for (size_t r = 0; r < devices_.size(); ++r) {
+    rankNames_[r] = detail::StrCat("rank ", r, " (device ", devices_[r], ", process ",
+                                   placement_.process[r], ", host '", placement_.host[r], "')");
+  }
+  if (links_) {
+    links_->SetEnteredSource(entered_.get(), calls_.get(), [this](int r) { return CallText(r); });
+  }
+}
+
+Communicator::~Communicator() {
+  Stats().rendezvousPending.fetch_sub(static_cast<int64_t>(pending_.size()));
+  Stats().communicators.fetch_sub(1);
+}
+
+std::string Communicator::DevicesString() const {
+  return ListString(devices_);
+}
+
+Status Communicator::FailedError(const std::string& name) const {
+  JR_FAIL(Code::kInvalidUsage, "jax_rccl: '", name, "': the communicator of devices ",
+          DevicesString(),
+          " failed earlier and cannot run collectives any more (start a new process); the first "
+          "failure: ",
+          failReason_);
+}
+
+void Communicator::Fail(const std::string& reason) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!failed_.load()) {
+    failReason_ = reason;
+    failed_.store(true, std::memory_order_release);
+  }
+  Stats().rendezvousPending.fetch_sub(static_cast<int64_t>(pending_.size()));
+  pending_.clear();
+  cv_.notify_all();
+  const std::string first = failReason_;
+  if (shm_) shm_->MarkFailed(first);    // before the wake-up: peers that wake see the flag
+  if (links_) links_->Shutdown(first);  // the notice, then the socket peers see their streams end
+  if (transport_) transport_->WakeAll();
+  if (shm_) {
+    // Names stay until every process of the group mapped them (a slow peer then still finds the
+    // segments, sees the failure and stops at once instead of waiting for them until its
+    // deadline); at exit they go in any case.
+    bool peerGone = false;
+    for (int q = 0; q < nRanks() && !peerGone; ++q) {
+      peerGone = !placement_.local[size_t(q)] && shm_->Region(q) != nullptr &&
+                 shm_->Liveness(q) == PeerLiveness::kExited;
+    }
+    if (peerGone) {
+      shm_->UnlinkAll();  // a process of the group is gone: nobody maps them any more
+    } else {
+      shm_->MaybeUnlink();
+    }
+    ReapSession(placement_.session, /*ownToo=*/false);  // those of processes that died early
+  }
+}
+
+std::shared_ptr<Execution> Communicator::Join(const ExecKey& key, Arrival arrival, Status* error) {
+  const int n = nRanks();
+  auto it = pending_.find(key);
+  std::shared_ptr<Execution> e;
+  if (it == pending_.end()) {
+    e = std::make_shared<Execution>(key, n);
+    pending_.emplace(key, e);
+    Stats().rendezvousPending.fetch_add(1);
+  } else {
+    e = it->second;
+  }
+  const int r = arrival.rank;
+  if (e->present[r]) {
+    *error =
+        Status(Code::kInternal, detail::StrCat("jax_rccl: rank ", r, " of devices ",
+                                               DevicesString(), " joined the execution (call site ",
+                                               key.callSite, ", run id ", key.runId, ") twice"));
+    return nullptr;
+  }
+  e->present[r] = 1;
+  e->peers[r] = std::move(arrival.slots);
+  e->collFingerprints[r] = arrival.collFingerprint;
+  e->sendSum += arrival.sendHash;
+  e->recvSum += arrival.recvHash;
+  if (!arrival.error.ok() && e->errorRank < 0) {
+    // The execution cannot run: every rank (waiting or still to come) fails at once.
+    e->errorRank = r;
+    e->verdict =
+        Status(arrival.error.code(),
+               detail::StrCat("jax_rccl: rank ", r, " (device ", devices_[r], ") of devices ",
+                              DevicesString(), " cannot run the call: ", arrival.error.message()));
+    cv_.notify_all();
+  }
+  if (++e->arrived < nLocal_) return e;
+
+  // The last (local) rank: check the ranks agree, hand out the ticket, retire the entry. Across
+  // processes only the local ranks are compared here (the others at the call site's first use).
+  std::vector<int> differ;
+  int first = -1;
+  for (int q = 0; q < n; ++q) {
+    if (!e->present[q]) continue;
+    if (first < 0) {
+      first = q;
+    } else if (e->collFingerprints[q] != e->collFingerprints[first]) {
+      differ.push_back(q);
+    }
+  }
+  if (crossProcess()) e->sendSum = e->recvSum = 0;
+  if (e->errorRank >= 0) {
+    // verdict already set
+  } else if (!differ.empty() || e->sendSum != e->recvSum) {
+    Stats().mismatches.fetch_add(1);
+    std::string what =
+        !differ.empty()
+            ? detail::StrCat("ranks ", ListString(differ), " planned a different call than rank ",
+                             first, " (counts, dtypes, ops, roots or algorithms differ)")
+            : std::string(
+                  "their sends and receives do not pair up (counts or dtypes differ "
+                  "between a sender and its receiver)");
+    e->verdict = Status(Code::kInvalidUsage,
+                        detail::StrCat("jax_rccl: the ranks of devices ", DevicesString(),
+                                       " disagree on one call: ", what));
+  } else {
+    e->ticket = nextTicket_++;
+  }
+  e->complete = true;
+  completedSites_.insert({key.instance, key.callSite});
+  pending_.erase(key);
+  Stats().rendezvousPending.fetch_sub(1);
+  cv_.notify_all();
+  return e;
+}
+
+Status Communicator::WaitComplete(Execution& e, int rank, Clock::time_point deadline,
+                                  double timeout, const std::string& name,
+                                  std::unique_lock<std::mutex>& lock) {
+  const WaitingInRendezvous waiting;  // for PoolStallError
+  // Polls of the stall check: an eighth of the grace, within [50 ms, 250 ms].
+  const auto poll = std::chrono::duration_cast<Clock::duration>(
+      std::chrono::duration<double>(std::clamp(stallGrace_ / 8, 0.05, 0.25)));
+  StallWindow window;
+  while (!e.complete && e.errorRank < 0) {
+    if (failed_.load()) return FailedError(name);
+    const Clock::time_point until =
+        stallGrace_ > 0 ? std::min(deadline, Clock::now() + poll) : deadline;
+    if (cv_.wait_until(lock, until) == std::cv_status::timeout && !e.complete && e.errorRank < 0 &&
+        !failed_.load()) {
+      if (Clock::now() < deadline) {  // a poll, not the deadline
+        Status stall = PoolStallError(e.key, e.present, rank, name, window);
+        if (stall.ok()) continue;
+        // Every waiting rank of `e` returns this error (errorRank marks the execution failed, as
+        // for a rank that cannot take part); later calls fail at once on the failed communicator.
+        e.errorRank = rank;
+        e.verdict = stall;
+        lock.unlock();
+        Fail(stall.message());
+        lock.lock();
+        return stall;
+      }
+      std::vector<int> missing;
+      std::vector<int64_t> missingDevices;
+      for (int q = 0; q < nRanks(); ++q) {
+        if (!e.present[q] && placement_.local[q]) {
+          missing.push_back(q);
+          missingDevices.push_back(devices_[q]);
+        }
+      }
+      std::string msg = detail::StrCat(
+          "jax_rccl: '", name, "' timed out after ", timeout, " s (JAX_RCCL_TIMEOUT): ranks ",
+          ListString(missing), " (devices ", ListString(missingDevices),
+          ") of the group of devices ", DevicesString(), " never arrived (call site ",
+          e.key.callSite, ", run id ", e.key.runId, "; rank ", rank, " waited)");
+      Stats().rendezvousTimeouts.fetch_add(1);
+      lock.unlock();
+      Fail(msg);
+      lock.lock();
+      JR_FAIL(Code::kTimeout, msg);
+    }
+  }
+  return Status::Ok();
+}
+
+Status Communicator::WaitTurn(Execution& e, int rank, double timeout, const std::string& name,
+                              std::unique_lock<std::mutex>& lock) {
+  Clock::time_point deadline = DeadlineIn(timeout);
+  uint64_t seen = served_[rank];
+  while (served_[rank] != e.ticket) {
+    if (failed_.load()) return FailedError(name);
+    if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && served_[rank] != e.ticket &&
+        !failed_.load()) {
+      if (served_[rank] != seen) {  // earlier executions progress: keep waiting
+        seen = served_[rank];
+        deadline = DeadlineIn(timeout);
+        continue;
+      }
+      std::string msg = detail::StrCat(
+          "jax_rccl: '", name, "' timed out after ", timeout, " s (JAX_RCCL_TIMEOUT): rank ", rank,
+          " (device ", devices_[rank], ") of the group of devices ", DevicesString(),
+          " waited for an earlier collective on the same devices that never finished");
+      Stats().rendezvousTimeouts.fetch_add(1);
+      lock.unlock();
+      Fail(msg);
+      lock.lock();
+      JR_FAIL(Code::kTimeout, msg);
+    }
+  }
+  return Status::Ok();
+}
+
+Status Communicator::Barrier(Execution& e, int rank, Clock::time_point deadline,
+                             const std::string& name) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (failed_.load()) return FailedError(name);
+  const uint64_t generation = e.barrierGeneration;
+  e.barrierIn[rank] = 1;
+  if (++e.barrierArrived == nRanks()) {
+    e.barrierArrived = 0;
+    std::fill(e.barrierIn.begin(), e.barrierIn.end(), 0);
+    ++e.barrierGeneration;
+    cv_.notify_all();
+    return Status::Ok();
+  }
+  while (e.barrierGeneration == generation) {
+    if (failed_.load()) return FailedError(name);
+    if (cv_.wait_until(lock, deadline) == std::cv_status::timeout &&
+        e.barrierGeneration == generation && !failed_.load()) {
+      std::vector<int> missing;
+      for (int q = 0; q < nRanks(); ++q) {
+        if (!e.barrierIn[q]) missing.push_back(q);
+      }
+      std::string msg = detail::StrCat("jax_rccl: '", name,
+                                       "' timed out (JAX_RCCL_TIMEOUT) in a barrier of the group "
+                                       "of devices ",
+                                       DevicesString(), ": ranks ", ListString(missing),
+                                       " never reached it (call site ", e.key.callSite, ", run id ",
+                                       e.key.runId, ")");
+      Stats().rendezvousTimeouts.fetch_add(1);
+      lock.unlock();
+      Fail(msg);
+      JR_FAIL(Code::kTimeout, msg);
+    }
+  }
+  return Status::Ok();
+}
+
+Status Communicator::Connect(Clock::time_point deadline, double timeout, const std::string& name) {
+  std::lock_guard<std::mutex> lock(connectMu_);
+  if (connected_) return Status::Ok();
+  if (shm_) {
+    int missing = -1;
+    Status s = shm_->OpenRemote(deadline, &failed_, &missing);
+    if (!s.ok()) {
+      if (s.code() != Code::kTimeout || missing < 0) return s;
+      Stats().rendezvousTimeouts.fetch_add(1);
+      JR_FAIL(Code::kTimeout, "jax_rccl: '", name, "' timed out after ", timeout,
+              " s (JAX_RCCL_TIMEOUT): ", RankString(missing),
+              " never arrived (it never created its shared-memory segment ", shm_->Name(missing),
+              ": did process ", placement_.process[missing], " make this call?)");
+    }
+  }
+  for (int r = 0; r < nRanks(); ++r) {
+    char* region = nullptr;
+    if (links_) region = links_->Region(r);
+    if (region == nullptr && shm_) region = shm_->Region(r);
+    shmTransport_->AttachRegion(r, region);
+  }
+  if (links_) {
+    Status s = links_->Connect(deadline, &failed_, name, timeout);
+    if (!s.ok()) {
+      if (s.code() == Code::kTimeout) Stats().rendezvousTimeouts.fetch_add(1);
+      JR_STATUS_FRAME_(s);
+      return s;
+    }
+  }
+  connected_ = true;
+  return Status::Ok();
+}
+
+std::string Communicator::CallText(int rank) {
+  std::lock_guard<std::mutex> lock(callTextMu_);
+  return callTexts_[size_t(rank)];
+}
+
+bool Communicator::PeerFailed(int rank, std::string* why) {
+  if (shm_ && shm_->AnyFailed(why)) return true;
+  if (links_ && links_->Failed(why)) return true;
+  if (!shm_) return false;
+  {
+    std::lock_guard<std::mutex> lock(livenessMu_);
+    if (!peerWhy_.empty()) {  // found before: it stays so
+      *why = peerWhy_;
+      return true;
+    }
+  }
+  const int64_t now =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+  const int64_t last = livenessCheckedNs_.load(std::memory_order_relaxed);
+  if (now - last < 50000000) return false;
+  std::unique_lock<std::mutex> lock(livenessMu_, std::try_to_lock);
+  if (!lock.owns_lock()) return false;
+  livenessCheckedNs_.store(now, std::memory_order_relaxed);
+  for (int q = 0; q < nRanks(); ++q) {
+    if (placement_.local[size_t(q)] || shm_->Region(q) == nullptr) continue;
+    if (shm_->Liveness(q) == PeerLiveness::kExited) {
+      *why = detail::StrCat(RankString(q), " exited (its process is gone)");
+      peerWhy_ = *why;
+      return true;
+    }
+    // A peer blocked in another call at the same number (e.g. sending into a FIFO that this
+    // rank, blocked itself, never drains): the steps never reach a receiver's check.
+    uint64_t calls = 0, call = 0;
+    std::string text;
+    if (shm_->EnteredCall(q, &calls, &call, &text) &&
+        calls == entered_[size_t(rank)].load(std::memory_order_acquire) &&
+        call != calls_[size_t(rank)].load(std::memory_order_acquire)) {
+      *why = detail::StrCat("mismatched calls: ", RankString(q), " runs its ", text, " where ",
+                            RankString(rank), " runs its ", CallText(rank),
+                            " (the processes ran different collectives at this point, or the same "
+                            "ones in a different order)");
+      peerWhy_ = *why;
+      return true;
+    }
+  }
+  return false;
+}
+
+std::string Communicator::Culprits(int rank, uint64_t seq) {
+  if (links_) links_->QueryPeers(std::chrono::milliseconds(1000));
+  std::vector<std::string> out;
+  for (int q = 0; q < nRanks(); ++q) {
+    if (q == rank || placement_.local[size_t(q)]) continue;
+    const std::string who = RankString(q);
+    uint64_t entered = 0;
+    bool known = false;
+    if (links_ && links_->socketRank(q)) {
+      uint64_t call = 0;
+      std::string theirs;
+      const int st = links_->PeerStatus(q, &entered, &call, &theirs);
+      if (st > 0 && entered == seq + 1 && call != calls_[size_t(rank)].load()) {
+        out.push_back(detail::StrCat(
+            "mismatched calls: ", who, " runs its ",
+            theirs.empty() ? detail::StrCat("call #", seq, " (not known)") : theirs, " where ",
+            RankString(rank), " runs its ", CallText(rank),
+            " (the processes ran different collectives at this point, or the same ones in a "
+            "different order)"));
+        continue;
+      }
+      if (st < 0) {
+        out.push_back(
+            detail::StrCat(who, " exited (its connection closed without a failure notice)"));
+        continue;
+      }
+      if (st == 0) {
+        out.push_back(detail::StrCat(
+            who,
+            " did not answer a status query within 1 s (its process is stopped, frozen or "
+            "unreachable)"));
+        continue;
+      }
+      known = true;
+    } else if (shm_ && shm_->Region(q) != nullptr) {
+      const PeerLiveness l = shm_->Liveness(q);
+      if (l == PeerLiveness::kExited) {
+        out.push_back(detail::StrCat(who, " exited (its process is gone)"));
+        continue;
+      }
+      if (l == PeerLiveness::kStopped) {
+        out.push_back(detail::StrCat(
+            who, " is stopped (its process does not run: SIGSTOP, or held by a debugger)"));
+        continue;
+      }
+      entered = shm_->Entered(q);
+      known = true;
+    }
+    if (known && entered < seq + 1) {
+      out.push_back(detail::StrCat(
+          who, " never arrived at call #", seq, " of the group",
+          entered == 0 ? std::string(" (it started no call on this group)")
+                       : detail::StrCat(" (the last call it started is #", entered - 1, ")")));
+    }
+  }
+  std::string text;
+  for (size_t i = 0; i < out.size(); ++i) text += (i ? "; " : "") + out[i];
+  return text;
+}
+
+Status Communicator::Run(const ExecKey& key, Arrival arrival, double timeout,
+                         const std::string& name,
+                         const std::function<Status(const ExecContext&)>& body) {
+  const InsideRun inside;  // for PoolStallError
+  const int rank = arrival.rank;
+  JR_REQUIRE(rank >= 0 && rank < nRanks(), Code::kInternal, "jax_rccl: rank ", rank,
+             " out of range for the group of devices ", DevicesString());
+  JR_REQUIRE(placement_.local[rank], Code::kInternal, "jax_rccl: ", RankString(rank),
+             " of the group of devices ", DevicesString(), " does not belong to this process (",
+             placement_.thisProcess, ")");
+  const Clock::time_point deadline = DeadlineIn(timeout);
+  // The call's identity on the wire: what the lowering says is called, and what was planned.
+  const uint64_t callId = HashMix(static_cast<uint64_t>(key.callSite), arrival.collFingerprint);
+  // What the call moves (the plan's tasks), shortened to fit a segment's published text.
+  const std::string what =
+      arrival.what.size() > 96 ? arrival.what.substr(0, 93) + "..." : arrival.what;
+  std::shared_ptr<Execution> e;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (failed_.load()) return FailedError(name);
+    Status joinError;
+    const bool cannotRun = !arrival.error.ok();
+    e = Join(key, std::move(arrival), &joinError);
+    JR_CHECK(joinError);
+    if (cannotRun) {  // posted for the local ranks; no waiting
+      Status v = e->verdict;
+      if (crossProcess()) {
+        lock.unlock();
+        Fail(v.message());
+      }
+      return v;
+    }
+    JR_CHECK(WaitComplete(*e, rank, deadline, timeout, name, lock));
+    if (!e->verdict.ok()) {
+      // Across processes the other processes' ranks would wait for this call's data: stop them.
+      Status v = e->verdict;
+      if (crossProcess()) {
+        lock.unlock();
+        Fail(v.message());
+      }
+      return v;
+    }
+    JR_CHECK(WaitTurn(*e, rank, timeout, name, lock));
+  }
+  const uint64_t seq = e->ticket;
+  if (crossProcess()) {
+    char id[17];
+    std::snprintf(id, sizeof(id), "%016llx", static_cast<unsigned long long>(callId));
+    std::string text = detail::StrCat("call #", seq, " '", name, "' (", what.empty() ? "" : what,
+                                      what.empty() ? "" : "; ", "id ", id, ")");
+    if (shm_) shm_->SetEntered(rank, seq + 1, callId, text);
+    std::lock_guard<std::mutex> lock(callTextMu_);
+    callTexts_[size_t(rank)] = std::move(text);
+  }
+  // Readers (the progress thread) take (entered, call) only when entered reads the same
+  // non-zero value before and after the call.
+  entered_[size_t(rank)].store(0, std::memory_order_seq_cst);
+  calls_[size_t(rank)].store(callId, std::memory_order_seq_cst);
+  entered_[size_t(rank)].store(seq + 1, std::memory_order_seq_cst);
+
+  // The barrier of this execution; ExecContext::barrier takes no arguments, so the rank is bound
+  // here (a small struct keeps the std::function free of allocations).
+  struct BarrierCall {
+    Communicator* comm;
+    Execution* e;
+    int rank;
+    Clock::time_point deadline;
+    const std::string* name;
+  };
+  ExecContext ctx;
+  ctx.rank = rank;
+  ctx.nRanks = nRanks();
+  ctx.transport = transport_.get();
+  ctx.peers = &e->peers;
+  ctx.deadline = DeadlineIn(timeout);
+  ctx.aborted = &failed_;
+  ctx.callId = callId;
+  ctx.seq = seq;
+  ctx.checkSteps = checkSteps_;
+  ctx.rankNames = &rankNames_;
+  if (shm_ || links_) {
+    ctx.peerFailed = [this, rank](std::string* why) { return PeerFailed(rank, why); };
+  }
+  ctx.name = name;
+  BarrierCall call{this, e.get(), rank, ctx.deadline, &name};
+  if (crossProcess()) {
+    ctx.barrier = [c = &call]() -> Status {
+      JR_FAIL(Code::kUnsupported, "jax_rccl: '", *c->name,
+              "': the Direct algorithm reads the peers' buffers in place and needs every rank of "
+              "the group in one process; the group of devices ",
+              c->comm->DevicesString(), " spans processes (use Ring or Tree)");
+    };
+  } else {
+    ctx.barrier = [c = &call]() -> Status {
+      return c->comm->Barrier(*c->e, c->rank, c->deadline, *c->name);
+    };
+  }
+
+  Status result;
+  if (crossProcess()) {
+    result = Connect(ctx.deadline, timeout, name);
+    if (result.ok() && shm_) shm_->MaybeUnlink();
+  }
+  if (result.ok()) {
+    result = body(ctx);
+    // The process may exit after this call: its last steps must be on the wire first.
+    if (result.ok() && links_ && !links_->WaitDrained(rank, ctx.deadline)) {
+      std::string why = "the deadline (JAX_RCCL_TIMEOUT) passed";
+      links_->Failed(&why);
+      result = Status(Code::kTimeout,
+                      detail::StrCat("jax_rccl: '", name, "': ", RankString(rank),
+                                     " could not hand its last steps to the sockets: ", why));
+    }
+    if (!result.ok() && crossProcess() && result.code() == Code::kTimeout) {
+      // This rank's own deadline (not a peer's failure): say which ranks did not come.
+      std::string why;
+      if (!failed() && !PeerFailed(rank, &why)) {
+        const std::string culprits = Culprits(rank, seq);
+        result =
+            Status(result.code(),
+                   culprits.empty()
+                       ? detail::StrCat(result.message(), " [every rank of the group of devices ",
+                                        DevicesString(), " started call #", seq,
+                                        "; the ranks stalled inside it]")
+                       : detail::StrCat("jax_rccl: '", name, "' (call #", seq, ") timed out after ",
+                                        timeout, " s (JAX_RCCL_TIMEOUT) on ", RankString(rank),
+                                        ": ", culprits, " [", result.message(), "]"));
+      }
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++served_[rank];
+    cv_.notify_all();
+  }
+  if (!result.ok() && crossProcess()) {
+    // Stopped by a peer: say what the first failure was.
+    std::string why;
+    if (!failed() && PeerFailed(rank, &why) && result.message().find(why) == std::string::npos) {
+      result = Status(result.code(), detail::StrCat(result.message(), " [", why, "]"));
+    }
+  }
+  if (!result.ok() && failed()) {
+    // Stopped by an earlier failure of the communicator: say what it was.
+    std::string first;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      first = failReason_;
+    }
+    if (!first.empty() && result.message().find(first) == std::string::npos) {
+      result = Status(result.code(),
+                      detail::StrCat(result.message(), " [the first failure: ", first, "]"));
+    }
+  }
+  if (!result.ok()) {
+    JR_STATUS_FRAME_(result);
+    // The other ranks may wait on this one inside the executor or in other processes: stop them.
+    Fail(result.message());
+  }
+  return result;
+}
+
+namespace {
+
+// Rank r's node for the topology: its host, or its process when sockets are forced.
+std::vector<std::string> NodeKeys(const GroupPlacement& g, bool forceSocket) {
+  std::vector<std::string> keys;
+  for (size_t r = 0; r < g.process.size(); ++r) {
+    keys.push_back(forceSocket ? detail::StrCat("process ", g.process[r]) : g.host[r]);
+  }
+  return keys;
+}
+
+// Nodes of equal size holding consecutive ranks (what the planner's rings and trees assume):
+// their count, or 1 when the group is not laid out that way.
+int CountNodes(const std::vector<std::string>& keys) {
+  std::vector<std::string> order;
+  std::vector<int> sizes;
+  for (const std::string& k : keys) {
+    if (order.empty() || order.back() != k) {
+      if (std::find(order.begin(), order.end(), k) != order.end()) return 1;  // not consecutive
+      order.push_back(k);
+      sizes.push_back(0);
+    }
+    ++sizes.back();
+  }
+  for (int s : sizes) {
+    if (s != sizes.front()) return 1;
+  }
+  return static_cast<int>(order.size());
+}
+
+}  // namespace
+
+// Per channel the bandwidth a TCP socket of the host runtime gets between two nodes (GB/s), the
+// topology's bwInter (the cost model's CPU network row takes it): 0.6 measured over loopback
+// with 4 processes on 2 cores (a Ring all_reduce of 16 MB, benchmarks/multiprocess.py).
+constexpr float kCpuSocketBwGBs = 0.6f;
+
+static StatusOr<std::unique_ptr<Communicator>> CrossProcessCommunicator(
+    const std::vector<int64_t>& devices, const GroupPlacement& placement, const Params& params,
+    TopologyView topo) {
+  const std::string& mode = params.transport;
+  JR_REQUIRE(mode == "auto" || mode == "shm" || mode == "socket", Code::kInvalidArgument,
+             "jax_rccl: JAX_RCCL_TRANSPORT='", mode,
+             "' is not a transport; allowed: auto, shm, socket");
+  const int n = static_cast<int>(devices.size());
+  const bool forceSocket = mode == "socket";
+  // Per rank of another process: a socket when sockets are forced or its host differs.
+  std::vector<uint8_t> socketRank(size_t(n), 0), onHost(size_t(n), 0);
+  bool anySocket = false, anyShmPeer = false;
+  std::vector<std::string> otherHosts;
+  for (int r = 0; r < n; ++r) {
+    if (placement.local[size_t(r)]) {
+      onHost[size_t(r)] = 1;
+      continue;
+    }
+    const bool sameHost = placement.host[size_t(r)] == placement.thisHost;
+    socketRank[size_t(r)] = forceSocket || !sameHost ? 1 : 0;
+    onHost[size_t(r)] = socketRank[size_t(r)] ? 0 : 1;
+    anySocket = anySocket || socketRank[size_t(r)];
+    anyShmPeer = anyShmPeer || onHost[size_t(r)];
+    if (!sameHost) otherHosts.push_back(placement.host[size_t(r)]);
+  }
+  if (mode == "shm" && !otherHosts.empty()) {
+    JR_FAIL(Code::kInvalidArgument, "jax_rccl: JAX_RCCL_TRANSPORT=shm, but the group of devices ",
+            ListString(devices), " spans hosts ('", placement.thisHost, "' and '",
+            otherHosts.front(), "'); shared memory joins processes of one host only (use auto)");
+  }
+  if (anySocket) {
+    for (int r = 0; r < n; ++r) {
+      JR_REQUIRE(!socketRank[size_t(r)] || !placement.endpoint[size_t(r)].empty(),
+                 Code::kUnsupported, "jax_rccl: rank ", r, " (device ", devices[size_t(r)],
+                 ", process ", placement.process[size_t(r)],
+                 ") must be reached over a socket but its process published no endpoint (the "
+                 "world table has no 'endpoints')");
+    }
+  }
+  // The topology every process derives alike: shm links within a node, the network between
+  // nodes (hosts; processes when sockets are forced).
+  topo.intraLink = LinkKind::kShm;
+  topo.directPeers = false;
+  const int nNodes = CountNodes(NodeKeys(placement, forceSocket));
+  if (nNodes > 1) {
+    topo.nNodes = nNodes;
+    topo.interLink = LinkKind::kNet;
+    topo.bwInter = kCpuSocketBwGBs;
+  }
+  auto transport = std::make_unique<HostFifoTransport>(topo, /*shared=*/true);
+  uint64_t h = 0x243f6a8885a308d3ull;
+  for (int64_t d : devices) h = HashMix(h, static_cast<uint64_t>(d));
+  std::unique_ptr<ShmGroup> shm;
+  if (anyShmPeer) {
+    char hex[17];
+    std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(h));
+    shm = std::make_unique<ShmGroup>(
+        detail::StrCat("/jrccl.", placement.session, ".", hex, ".", ShmNameTag(hex)), placement,
+        transport->geometry(), onHost);
+    JR_CHECK(shm->CreateLocal());
+  }
+  std::unique_ptr<SocketLinks> links;
+  if (anySocket) {
+    // Regions this process keeps privately: the socket ranks' proxies, and its own ranks' when
+    // no other process shares the host.
+    std::vector<uint8_t> own(size_t(n), 0);
+    for (int r = 0; r < n; ++r) own[size_t(r)] = socketRank[size_t(r)] || !shm ? 1 : 0;
+    for (int r = 0; r < n; ++r) {
+      if (!placement.local[size_t(r)] && !socketRank[size_t(r)]) own[size_t(r)] = 0;
+    }
+    std::vector<int64_t> devs = devices;
+    GroupPlacement pl = placement;
+    auto rankString = [devs, pl](int r) {
+      return detail::StrCat("rank ", r, " (device ", devs[size_t(r)], ", process ",
+                            pl.process[size_t(r)], ", host '", pl.host[size_t(r)], "')");
+    };
+    links = std::make_unique<SocketLinks>(placement.session, h, placement, socketRank, own,
+                                          placement.endpoint, transport.get(), rankString);
+    JR_CHECK(links->AllocateRegions());
+  }
+  return std::make_unique<Communicator>(devices, topo, std::move(transport), placement,
+                                        std::move(shm), std::move(links));
+}
+
+World& World::Get() {
+  static World* world = new World();  // never destroyed: pool threads may outlive statics
+  return *world;
+}
+
+StatusOr<Communicator*> World::GetOrCreate(const std::vector<int64_t>& devices,
+                                           const Params& params) {
+  JR_REQUIRE(!devices.empty(), Code::kInvalidArgument,
+             "jax_rccl: a replica group needs at least one device");
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = comms_.find(devices);
+  if (it != comms_.end()) return it->second.get();
+  JR_ASSIGN_OR_RETURN(GroupPlacement placement, PlaceGroup(devices));
+  TopologyView topo = CpuTopology(static_cast<int>(devices.size()), params);
+  std::unique_ptr<Communicator> comm;
+  if (!placement.crossProcess) {
+    JR_ASSIGN_OR_RETURN(std::unique_ptr<HostTransport> transport, host::MakeHostTransport(topo));
+    comm = std::make_unique<Communicator>(devices, topo, std::move(transport));
+  } else {
+    JR_ASSIGN_OR_RETURN(comm, CrossProcessCommunicator(devices, placement, params, topo));
+  }
+  comm->SetCheckSteps(params.check_calls != 0);
+  comm->SetStallGrace(params.stall_grace);
+  Communicator* out = comm.get();
+  comms_.emplace(devices, std::move(comm));
+  return out;
+}
+
+}  // namespace comm
+}  // namespace jax_rccl

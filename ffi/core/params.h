@@ -1,0 +1,76 @@
+// Parameters, declared once: name, environment variable, type, default, one-line doc.
+// Values are read at instantiate (or when Python asks), never inside kernels; docs and
+// jax_rccl.params() are generated from this list.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ffi/core/status.h"
+
+namespace jax_rccl {
+
+// X(field, env, kind, default, doc): kind is Int, Float or String.
+#define JAX_RCCL_PARAMS(X)                                                                        \
+  X(algo, "JAX_RCCL_ALGO", String, "",                                                            \
+    "Algorithms the planner may choose, NCCL syntax: 'Ring', 'Tree,Ring', '^Tree'; empty: all")   \
+  X(proto, "JAX_RCCL_PROTO", String, "",                                                          \
+    "Protocols the planner may choose, NCCL syntax: 'Simple', 'LL,LL128', '^LL128'; empty: all")  \
+  X(timeout, "JAX_RCCL_TIMEOUT", Float, 300.0,                                                    \
+    "Seconds a rank waits for its peers before the call fails with an error")                     \
+  X(stall_grace, "JAX_RCCL_STALL_GRACE", Float, 2.0,                                              \
+    "Seconds of an idle process after which a local rank that XLA's CPU thread pool cannot "      \
+    "start (too many calls in flight) fails the call; 0: wait for JAX_RCCL_TIMEOUT")              \
+  X(debug, "JAX_RCCL_DEBUG", String, "WARN", "Log level: WARN, INFO (each plan choice) or TRACE") \
+  X(p2p_ll_threshold, "JAX_RCCL_P2P_LL_THRESHOLD", Int, 16384,                                    \
+    "Point-to-point chunks up to this many bytes use the LL protocol")                            \
+  X(nchannels, "JAX_RCCL_NCHANNELS", Int, 0,                                                      \
+    "Channels for collectives; 0 keeps the topology's value (CPU: 2; GPU groups: 32 up to 4 "     \
+    "ranks, 16 above; at most 32 on GPUs)")                                                       \
+  X(huge_pages, "JAX_RCCL_HUGE_PAGES", Int, 1,                                                    \
+    "1: advise transparent huge pages on large CPU outputs before writing them; 0: leave them")   \
+  X(transport, "JAX_RCCL_TRANSPORT", String, "auto",                                              \
+    "Between processes: auto (shared memory on one host, TCP sockets between hosts), shm, or "    \
+    "socket (TCP between all processes, also on one host)")                                       \
+  X(check_calls, "JAX_RCCL_CHECK_CALLS", Int, 1,                                                  \
+    "1: a rank checks every FIFO step it receives against its own call; 0: skip the check "       \
+    "(benchmarks; senders still tag their steps)")                                                \
+  X(socket_ifaddr, "JAX_RCCL_SOCKET_IFADDR", String, "",                                          \
+    "Address this process's socket listener binds to and other hosts reach it at; empty: "        \
+    "JAX_RCCL_SOCKET_IFNAME's, else the interface that reaches JAX's coordinator")                \
+  X(socket_ifname, "JAX_RCCL_SOCKET_IFNAME", String, "",                                          \
+    "Interfaces the socket listener may bind to, NCCL syntax: prefixes 'eth,ib', '^docker' "      \
+    "(exclude), '=eth0' (exact); the first match's address")                                      \
+  X(hostname, "JAX_RCCL_HOSTNAME", String, "",                                                    \
+    "Host name this process gives its peers (processes with the same one share memory); empty: "  \
+    "the machine's host name. Tests set it to run one machine's processes as several hosts")
+
+struct Params {
+#define JAX_RCCL_PARAM_FIELD_Int(name, def) int64_t name = def;
+#define JAX_RCCL_PARAM_FIELD_Float(name, def) double name = def;
+#define JAX_RCCL_PARAM_FIELD_String(name, def) std::string name = def;
+#define JAX_RCCL_PARAM_FIELD(name, env, kind, def, doc) JAX_RCCL_PARAM_FIELD_##kind(name, def)
+  JAX_RCCL_PARAMS(JAX_RCCL_PARAM_FIELD)
+#undef JAX_RCCL_PARAM_FIELD
+};
+
+struct ParamInfo {
+  const char* name;
+  const char* env;
+  const char* kind;  // "int", "float", "string"
+  std::string defaultValue;
+  std::string value;  // as read from the environment (or the default)
+  const char* doc;
+};
+
+// Reads every parameter from the environment; values that do not parse keep the default with a
+// warning in `warnings`.
+Params LoadParams(std::vector<std::string>* warnings = nullptr);
+// Reads and checks every parameter: a value that does not parse or is out of its range is an
+// error naming the variable, the value and what is allowed (JAX_RCCL_DEBUG is case-insensitive
+// and normalized to upper case). The runtime reads its parameters this way.
+StatusOr<Params> LoadValidParams();
+std::vector<ParamInfo> DescribeParams(const Params& p);
+
+}  // namespace jax_rccl
