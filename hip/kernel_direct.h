@@ -402,7 +402,7 @@ __device__ __noinline__ bool RunDirectElem(const KernelArgs& a, uint64_t deadlin
       PieceIo io;
       io.src = ds.src[j];
       io.dst = ds.dst[j];
-      SimpleLoop<FuncSum<uint8_t>, false, true>(copyFn, io, s.n);
+      SimpleLoopBody<FuncSum<uint8_t>, false, true>(copyFn, io, s.n);
     }
   } else if (s.n > 0) {
     const F fn(opArg);
