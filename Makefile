@@ -1,6 +1,7 @@
 # Two commands on a fresh machine (Python, pip and a C++ compiler):
 #   make demo   install into a local venv and run the main job
 #   make test   install and run the test suite
+SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -17,10 +18,16 @@ $(PY):
 	$(PY) -m pip install -q --upgrade pip
 
 # Build dependencies go into the venv first so the build reuses them (no second jax download);
-# scikit-build-core keeps its build folder, so a second install rebuilds only what changed.
+# scikit-build-core keeps its build folder, so a second install rebuilds only what changed. The
+# compile steps show as they go ("[k/n] ..."); the whole log is in build/install.log.
 install: $(PY)
 	$(PY) -m pip install -q "jax>=0.10.2" "nanobind>=2.0" "scikit-build-core>=0.10"
-	$(PY) -m pip install -q --no-build-isolation ".[test]"
+	@mkdir -p build
+	@echo "building and installing jax_rccl (a first build takes a few minutes on 2 cores)"
+	@$(PY) -m pip install -v --no-build-isolation ".[test]" 2>&1 | tee build/install.log | \
+	  grep --line-buffered -E '^ *\[[0-9]+/[0-9]+\] ' | sed -u 's/^ *//; s/ -o .*//' | cut -c1-100; \
+	  rc=$${PIPESTATUS[0]}; if [ $$rc -ne 0 ]; then tail -n 40 build/install.log; \
+	  echo "make install failed (exit $$rc); the whole log: build/install.log"; exit $$rc; fi
 
 demo: install
 	$(PY) -P -m jax_rccl.demo

@@ -55,7 +55,7 @@ COMMAND_BUFFER_FLAGS = (
     "--xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL,COLLECTIVES,WHILE "
     "--xla_gpu_graph_min_graph_size=1"
 )
-_CHILD_ENV = "JAX_RCCL_GPU_JAX_CHILD"  # set in the re-executed subprocess
+_CHILD_ENV = "JAX_RCCL_TEST_GPU_JAX_CHILD"  # set in the re-executed subprocess
 COLLS = ("all_reduce", "all_gather", "reduce_scatter")
 MODES = ("call", "loop", "unrolled")
 UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}

@@ -13,7 +13,10 @@ JAX's global device ids.
 
 from __future__ import annotations
 
+import difflib
+import os
 import threading
+import warnings
 
 import jax
 from jax._src.lib import xla_client
@@ -26,7 +29,48 @@ GPU_STATE_TYPE = "jax_rccl_gpu_state"
 #: One target per collective kind of the FFI contract, named by the native side.
 TARGETS = tuple(f"jax_rccl_{kind}" for kind in _jax_rccl.collective_kinds())
 
+#: Variables the build reads (pyproject.toml's ``[tool.scikit-build.cmake.define]``): often
+#: still set when a program runs, and not runtime settings.
+BUILD_VARIABLES = (
+    "JAX_RCCL_GPU",
+    "JAX_RCCL_DEVICE_QUICK",
+    "JAX_RCCL_DEVICE_TYPES",
+    "JAX_RCCL_OPENSSL",
+    "JAX_RCCL_TESTING",
+)
+#: Settings that existed once, with what became of them.
+REMOVED_VARIABLES = {
+    "JAX_RCCL_WORK_FIFO_DEPTH": "removed: the runtime's plans are persistent, so no work FIFO "
+    "depth applies",
+}
+#: A prefix the test suite and the benchmarks keep for their own variables.
+TEST_PREFIX = "JAX_RCCL_TEST_"
+
 _lock = threading.Lock()
+
+
+def unknown_settings(environ=None) -> list[str]:
+    """One message per ``JAX_RCCL_*`` variable of ``environ`` (default: the process's) that no
+    part of jax_rccl reads: a misspelt or removed setting, naming the closest known one."""
+    environ = os.environ if environ is None else environ
+    table, _ = _jax_rccl.params()
+    known = [p["env"] for p in table] + list(BUILD_VARIABLES)
+    out = []
+    for name in sorted(environ):
+        if not name.startswith("JAX_RCCL_") or name in known or name.startswith(TEST_PREFIX):
+            continue
+        if name in REMOVED_VARIABLES:
+            out.append(f"jax_rccl: {name} is ignored ({REMOVED_VARIABLES[name]})")
+            continue
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        out.append(
+            f"jax_rccl: {name} is not a jax_rccl setting and is ignored{hint} "
+            "(every setting: jax_rccl.params())"
+        )
+    return out
+
+
 _registered = False
 
 
@@ -41,8 +85,11 @@ def ensure_registered() -> None:
         # The backend must exist before types are registered, or its start-up fails with
         # "Types used by FFI handlers must be registered before the handler registration".
         jax.devices()
-        # A bad JAX_RCCL_* value is a ValueError naming it here, before anything is lowered.
+        # A bad JAX_RCCL_* value is a ValueError naming it here, before anything is lowered; a
+        # JAX_RCCL_* variable that nothing reads (a misspelt setting) is a warning naming it.
         _jax_rccl.check_params()
+        for message in unknown_settings():
+            warnings.warn(message, stacklevel=3)
         # Several JAX processes: meet them once and hand the world table to the runtime
         # before anything is lowered (a no-op in a single-process program).
         _bootstrap.ensure_world()

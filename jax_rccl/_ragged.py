@@ -12,10 +12,11 @@ jax_rccl all_gather (every rank then holds every rank's offsets and sizes: a tab
 then ``jax_rccl_ragged_all_to_all`` takes (operand[N, R], output[M, R], table) and returns the
 result, aliased to ``output``. Its plan (built once) has per peer and slice one send and one
 receive of the largest transfer, min(N, M) rows; each execution reads the table and moves only
-the rows the sizes name (ffi/handlers/ragged.h). Every rank checks the whole table the same way, so a bad
-entry (a negative value, a slice past the operand or the output, send_sizes disagreeing with
-the receiver's recv_sizes) fails the call on every rank with the same message, never a partial
-write. Lowered for any other platform (a GPU one included) it raises NotImplementedError.
+the rows the sizes name (ffi/handlers/ragged.h). Every rank checks the whole table the same
+way, so a bad entry (a negative value, a slice past the operand or the output, send_sizes
+disagreeing with the receiver's recv_sizes) fails the call on every rank with the same message,
+never a partial write (on GPUs the kernels check the table and the next call raises). Lowered
+for a platform other than CPU, CUDA and ROCM it raises NotImplementedError.
 """
 
 from __future__ import annotations

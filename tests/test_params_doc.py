@@ -1,8 +1,9 @@
-"""The README's environment table is the parameter list (ffi/core/params.h) as jax_rccl.params() shows
-it; tools and docs generate it with jax_rccl._params_doc."""
+"""The README's environment table is the parameter list (ffi/core/params.h) as
+jax_rccl.params() shows it; tools and docs generate it with jax_rccl._params_doc."""
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -78,3 +79,54 @@ def test_check_mode_reports_a_stale_document(tmp_path, capsys):
     assert _params_doc.main([str(doc)]) == 0
     assert _params_doc.main([str(doc), "--check"]) == 0
     assert "JAX_RCCL_TIMEOUT" in doc.read_text()
+
+
+def test_a_misspelt_or_removed_setting_is_named():
+    from jax_rccl import _ffi
+
+    messages = _ffi.unknown_settings(
+        {
+            "JAX_RCCL_TIMEOUTS": "5",  # misspelt
+            "JAX_RCCL_WORK_FIFO_DEPTH": "4",  # removed
+            "JAX_RCCL_TIMEOUT": "5",  # a setting
+            "JAX_RCCL_GPU": "cuda",  # read by the build
+            "JAX_RCCL_TEST_ANYTHING": "1",  # the test suite's own
+            "XLA_FLAGS": "",
+        }
+    )
+    assert len(messages) == 2, messages
+    misspelt, removed = messages  # in name order
+    assert "JAX_RCCL_WORK_FIFO_DEPTH is ignored (removed:" in removed
+    assert "JAX_RCCL_TIMEOUTS is not a jax_rccl setting" in misspelt
+    assert "did you mean JAX_RCCL_TIMEOUT?" in misspelt
+
+
+def test_the_build_variables_are_the_ones_the_build_reads():
+    import tomllib
+
+    from jax_rccl import _ffi
+
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        defines = tomllib.load(f)["tool"]["scikit-build"]["cmake"]["define"]
+    assert sorted(_ffi.BUILD_VARIABLES) == sorted(v["env"] for v in defines.values())
+
+
+def test_an_unknown_setting_warns_when_jax_rccl_starts(tmp_path):
+    import subprocess
+    import sys
+
+    code = (
+        "import warnings, jax, jax_rccl\n"
+        "from jax_rccl import _ffi\n"
+        "with warnings.catch_warnings(record=True) as w:\n"
+        "    warnings.simplefilter('always')\n"
+        "    _ffi.ensure_registered()\n"
+        "print([str(x.message) for x in w])\n"
+    )
+    env = dict(os.environ, JAX_RCCL_NCHANNEL="4", JAX_PLATFORMS="cpu")
+    r = subprocess.run(
+        [sys.executable, "-P", "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 0, r.stderr
+    assert "JAX_RCCL_NCHANNEL is not a jax_rccl setting" in r.stdout
+    assert "did you mean JAX_RCCL_NCHANNELS?" in r.stdout

@@ -1,9 +1,10 @@
 """The host executor (ffi/host/executor.cc) against numpy.
 
-Every rank runs as a thread of this process through `jax_rccl._jax_rccl_testing.run_plan_threads`, which
-plans the group per rank, runs the ranks over one in-process host transport and returns every
-rank's outputs. Inputs are chosen so that narrow-float results are exact (small integers) where
-the reduction order would otherwise matter; float32/float64 compare with a tolerance.
+Every rank runs as a thread of this process through
+`jax_rccl._jax_rccl_testing.run_plan_threads`, which plans the group per rank, runs the ranks
+over one in-process host transport and returns every rank's outputs. Inputs are chosen so that
+narrow-float results are exact (small integers) where the reduction order would otherwise
+matter; float32/float64 compare with a tolerance.
 """
 
 from __future__ import annotations

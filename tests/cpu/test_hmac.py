@@ -1,4 +1,4 @@
-"""SHA-256 and HMAC-SHA-256 of the socket transport's handshake (ffi/cpu/hmac.*).
+"""SHA-256 and HMAC-SHA-256 of the socket transport's handshake (ffi/comm/hmac.*).
 
 Every backend of the build (the builtin implementation; libcrypto's when linked) against the
 published vectors: RFC 4231 for HMAC-SHA-256, FIPS 180-4's examples (NIST) for SHA-256; the

@@ -26,7 +26,8 @@ HERE = os.path.abspath(__file__)
 
 
 def load_native():
-    """The test-only extension module, imported without running jax_rccl/__init__ (and so without jax)."""
+    """The test-only extension module, imported without running jax_rccl/__init__ (and so
+    without jax)."""
     import types
 
     spec = importlib.util.find_spec("jax_rccl")
