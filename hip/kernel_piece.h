@@ -516,14 +516,18 @@ struct ProtoLL128 {
 };
 
 // Calls body(P{}) with the protocol type of `proto` (a Proto value): the one place a protocol
-// number becomes a type. An unknown value runs as Simple, as the numbers' users did before.
+// number becomes a type. An unknown value runs as Simple, as the numbers' users did before. AMD
+// builds have no LL128 (their uploads refuse it: a 16-byte access there is two 8-byte ones), so
+// they instantiate nothing for it.
 template <typename Body>
 __device__ inline bool ByProto(int proto, Body body) {
   switch (proto) {
     case kProtoLL:
       return body(ProtoLL{});
+#if !defined(JAX_RCCL_AMD)
     case kProtoLL128:
       return body(ProtoLL128{});
+#endif
     default:
       return body(ProtoSimple{});
   }
