@@ -119,6 +119,36 @@ nb::list ElemDicts(const Plan& plan, const Work& w, int kernel, int workIx) {
   return out;
 }
 
+nb::list PeerList(int n, const int* peers) {
+  nb::list out;
+  for (int i = 0; i < n; ++i) out.append(peers[i]);
+  return out;
+}
+
+nb::dict ProxyOpDict(const ProxyOp& op, int kernel) {
+  nb::dict d;
+  d["kernel"] = kernel;
+  d["channel"] = op.channelId;
+  d["task"] = op.task;
+  d["coll"] = CollName(op.coll);
+  d["pattern"] = PatternName(op.pattern);
+  d["protocol"] = ProtoName(op.protocol);
+  d["dtype"] = DataTypeName(op.dtype);
+  d["red_op"] = RedOpName(op.redOp);
+  d["root"] = op.root;
+  d["peer"] = op.peer < 0 ? nb::object(nb::none()) : nb::object(nb::int_(op.peer));
+  d["conn_index"] = op.connIndex;
+  d["nsteps"] = op.nsteps;
+  d["chunk_size"] = op.chunkSize;
+  d["chunk_steps"] = op.chunkSteps;
+  d["slice_steps"] = op.sliceSteps;
+  d["nbytes"] = op.nbytes;
+  d["op_count"] = op.opCount;
+  d["recv_peers"] = PeerList(op.nRecvPeers, op.recvPeers);
+  d["send_peers"] = PeerList(op.nSendPeers, op.sendPeers);
+  return d;
+}
+
 nb::dict PlanToDict(const Plan& plan) {
   nb::dict out;
   out["rank"] = plan.rank;
@@ -222,6 +252,14 @@ nb::dict PlanToDict(const Plan& plan) {
   }
   out["channels"] = channels;
   out["kernels"] = kernels;
+  // Every kernel's proxy ops, kernel by kernel in launch order, each in upload order.
+  nb::list proxyOps;
+  for (size_t k = 0; k < plan.kernels.size(); ++k) {
+    for (const ProxyOp& op : ProxyOpsInUploadOrder(plan.kernels[k])) {
+      proxyOps.append(ProxyOpDict(op, int(k)));
+    }
+  }
+  out["proxy_ops"] = proxyOps;
   return out;
 }
 
@@ -295,7 +333,32 @@ void BindPlanner(nb::module_& m) {
             return d;
           },
           nb::arg("kernel"), nb::arg("depth"), nb::arg("sent") = 0,
-          "The FIFO placement of one kernel's works in a ring of `depth` slots after `sent`.");
+          "The FIFO placement of one kernel's works in a ring of `depth` slots after `sent`.")
+      .def(
+          "upload_proxy_ops",
+          [](const Plan& p, int k, uint64_t collOpCount, std::vector<uint64_t> p2pOpCounts) {
+            if (k < 0 || k >= int(p.kernels.size())) throw nb::index_error("kernel index");
+            if (p2pOpCounts.size() > size_t(kMaxChannels)) {
+              throw nb::value_error("p2p_op_counts: at most one counter per channel (128)");
+            }
+            ProxyOpCounters counters;
+            counters.collOpCount = collOpCount;
+            for (size_t c = 0; c < p2pOpCounts.size(); ++c) counters.p2pOpCount[c] = p2pOpCounts[c];
+            nb::list ops;
+            for (const ProxyOp& op : UploadProxyOps(p.kernels[k], &counters)) {
+              ops.append(ProxyOpDict(op, k));
+            }
+            std::vector<uint64_t> p2p(counters.p2pOpCount, counters.p2pOpCount + kMaxChannels);
+            nb::dict d;
+            d["ops"] = ops;
+            d["coll_op_count"] = counters.collOpCount;
+            d["p2p_op_counts"] = p2p;
+            return d;
+          },
+          nb::arg("kernel"), nb::arg("coll_op_count") = 0,
+          nb::arg("p2p_op_counts") = std::vector<uint64_t>(),
+          "One kernel's proxy ops as uploadProxyOps hands them over: opCounts moved past the "
+          "communicator's counters (collectives, p2p per channel), and the counters after it.");
 
   // Read-only vocabularies, each in its native order (an op's index is its `op` attribute).
   m.def(

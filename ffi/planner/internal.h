@@ -11,6 +11,8 @@
 //   schedule_p2p.cc   the p2p schedule, channel mapping, scheduleP2pTasksToPlan, addP2pToPlan,
 //                     appendWorkElemP2p, finishWorkP2p, calcP2pChunkSize
 //   layout.cc         uploadWork's layouts (persistent and FIFO)
+//   proxy.cc          initCollProxyOp, the p2p proxy op (ncclProxyComputeP2p), addProxyOpIfNeeded
+//                     (ncclProxySaveOp's inquiry), uploadProxyOps' order
 #pragma once
 
 #include <cstdint>
@@ -145,6 +147,20 @@ void FinishWorkP2p(Work* work, int warpSize);
 // scheduleP2pTasksToPlan.
 Status ScheduleP2pTasks(const PlanContext& ctx, GroupState* g, KernelPlan* kp, int kernelIndex,
                         int* nWorkBudget);
+
+// ---- proxy.cc ----
+// initCollProxyOp: the proxy op of one part of a collective on channel `channelId`, `nsteps`
+// from ComputeSteps of the part; no peers yet.
+ProxyOp InitCollProxyOp(const PlanContext& ctx, const CollInfo& info, int channelId,
+                        uint64_t opCount, uint32_t nsteps);
+// The proxy op of one p2p piece of `bytes` (ncclProxyComputeP2p's fields and step count) with
+// the element's chunk size and connection; opCount is set when the piece has found its work.
+ProxyOp InitP2pProxyOp(const P2pInfo& task, int channelId, Proto proto, int64_t bytes,
+                       int64_t chunkSize, int connIndex);
+// addProxyOpIfNeeded: fills in the network connections the op's pattern uses on its channel
+// (ncclProxySaveOp's inquiry, with "has a proxy" read as "the peer is on another node") and
+// appends it to the channel's queue when there is one. Returns whether it was added.
+bool AddProxyOpIfNeeded(const PlanContext& ctx, KernelPlan* kp, ProxyOp op);
 
 // ---- plan.cc ----
 // finishPlan: channel mask/count/ubound, isLast on each channel's tail work, p2p work finishing,

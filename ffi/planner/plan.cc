@@ -90,6 +90,9 @@ void FinishKernelPlan(const PlanContext& ctx, KernelPlan* kp) {
     tail.header.isLast = 1;
     if (tail.header.type == kWorkTypeP2p) FinishWorkP2p(&tail, ctx.topo.warpSize());
   }
+  bool hasProxyOps = false;
+  for (const ChannelPlan& ch : kp->channels) hasProxyOps |= !ch.proxyOps.empty();
+  kp->hasProxyOps = hasProxyOps;
   kp->channelUbound = channelUbound;
   kp->channelCount = channelCount;
   kp->channelMask = mask;

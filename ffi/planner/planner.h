@@ -52,11 +52,14 @@ struct TaskPlan {
 // One channel of one kernel launch (ncclKernelPlan::Channel).
 struct ChannelPlan {
   ChannelPlan() = default;
-  explicit ChannelPlan(std::pmr::memory_resource* arena) : works(arena) {}
+  explicit ChannelPlan(std::pmr::memory_resource* arena) : works(arena), proxyOps(arena) {}
   std::pmr::vector<Work> works;  // from the plan's arena: a plan is built without a malloc a work
-  int nWorkElem = 0;             // elements in the tail work
-  int p2pTailElem[2] = {0, 0};   // next free p2p slot in the tail work, by type - 1 (send, recv)
-  int64_t collBytes = 0;         // collective bytes placed on this channel
+  // What a network proxy moves for this channel, in the order the works need it (the channel's
+  // proxyOpQueue); empty where every peer of the channel is on this node.
+  std::pmr::vector<ProxyOp> proxyOps;
+  int nWorkElem = 0;            // elements in the tail work
+  int p2pTailElem[2] = {0, 0};  // next free p2p slot in the tail work, by type - 1 (send, recv)
+  int64_t collBytes = 0;        // collective bytes placed on this channel
   int nWork() const { return static_cast<int>(works.size()); }
 };
 
@@ -73,7 +76,8 @@ struct KernelPlan {
   ChannelMask channelMask{};
   int threadPerBlock = 0;
   int64_t maxBytesPerChannel = 0;
-  int collOpCount = 0;
+  int collOpCount = 0;       // collectives placed (each one proxy opCount, whether it has ops)
+  bool hasProxyOps = false;  // some channel has a proxy op
   int nWork() const;
 };
 
@@ -105,6 +109,24 @@ struct PlanRequest {
 
 // Validates the tasks (ArgsCheck) and builds the plan.
 StatusOr<Plan> MakePlan(const PlanRequest& req);
+
+// ---- Proxy ops (uploadProxyOps) ----
+
+// Every proxy op of a kernel plan in the order uploadProxyOps hands them to the proxy: the
+// channels' queues merged by opCount, collectives (in plan order) before p2p ops (by work
+// index), the lower channel first among equals. opCounts stay relative to the plan.
+std::vector<ProxyOp> ProxyOpsInUploadOrder(const KernelPlan& kp);
+
+// The communicator's proxy op counters: collectives, and p2p ops per channel.
+struct ProxyOpCounters {
+  uint64_t collOpCount = 0;
+  uint64_t p2pOpCount[kMaxChannels] = {};
+};
+// uploadProxyOps: ProxyOpsInUploadOrder with each opCount moved past the communicator's
+// history (a collective's by collOpCount, a p2p op's by its channel's p2pOpCount), then the
+// counters advanced by the plan's collectives and each channel's last p2p op. The plan keeps its
+// relative opCounts, so a persistent plan uploads again at every launch.
+std::vector<ProxyOp> UploadProxyOps(const KernelPlan& kp, ProxyOpCounters* counters);
 
 // ---- Work layout (uploadWork) ----
 

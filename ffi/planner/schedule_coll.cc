@@ -1,8 +1,9 @@
 // Scheduling the group's collectives onto the channels of one kernel plan.
 //
 // After RCCL src/enqueue.cc (scheduleCollTasksToPlan, addCBDCollToPlan, addTunedCollToPlan,
-// getCBDCollnChannel, appendWorkElemColl) without CollNet, NVLS, buffer registration and proxy
-// ops. Consecutive queued tasks of one (collective, device op, datatype) are costed together;
+// getCBDCollnChannel, appendWorkElemColl) without CollNet, NVLS and buffer registration; each
+// part placed on a channel gets its proxy op where the channel crosses nodes (proxy.cc).
+// Consecutive queued tasks of one (collective, device op, datatype) are costed together;
 // "CBD" (channel-by-data) tasks are then cut into equal byte shares over the usable channels,
 // and tasks whose channel count a tuner fixed go to the least loaded channels.
 #include <algorithm>
@@ -42,6 +43,15 @@ Status SetCollWorkElem(const CollInfo& info, uint64_t workCount, uint64_t workOf
   return Status::Ok();
 }
 
+// The proxy op of one part (addProxyOpIfNeeded after initCollProxyOp). RCCL skips empty
+// collectives, which never reach here (zero counts are dropped at intake).
+void AddCollProxyOp(const PlanContext& ctx, KernelPlan* kp, const CollInfo& info, int c,
+                    uint64_t opCount, uint64_t workCount) {
+  if (info.nBytes == 0) return;
+  const uint32_t nsteps = ComputeSteps(ctx, info, workCount);
+  AddProxyOpIfNeeded(ctx, kp, InitCollProxyOp(ctx, info, c, opCount, nsteps));
+}
+
 bool SameAggregate(const CollInfo& a, const CollInfo& b) {
   // RCCL compares the device op only (not its scalar): tasks differing only in a PreMulSum
   // scalar are costed together; each element still carries its own scalar.
@@ -70,7 +80,7 @@ bool SameAggregate(const CollInfo& a, const CollInfo& b) {
 // channel from 0, in aligned parts.
 Status AddCbdColl(const PlanContext& ctx, KernelPlan* kp, int usableChannels, int kernelIndex,
                   CollInfo* info, int* nWorkBudget) {
-  kp->collOpCount++;  // RCCL numbers collectives per plan for its proxy ops
+  const uint64_t opCount = uint64_t(kp->collOpCount++) << 1;  // a collective's proxy opCount
   const int64_t typeSize = static_cast<int64_t>(DataTypeSize(info->dtype));
   int64_t workBytesTotal = static_cast<int64_t>(info->count) * typeSize;
   int64_t workCountTotal = static_cast<int64_t>(info->count);
@@ -97,6 +107,7 @@ Status AddCbdColl(const PlanContext& ctx, KernelPlan* kp, int usableChannels, in
     *nWorkBudget += ch.nWork();
     AppendWorkElemColl(kp, c, info->funcIndex, elem);
     *nWorkBudget -= ch.nWork();
+    AddCollProxyOp(ctx, kp, *info, c, opCount, uint64_t(workCount));
 
     workBytesTotal -= enqBytes;
     workCountTotal -= workCount;
@@ -118,7 +129,7 @@ Status AddCbdColl(const PlanContext& ctx, KernelPlan* kp, int usableChannels, in
 // least loaded channels (all distinct).
 Status AddTunedColl(const PlanContext& ctx, KernelPlan* kp, int usableChannels, int kernelIndex,
                     CollInfo* info, int* nWorkBudget) {
-  kp->collOpCount++;
+  const uint64_t opCount = uint64_t(kp->collOpCount++) << 1;
   const int64_t typeSize = static_cast<int64_t>(DataTypeSize(info->dtype));
   const int64_t count = static_cast<int64_t>(info->count);
   int nChannels = std::min(info->nChannels, usableChannels);
@@ -173,6 +184,7 @@ Status AddTunedColl(const PlanContext& ctx, KernelPlan* kp, int usableChannels, 
     *nWorkBudget += ch.nWork();
     AppendWorkElemColl(kp, c, info->funcIndex, elem);
     *nWorkBudget -= ch.nWork();
+    AddCollProxyOp(ctx, kp, *info, c, opCount, uint64_t(workCount));
 
     remCount -= workCount;
     ch.collBytes += workCount * typeSize;

@@ -14,10 +14,12 @@
 //  - Elements name their buffer by slot (the task's index) and a byte offset into it.
 //  - The element chunk size is the one RCCL computes for a peer reached without a network
 //    transport: buffSizes[LL]/kSteps for LL, p2pChunkSize for Simple. RCCL shrinks it for a peer
-//    behind the network (1/4 for Simple chunks under one step, else 1/2 under eight steps); we
-//    have no network transport and no proxy, so that tuning is left out. NCCL_CHUNK_SIZE (an
+//    behind the network (1/4 for Simple chunks under one step, else 1/2 under eight steps);
+//    that tuning is left out, so a plan's elements do not depend on which peers are remote (the
+//    proxy op of such a peer carries the same chunk size as its element). NCCL_CHUNK_SIZE (an
 //    env override, default 0) is not read.
-//  - No buffer registration (reg = 0) and no proxy ops.
+//  - No buffer registration (reg = 0). Each piece gets a proxy op when its peer is on another
+//    node (proxy.cc), with the element's chunk size (the network tuning above left out).
 //  - A pass over the schedule that places nothing while tasks remain is an internal error
 //    instead of a spin (it cannot happen with a schedule that covers every rank).
 #include <algorithm>
@@ -138,6 +140,12 @@ Status AddP2pToPlan(const PlanContext& ctx, KernelPlan* kp, int kernelIndex, int
   const int nWorkBefore = kp->channels[c].nWork();
   JR_CHECK(AppendWorkElemP2p(topo, kp, c, elem, fuseOk));
   *nWorkBudget -= kp->channels[c].nWork() - nWorkBefore;
+
+  // The proxy op (ncclProxyComputeP2p): numbered by the work the element settled in, which is
+  // always the channel's last.
+  ProxyOp op = InitP2pProxyOp(*task, c, proto, bytes, elem.chunkSize, connIndex);
+  op.opCount = uint64_t(kp->channels[c].nWork()) << 1 | 1;
+  AddProxyOpIfNeeded(ctx, kp, op);
 
   if (task->kernel < 0) task->kernel = kernelIndex;
   if (task->firstProto == Proto::kUndef) task->firstProto = proto;

@@ -188,6 +188,45 @@ Status ValidateTopology(const TopologyView& topo);
 // Its rule for ranks and nodes alone (the Python Topology checks it when built).
 Status ValidateRanksAndNodes(int nRanks, int nNodes);
 
+// The node of `rank`: ranks are laid out node-major, localRanks() to a node.
+inline int NodeOf(const TopologyView& topo, int rank) {
+  return rank / topo.localRanks();
+}
+
+// One operation a network proxy runs for one channel of one kernel launch (NCCL's ncclProxyOp,
+// filled as initCollProxyOp and ncclProxyComputeP2p fill it): the steps this rank moves over its
+// connections to ranks of other nodes on that channel. The planner adds one where the channel's
+// ring or tree neighbours of this rank, or a p2p peer, sit on another node (addProxyOpIfNeeded);
+// docs/planner.md, "Proxy ops".
+struct ProxyOp {
+  static constexpr int kMaxPeers = 4;  // NCCL_MAX_TREE_ARITY (3) children and the parent
+  int channelId = 0;
+  int task = -1;                 // the task's slot (NCCL carries the buffers instead)
+  Coll coll = Coll::kAllReduce;  // kSend / kRecv for p2p (NCCL's ncclPatternSend / Recv)
+  Pattern pattern = Pattern::kRing;
+  Proto protocol = Proto::kSimple;
+  DataType dtype = DataType::kInt8;  // the planning type (int8 for all_gather/broadcast, p2p)
+  int32_t redOp = kSum;              // what the network sees: PreMulSum and SumPostDiv as sum
+  int root = 0;                      // broadcast/reduce root; for p2p the peer (as NCCL)
+  int peer = -1;                     // p2p: the peer; -1 for collectives
+  int connIndex = 0;                 // the connection index the kernel uses (0; 1 or 2 for p2p)
+  uint32_t nsteps = 0;               // FIFO steps to move (computeCollSteps; p2p: bytes / chunk)
+  int64_t chunkSize = 0;             // bytes
+  int chunkSteps = 1;
+  int sliceSteps = 1;
+  int64_t nbytes = 0;  // bytes of one slice (stepSize * sliceSteps); p2p: at most one chunk
+  // Within the kernel plan, as NCCL numbers them before upload: collective k of the plan
+  // k << 1; a p2p element (nWork of its channel after it was placed) << 1 | 1.
+  uint64_t opCount = 0;
+  // The network connections the op moves steps over: ranks it receives from and sends to, in
+  // the order ncclProxySaveOp visits them. Connections to ranks of this node are not listed.
+  int nRecvPeers = 0;
+  int nSendPeers = 0;
+  int recvPeers[kMaxPeers] = {-1, -1, -1, -1};
+  int sendPeers[kMaxPeers] = {-1, -1, -1, -1};
+  bool isP2p() const { return (opCount & 1) != 0; }
+};
+
 // Tunables that NCCL/RCCL read from the environment; here they are passed in.
 struct PlannerParams {
   int64_t p2pLLThreshold = 16384;       // NCCL_P2P_LL_THRESHOLD

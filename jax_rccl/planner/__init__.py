@@ -90,7 +90,8 @@ class Task:
 
 
 class Plan:
-    """A plan: per task the choice made, per channel the work elements, per kernel its shape."""
+    """A plan: per task the choice made, per channel the work elements, per kernel its shape,
+    and the proxy ops of connections that cross nodes."""
 
     def __init__(self, native: Any, tasks: Sequence[Task], topology: Topology) -> None:
         self._native = native
@@ -117,6 +118,21 @@ class Plan:
     @property
     def kernels(self) -> list[dict[str, Any]]:
         return self.to_dict()["kernels"]
+
+    @property
+    def proxy_ops(self) -> list[dict[str, Any]]:
+        """What a network proxy moves: per kernel (in launch order) its proxy ops in upload
+        order, one for each channel part whose ring/tree neighbours or p2p peer are on another
+        node. Empty when every peer of this rank is on its node."""
+        return self.to_dict()["proxy_ops"]
+
+    def upload_proxy_ops(
+        self, kernel: int = 0, coll_op_count: int = 0, p2p_op_counts: Sequence[int] = ()
+    ) -> dict[str, Any]:
+        """One kernel's proxy ops as RCCL's uploadProxyOps hands them to the proxy thread:
+        opCounts moved past the communicator's counters (``coll_op_count``, and
+        ``p2p_op_counts`` per channel), with the counters after the upload."""
+        return self._native.upload_proxy_ops(kernel, coll_op_count, list(p2p_op_counts))
 
     def layout(self, kernel: int = 0, *, fifo_depth: int | None = None, fifo_sent: int = 0) -> Any:
         """The work array of one kernel: persistent (default, as the runtimes upload it) or

@@ -1,4 +1,5 @@
-"""Readable text for a plan: the machine, each task's choice, where its work landed."""
+"""Readable text for a plan: the machine, each task's choice, where its work landed, and the
+proxy ops of connections that cross nodes."""
 
 from __future__ import annotations
 
@@ -20,6 +21,53 @@ def _ranges(elems: list[dict[str, Any]], limit: int = 4) -> str:
     if len(parts) > limit:
         parts = parts[: limit - 1] + [f"... {len(parts) - limit + 1} more"]
     return " ".join(parts)
+
+
+def _proxy_op(op: dict[str, Any]) -> str:
+    peers = [f"recv<-{r}" for r in op["recv_peers"]] + [f"send->{s}" for s in op["send_peers"]]
+    return (
+        f"[{op['task']}] {' '.join(peers)}: {op['nsteps']} step(s) ({op['chunk_steps']}/chunk, "
+        f"{op['slice_steps']}/slice), {op['protocol']}, opCount {op['op_count']}"
+    )
+
+
+def _channel_ranges(chans: list[int]) -> str:
+    runs: list[list[int]] = []
+    for c in chans:
+        if runs and c == runs[-1][1] + 1:
+            runs[-1][1] = c
+        else:
+            runs.append([c, c])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def _proxy_lines(d: dict[str, Any], group_limit: int = 8, op_limit: int = 3) -> list[str]:
+    ops = d["proxy_ops"]
+    if not ops:
+        return ["no proxy ops: every peer on this node"]
+    per_channel: dict[tuple[int, int], list[dict[str, Any]]] = {}
+    for op in ops:
+        per_channel.setdefault((op["kernel"], op["channel"]), []).append(op)
+    # Channels of one kernel whose ops read the same share a line.
+    groups: dict[tuple[int, tuple[str, ...]], list[int]] = {}
+    for (k, c), chan_ops in sorted(per_channel.items()):
+        texts = [_proxy_op(op) for op in chan_ops[:op_limit]]
+        if len(chan_ops) > op_limit:
+            texts.append(f"... {len(chan_ops) - op_limit} more")
+        groups.setdefault((k, tuple(texts)), []).append(c)
+    lines = [
+        f"proxy ops (steps a network proxy moves for this rank): {len(ops)} op(s) on "
+        f"{len(per_channel)} channel(s)"
+    ]
+    items = list(groups.items())
+    shown = items if len(items) <= group_limit else items[: group_limit - 1]
+    for (k, texts), chans in shown:
+        where = f"channel {chans[0]}" if len(chans) == 1 else f"channels {_channel_ranges(chans)}"
+        lines.append(f"    kernel {k} {where}: " + "; ".join(texts))
+    if len(shown) < len(items):
+        rest = sum(len(chans) for _, chans in items[len(shown) :])
+        lines.append(f"    ... {rest} more channel(s)")
+    return lines
 
 
 def explain_plan(plan: Plan) -> str:
@@ -100,4 +148,5 @@ def explain_plan(plan: Plan) -> str:
             f"kernel {k['index']}: {k['channel_count']} channel(s) [{shown}], "
             f"{k['threads_per_block']} threads/block, {k['nwork']} work(s)"
         )
+    lines.extend(_proxy_lines(d))
     return "\n".join(lines)

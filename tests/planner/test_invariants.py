@@ -121,7 +121,9 @@ def check_plan(d, tasks, topo):
 
 
 def strip_rank(d):
-    return {k: v for k, v in d.items() if k != "rank"}
+    # The rank and its proxy ops (which of its neighbours sit on another node) differ by rank;
+    # tests/planner/test_proxy_ops.py checks the proxy ops of every rank against each other.
+    return {k: v for k, v in d.items() if k not in ("rank", "proxy_ops")}
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
