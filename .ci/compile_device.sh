@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Compiles every device source once per architecture and prints what it checked, with times:
-# - gfx90a: each hip/*.hip and hip/kernels/*.hip through hipcc (Debian's), JOBS at a time;
+# - gfx90a: each hip/*.hip and every kernel unit hip/gen_kernels.py writes (all element types)
+#   through hipcc (Debian's), JOBS at a time;
 # - sm_90: the CUDA build of the extension (every device source, the FFI handlers, the GPU
 #   communicators, the bindings and the runtime, linked), JOBS compiles at a time. It compiles
 #   each device source once, so no separate per-file nvcc pass repeats them; the script checks
@@ -11,14 +12,17 @@ cd "$(dirname "$0")/.."
 jobs=${JOBS:-$(nproc)}
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
-sources=$(git ls-files 'hip/*.hip' 'hip/kernels/*.hip')
+# The kernel units, generated as the build generates them (every element type).
+gen="$out/gen"
+units=$(python3 hip/gen_kernels.py --out "$gen")
+sources="$(git ls-files 'hip/*.hip') $units"
 started=$SECONDS
 
 # One gfx90a compile: its own log, printed when it fails.
 amd_compile() {
   local src=$1 out=$2 base
-  base=$(echo "$src" | tr / _)
-  if ! HIP_PLATFORM=amd hipcc --offload-arch=gfx90a -std=c++17 -I. -c "$src" \
+  base=$(echo "${src#"$out"/}" | tr / _)
+  if ! HIP_PLATFORM=amd hipcc --offload-arch=gfx90a -std=c++17 -I. -I"$out/gen" -c "$src" \
        -o "$out/$base.amd.o" >"$out/$base.amd.log" 2>&1; then
     cat "$out/$base.amd.log" >&2
     echo "FAILED: $src for gfx90a" >&2
@@ -37,13 +41,18 @@ fi
 
 if command -v nvcc >/dev/null 2>&1 && [ -x .venv/bin/pip ]; then
   t0=$SECONDS
-  JAX_RCCL_GPU=cuda JAX_RCCL_DEVICE_QUICK=OFF CMAKE_BUILD_PARALLEL_LEVEL=$jobs \
+  JAX_RCCL_GPU=cuda JAX_RCCL_DEVICE_QUICK=OFF JAX_RCCL_DEVICE_TYPES= CMAKE_BUILD_PARALLEL_LEVEL=$jobs \
     .venv/bin/pip wheel -q --no-build-isolation --no-deps -w "$out/wheel" . \
     --config-settings=build-dir="$out/build-cuda"
   build="$out/build-cuda"
-  # Every device source compiled in it (CMake names the object after the source).
+  # Every device source compiled in it (CMake names the object after the source; a generated
+  # unit's lies under the build folder's device/kernels/).
   for src in $sources; do
-    if [ -z "$(find "$build" -path "*jax_rccl_device.dir/$src.o" -print -quit)" ]; then
+    case $src in
+      "$gen"/*) obj="*jax_rccl_device.dir/device/${src#"$gen"/}.o" ;;
+      *) obj="*jax_rccl_device.dir/$src.o" ;;
+    esac
+    if [ -z "$(find "$build" -path "$obj" -print -quit)" ]; then
       echo "the CUDA build has no object for $src" >&2
       exit 1
     fi

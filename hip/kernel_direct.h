@@ -198,7 +198,8 @@ __device__ void DirectReduceLoop(const F& fn, const DirectShared& ds, const Dire
 constexpr int64_t kDirectLLBytes = 8192;
 __device__ inline bool DirectFitsLL(const KernelArgs& a, const WorkElemColl& e, const DevTask& t) {
   const int64_t bytes = int64_t(e.workCount) * t.unitSize;
-  return bytes <= a.geo.stepBytes[kProtoLL] / 2 && bytes * (a.nRanks - 1) <= kDirectLLBytes;
+  return bytes <= ProtoLL::DataBytes(a.geo.stepBytes[ProtoLL::kId]) &&
+         bytes * (a.nRanks - 1) <= kDirectLLBytes;
 }
 
 // A contribution's word as it travels: every element through PreOp, rounded to T.
@@ -274,8 +275,8 @@ __device__ __noinline__ bool RunDirectLL(const KernelArgs& a, uint64_t deadline,
       const int wb = WordBytes(bytes, w);
       uint64_t v = LoadWord(srcFor(k) + 8 * w, wb);
       if (reduction) v = PreWord(fn, v);
-      StoreVolatile(reinterpret_cast<uint4*>(SendSlot(a, ch, k, kProtoLL, sendStep[k])) + w,
-                    LLLine(v, LLFlag(sendStep[k])));
+      StoreVolatile(reinterpret_cast<uint4*>(SendSlot(a, ch, k, ProtoLL::kId, sendStep[k])) + w,
+                    LLLine(v, ProtoLL::Flag(sendStep[k])));
     }
   }
   // 3. take the peers' words: reduce them with this rank's own, or copy them into place (after
@@ -292,8 +293,8 @@ __device__ __noinline__ bool RunDirectLL(const KernelArgs& a, uint64_t deadline,
           v.u = PreWord(fn, LoadWord(srcFor(r) + 8 * w, wb));
         } else if (recvFrom(k)) {
           const uint4* line =
-              reinterpret_cast<const uint4*>(RecvSlot(a, ch, k, kProtoLL, recvStep[k])) + w;
-          ok = PollLine(line, LLFlag(recvStep[k]), a, deadline, ch, k, recvStep[k], &v.u);
+              reinterpret_cast<const uint4*>(RecvSlot(a, ch, k, ProtoLL::kId, recvStep[k])) + w;
+          ok = PollLine(line, ProtoLL::Flag(recvStep[k]), a, deadline, ch, k, recvStep[k], &v.u);
         } else {
           continue;
         }
@@ -320,9 +321,9 @@ __device__ __noinline__ bool RunDirectLL(const KernelArgs& a, uint64_t deadline,
         }
       } else if (recvFrom(k)) {
         const uint4* line =
-            reinterpret_cast<const uint4*>(RecvSlot(a, ch, k, kProtoLL, recvStep[k])) + w;
+            reinterpret_cast<const uint4*>(RecvSlot(a, ch, k, ProtoLL::kId, recvStep[k])) + w;
         uint64_t v;
-        ok = PollLine(line, LLFlag(recvStep[k]), a, deadline, ch, k, recvStep[k], &v);
+        ok = PollLine(line, ProtoLL::Flag(recvStep[k]), a, deadline, ch, k, recvStep[k], &v);
         if (ok) StoreWord(dstFor(k) + 8 * w, v, wb);
       }
     }
@@ -401,7 +402,7 @@ __device__ __noinline__ bool RunDirectElem(const KernelArgs& a, uint64_t deadlin
       PieceIo io;
       io.src = ds.src[j];
       io.dst = ds.dst[j];
-      SimpleLoop<FuncSum<uint8_t>, false, true>(copyFn, io, s.n);
+      SimpleLoopBody<FuncSum<uint8_t>, false, true>(copyFn, io, s.n);
     }
   } else if (s.n > 0) {
     const F fn(opArg);

@@ -1,14 +1,15 @@
-// The collective kernels (device code only; included by the per-type translation units under
-// hip/kernels/, one kernel per element type so that they compile in parallel and each stays
-// small): one block per channel of a launch walks that channel's works (a
+// The collective kernels (device code only; included by the per-type translation units that
+// hip/gen_kernels.py writes, one kernel per element type so that they compile in parallel and each
+// stays small): one block per channel of a launch walks that channel's works (a
 // persistent plan's work array), running each work element's primitive program
 // (ffi/compute/coll_program.h) through the connection FIFOs of hip/device_conn.h with the element's
-// protocol:
+// protocol, a type (hip/kernel_piece.h: ProtoSimple, ProtoLL, ProtoLL128) chosen once per element:
 //   - Simple: the sender waits for room (head), writes a step into the receiver's slot, fences,
 //     and publishes tail; the receiver waits for tail, reads the slot, and publishes head.
 //   - LL: 16-byte lines of two (data, flag) words stored in single accesses; the flag is the step
 //     number + 1, so the receiver waits on each line's flags instead of a tail, and no fence is
 //     needed. Half of an LL slot is data.
+//   - LL128 (NVIDIA): 128-byte lines of 15 data words and a flag word, moved by eight lanes.
 // Point-to-point works hold a send and a receive that progress interleaved (a block never
 // blocks on one while the other could move), so every schedule of peers completes.
 //
@@ -31,18 +32,16 @@ namespace jax_rccl {
 namespace gpu {
 namespace {
 
-// One function per (type, op), not inlined into the kernel: keeps the device compiler's work
-// linear in the number of instantiations.
-template <typename F>
-__device__ __noinline__ bool RunCollElem(const KernelArgs& a, uint64_t deadline, int ch,
-                                         const WorkElemColl& e, const DevTask& t, BlockShared* sh) {
-  Trace(a, sh, kTraceElem);
+// The primitive program of a ring or tree element with protocol P: each primitive moved through
+// the FIFO in pieces of one step.
+template <typename F, typename P>
+__device__ __noinline__ bool RunProgram(const KernelArgs& a, uint64_t deadline, int ch,
+                                        const WorkElemColl& e, const DevTask& t, BlockShared* sh) {
   const Pattern pattern = Pattern(t.pattern);
-  if (pattern == Pattern::kDirect) return RunDirectElem<F>(a, deadline, ch, e, t, sh);
   const SlotPtrs sp = GetSlot(a, e.slot);
   const F fn(TaskOpArg(t, sp));
   const int64_t nOps = CollOpCount(pattern, e, a.nRanks);
-  const int64_t cap = StepCap(a, t.proto, t.unitSize);
+  const int64_t cap = StepCap<P>(a, t.unitSize);
   for (int64_t i = 0; i < nOps; ++i) {
     const Prim p = CollPrim(Coll(t.coll), pattern, e, a.rank, a.nRanks, i);
     const int64_t nPieces = PieceCount(p.n, cap);
@@ -50,11 +49,23 @@ __device__ __noinline__ bool RunCollElem(const KernelArgs& a, uint64_t deadline,
     for (int64_t k = 0; k < nPieces; ++k) {
       const int64_t lo = k * pu;
       const int64_t m = ProgMax(0, ProgMin(pu, p.n - lo));
-      if (!DoPiece(fn, a, deadline, ch, t.proto, p, lo, m, t.unitSize, sp, sh)) return false;
+      if (!DoPiece<F, P>(fn, a, deadline, ch, p, lo, m, t.unitSize, sp, sh)) return false;
       __syncthreads();
     }
   }
   return true;
+}
+
+// One function per (type, op), not inlined into the kernel: keeps the device compiler's work
+// linear in the number of instantiations. The element's protocol is chosen here, once.
+template <typename F>
+__device__ __noinline__ bool RunCollElem(const KernelArgs& a, uint64_t deadline, int ch,
+                                         const WorkElemColl& e, const DevTask& t, BlockShared* sh) {
+  Trace(a, sh, kTraceElem);
+  if (Pattern(t.pattern) == Pattern::kDirect) return RunDirectElem<F>(a, deadline, ch, e, t, sh);
+  return ByProto(t.proto, [&](auto proto) {
+    return RunProgram<F, decltype(proto)>(a, deadline, ch, e, t, sh);
+  });
 }
 
 template <typename T>
@@ -127,99 +138,76 @@ __device__ bool RaggedElem(const KernelArgs& a, int ch, WorkElemP2p* e, SlotPtrs
   return cut > 0;
 }
 
-// A send and a receive of one p2p work, interleaved; a send to and a receive from this rank in the
-// same work are a copy. A ragged_all_to_all element whose cut is empty takes no FIFO step (its
-// peer's cuts the same way).
-__device__ __noinline__ bool RunP2pWork(const KernelArgs& a, uint64_t deadline, int ch,
-                                        const Work& w, BlockShared* sh) {
+// One element of a p2p work (a send or a receive) and how far it got: op `op` of `nOps`, piece
+// `piece` of that op.
+struct P2pLane {
+  WorkElemP2p e;
+  SlotPtrs sp;
+  int64_t op, piece, nOps;
+};
+
+// Tries the next piece of lane k with protocol P: moves it when its step is ready now (a receive:
+// the step's data, P::DataReady; a send: room in the peer's FIFO). 1: moved, 0: not ready yet,
+// -1: a wait gave up.
+template <typename P>
+__device__ __noinline__ int P2pTryPiece(const KernelArgs& a, uint64_t deadline, int ch,
+                                        P2pLane* lanes, int k, BlockShared* sh) {
   const FuncSum<uint8_t> fn(0);
-  WorkElemP2p el[2];
-  SlotPtrs sp[2];
-  bool moves[2] = {true, true};
-  int nEl = 0;
-  for (int k = 0; k < kMaxWorkElementsP2p; ++k) {
-    const WorkElemP2p& p = w.p2pElems[k];
-    if (p.p2pType != kWorkP2pTypeSend && p.p2pType != kWorkP2pTypeRecv) continue;
-    el[nEl] = p;
-    sp[nEl] = GetSlot(a, p.slot);
-    if (a.ragged.slices > 0) moves[nEl] = RaggedElem(a, ch, &el[nEl], &sp[nEl]);
-    ++nEl;
-  }
-  if (nEl == 2 && el[0].peer == a.rank && el[1].peer == a.rank) {
-    const int si = el[0].p2pType == kWorkP2pTypeSend ? 0 : 1;
-    const WorkElemP2p& s = el[si];
-    const WorkElemP2p& r = el[1 - si];
-    const int64_t bytes = int64_t((uint64_t(s.countHi) << 32) | s.countLo);
-    const char* from =
-        static_cast<const char*>(sp[si].send) + int64_t((uint64_t(s.offsetHi) << 32) | s.offsetLo);
-    char* to =
-        static_cast<char*>(sp[1 - si].recv) + int64_t((uint64_t(r.offsetHi) << 32) | r.offsetLo);
-    if (from != to && bytes > 0) {
-      PieceIo io;
-      io.src = from;
-      io.dst = to;
-      SimpleLoop<FuncSum<uint8_t>, false, true>(fn, io, bytes);
+  P2pLane& l = lanes[k];
+  const Prim p = P2pPrim(l.e, l.op);
+  const int64_t cap = StepCap<P>(a, 1);
+  const int64_t nPieces = PieceCount(p.n, cap);
+  const int64_t pu = PieceUnits(p.n, nPieces);
+  const int64_t lo = l.piece * pu;
+  const int64_t m = ProgMax(0, ProgMin(pu, p.n - lo));
+  if (threadIdx.x == 0) {
+    bool ready;
+    if (p.flags & kRecv) {
+      const uint64_t rs = LoadVolatile64(&RecvConn(a, ch, p.recvPeer)->head);
+      // An empty piece has no lines to look at: its tail says the sender posted it.
+      ready = m > 0 ? P::DataReady(a, ch, p.recvPeer, rs)
+                    : ProtoSimple::DataReady(a, ch, p.recvPeer, rs);
+    } else {
+      ready = LoadVolatile64(SendTailMine(a, ch, p.sendPeer)) <
+              LoadVolatile64(SendHeadMine(a, ch, p.sendPeer)) + kSteps;
     }
-    return true;
+    sh->ready[k] = ready ? 1 : 0;
   }
-  int64_t op[2] = {0, 0}, piece[2] = {0, 0};
-  int64_t nOps[2] = {0, 0};
-  for (int k = 0; k < nEl; ++k) nOps[k] = moves[k] ? P2pOpCount(el[k]) : 0;
+  __syncthreads();
+  const bool ready = sh->ready[k] != 0;
+  __syncthreads();
+  if (!ready) return 0;
+  if (!DoPiece<FuncSum<uint8_t>, P>(fn, a, deadline, ch, p, lo, m, 1, l.sp, sh)) return -1;
+  __syncthreads();
+  if (++l.piece == nPieces) {
+    l.piece = 0;
+    ++l.op;
+  }
+  return 1;
+}
+
+// The lanes of a p2p work progressing interleaved, lane 0 with protocol P0 and lane 1 with P1 (a
+// block never blocks on one while the other could move, so every schedule of peers completes).
+template <typename P0, typename P1>
+__device__ __noinline__ bool RunP2pLanes(const KernelArgs& a, uint64_t deadline, int ch,
+                                         P2pLane* lanes, int nEl, BlockShared* sh) {
   int idle = 0;
   while (true) {
     bool allDone = true;
     bool progressed = false;
     for (int k = 0; k < nEl; ++k) {
-      if (op[k] >= nOps[k]) continue;
+      if (lanes[k].op >= lanes[k].nOps) continue;
       allDone = false;
-      const WorkElemP2p& e = el[k];
-      const int proto = int(e.proto) & 3;
-      const Prim p = P2pPrim(e, op[k]);
-      const int64_t cap = StepCap(a, proto, 1);
-      const int64_t nPieces = PieceCount(p.n, cap);
-      const int64_t pu = PieceUnits(p.n, nPieces);
-      const int64_t lo = piece[k] * pu;
-      const int64_t m = ProgMax(0, ProgMin(pu, p.n - lo));
-      if (threadIdx.x == 0) {
-        bool ready;
-        if (p.flags & kRecv) {
-          ConnHeader* c = RecvConn(a, ch, p.recvPeer);
-          const uint64_t rs = LoadVolatile64(&c->head);
-          if (proto == kProtoLL && m > 0) {
-            const uint4 line = LoadVolatile(
-                reinterpret_cast<const uint4*>(RecvSlot(a, ch, p.recvPeer, proto, rs)));
-            ready = line.y == LLFlag(rs);
-          } else if (proto == kProtoLL128 && m > 0) {
-            // The first line's flag word: the upper half of its lane-7 access.
-            const uint4 q = LoadVolatile(
-                reinterpret_cast<const uint4*>(RecvSlot(a, ch, p.recvPeer, proto, rs)) + 7);
-            ready = HiWord(q) == LL128Flag(rs);
-          } else {
-            ready = LoadVolatile64(&c->tail) > rs;
-          }
-        } else {
-          ready = LoadVolatile64(SendTailMine(a, ch, p.sendPeer)) <
-                  LoadVolatile64(SendHeadMine(a, ch, p.sendPeer)) + kSteps;
-        }
-        sh->ready[k] = ready ? 1 : 0;
-      }
-      __syncthreads();
-      const bool ready = sh->ready[k] != 0;
-      __syncthreads();
-      if (!ready) continue;
-      if (!DoPiece(fn, a, deadline, ch, proto, p, lo, m, 1, sp[k], sh)) return false;
-      __syncthreads();
-      progressed = true;
-      if (++piece[k] == nPieces) {
-        piece[k] = 0;
-        ++op[k];
-      }
+      const int moved = k == 0 ? P2pTryPiece<P0>(a, deadline, ch, lanes, 0, sh)
+                               : P2pTryPiece<P1>(a, deadline, ch, lanes, 1, sh);
+      if (moved < 0) return false;
+      if (moved > 0) progressed = true;
     }
     if (allDone) break;
     if (!progressed && ++idle == kSpinsPerAbortCheck) {
       idle = 0;
       if (threadIdx.x == 0) {
-        const WorkElemP2p& e = el[0];
+        const WorkElemP2p& e = lanes[0].e;
         sh->ok = ShouldStop(a, deadline, ch, e.peer, e.p2pType == kWorkP2pTypeRecv, 0) ? 0 : 1;
       }
       __syncthreads();
@@ -228,6 +216,53 @@ __device__ __noinline__ bool RunP2pWork(const KernelArgs& a, uint64_t deadline, 
     }
   }
   return true;
+}
+
+// A send and a receive of one p2p work, interleaved; a send to and a receive from this rank in the
+// same work are a copy. A ragged_all_to_all element whose cut is empty takes no FIFO step (its
+// peer's cuts the same way). Each element's protocol is chosen once, here.
+__device__ __noinline__ bool RunP2pWork(const KernelArgs& a, uint64_t deadline, int ch,
+                                        const Work& w, BlockShared* sh) {
+  P2pLane lanes[2];
+  bool moves[2] = {true, true};
+  int nEl = 0;
+  for (int k = 0; k < kMaxWorkElementsP2p; ++k) {
+    const WorkElemP2p& p = w.p2pElems[k];
+    if (p.p2pType != kWorkP2pTypeSend && p.p2pType != kWorkP2pTypeRecv) continue;
+    lanes[nEl].e = p;
+    lanes[nEl].sp = GetSlot(a, p.slot);
+    if (a.ragged.slices > 0) moves[nEl] = RaggedElem(a, ch, &lanes[nEl].e, &lanes[nEl].sp);
+    ++nEl;
+  }
+  if (nEl == 2 && lanes[0].e.peer == a.rank && lanes[1].e.peer == a.rank) {
+    const int si = lanes[0].e.p2pType == kWorkP2pTypeSend ? 0 : 1;
+    const WorkElemP2p& s = lanes[si].e;
+    const WorkElemP2p& r = lanes[1 - si].e;
+    const int64_t bytes = int64_t((uint64_t(s.countHi) << 32) | s.countLo);
+    const char* from = static_cast<const char*>(lanes[si].sp.send) +
+                       int64_t((uint64_t(s.offsetHi) << 32) | s.offsetLo);
+    char* to = static_cast<char*>(lanes[1 - si].sp.recv) +
+               int64_t((uint64_t(r.offsetHi) << 32) | r.offsetLo);
+    if (from != to && bytes > 0) {
+      const FuncSum<uint8_t> fn(0);
+      PieceIo io;
+      io.src = from;
+      io.dst = to;
+      SimpleLoop<FuncSum<uint8_t>, false, true>(fn, io, bytes);
+    }
+    return true;
+  }
+  for (int k = 0; k < nEl; ++k) {
+    lanes[k].op = lanes[k].piece = 0;
+    lanes[k].nOps = moves[k] ? P2pOpCount(lanes[k].e) : 0;
+  }
+  const int proto0 = nEl > 0 ? int(lanes[0].e.proto) & 3 : kProtoSimple;
+  const int proto1 = nEl > 1 ? int(lanes[1].e.proto) & 3 : proto0;
+  return ByProto(proto0, [&](auto p0) {
+    return ByProto(proto1, [&](auto p1) {
+      return RunP2pLanes<decltype(p0), decltype(p1)>(a, deadline, ch, lanes, nEl, sh);
+    });
+  });
 }
 
 // The body of the kernel for one class of tasks: reductions over T (kClass = its DataType), or

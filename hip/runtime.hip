@@ -366,7 +366,7 @@ StatusOr<std::unique_ptr<DevicePlan>> DevicePlan::Upload(const Plan& plan, const
     if (!copy) {
       JR_REQUIRE(DeviceHasDtype(tp.dtype), Code::kUnsupported, "task ", i, " (", CollName(tp.coll),
                  "): this build's device code has no reductions over ", DataTypeName(tp.dtype),
-                 " (built with JR_DEVICE_QUICK)");
+                 " (the build's JAX_RCCL_DEVICE_TYPES / JAX_RCCL_DEVICE_QUICK filter)");
     }
     if (!plan.oneRank && tp.kernel >= 0 && tp.count > 0) {
       JR_REQUIRE(tp.proto == Proto::kLL || tp.proto == Proto::kSimple ||

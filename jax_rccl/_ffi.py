@@ -34,6 +34,7 @@ TARGETS = tuple(f"jax_rccl_{kind}" for kind in _jax_rccl.collective_kinds())
 BUILD_VARIABLES = (
     "JAX_RCCL_GPU",
     "JAX_RCCL_DEVICE_QUICK",
+    "JAX_RCCL_DEVICE_TYPES",
     "JAX_RCCL_OPENSSL",
     "JAX_RCCL_TESTING",
 )
