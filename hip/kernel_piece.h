@@ -71,17 +71,23 @@ __device__ inline void StoreVolatile64(uint64_t* p, uint64_t v) {
   *reinterpret_cast<volatile uint64_t*>(p) = v;
 }
 
+// Records `code` and where it happened in the rank's status word, unless a failure is already
+// recorded there (the first one wins); whether it was recorded.
+__device__ inline bool RecordFailure(const KernelArgs& a, DevFailure code, int ch, int peer,
+                                     bool recv, uint64_t step) {
+  if (atomicCAS(&a.status->code, kDevFine, code) != kDevFine) return false;
+  a.status->rank = a.rank;
+  a.status->channel = ch;
+  a.status->peer = peer;
+  a.status->waitingRecv = recv ? 1 : 0;
+  a.status->step = step;
+  return true;
+}
+
 // Records the first failure of this rank and raises the communicator's abort word.
 __device__ void Report(const KernelArgs& a, DevFailure code, int ch, int peer, bool recv,
                        uint64_t step) {
-  if (atomicCAS(&a.status->code, kDevFine, code) == kDevFine) {
-    a.status->rank = a.rank;
-    a.status->channel = ch;
-    a.status->peer = peer;
-    a.status->waitingRecv = recv ? 1 : 0;
-    a.status->step = step;
-    __threadfence_system();
-  }
+  if (RecordFailure(a, code, ch, peer, recv, step)) __threadfence_system();
   *a.abort = 1;
 }
 
@@ -89,13 +95,7 @@ __device__ void Report(const KernelArgs& a, DevFailure code, int ch, int peer, b
 __device__ inline bool ShouldStop(const KernelArgs& a, uint64_t deadline, int ch, int peer,
                                   bool recv, uint64_t step) {
   if (*a.abort != 0) {
-    if (atomicCAS(&a.status->code, kDevFine, kDevAborted) == kDevFine) {
-      a.status->rank = a.rank;
-      a.status->channel = ch;
-      a.status->peer = peer;
-      a.status->waitingRecv = recv ? 1 : 0;
-      a.status->step = step;
-    }
+    RecordFailure(a, kDevAborted, ch, peer, recv, step);
     return true;
   }
   if (NowNs() > deadline) {

@@ -453,6 +453,21 @@ def _merge_blocks(x, d: int):
     return x.reshape(shape)
 
 
+def _place_blocks(outs, dims, counts, decoders, tiled: bool):
+    """The results of a gather-like call, leaf by leaf: each of leaf i's `counts[i]` outputs has
+    the group's blocks on axis 0; they move to `dims[i]` (merged into it when `tiled`), then
+    leaf i's decoder rebuilds the leaf."""
+    res, k = [], 0
+    for d, c, dec in zip(dims, counts, decoders, strict=True):
+        ys = []
+        for y in outs[k : k + c]:
+            y = _moveaxis(y, 0, d)
+            ys.append(_merge_blocks(y, d) if tiled else y)
+        res.append(dec(ys))
+        k += c
+    return res
+
+
 def all_gather(
     x,
     axis_name,
@@ -495,15 +510,7 @@ def all_gather(
         outs = P.all_gather_p.bind(
             *flat, axes=axes, groups=groups, axis_size=n, to=to, tuning=_tuning()
         )
-        res, k = [], 0
-        for d, c, dec in zip(dims, counts, decoders, strict=True):
-            ys = []
-            for y in outs[k : k + c]:  # y[n, *s]
-                y = _moveaxis(y, 0, d)
-                ys.append(_merge_blocks(y, d) if tiled else y)
-            res.append(dec(ys))
-            k += c
-        return res
+        return _place_blocks(outs, dims, counts, decoders, tiled)  # each out: y[n, *s]
 
     return _map_leaves(x, run)
 
@@ -627,15 +634,8 @@ def all_to_all(x, axis_name, split_axis, concat_axis, *, tiled=False, axis_index
                 ins.append(_moveaxis(_split_blocks(v, s, n) if tiled else v, s, 0))  # v[n, ...]
             k += cnt
         outs = P.all_to_all_p.bind(*ins, axes=axes, groups=groups, axis_size=n, tuning=_tuning())
-        res, k = [], 0
-        for (_, c), cnt, dec in zip(plans, counts, decoders, strict=True):
-            ys = []
-            for y in outs[k : k + cnt]:  # y[j] = device j's block
-                y = _moveaxis(y, 0, c)
-                ys.append(_merge_blocks(y, c) if tiled else y)
-            res.append(dec(ys))
-            k += cnt
-        return res
+        concat = [c for _, c in plans]
+        return _place_blocks(outs, concat, counts, decoders, tiled)  # y[j]: device j's block
 
     return _map_leaves(x, run)
 
