@@ -476,6 +476,17 @@ NB_MODULE(_jax_rccl_testing, m) {
       [](const std::string& address) { return ValueOrThrow(comm::SocketListen(address)); },
       nb::arg("address"), "jax_rccl._jax_rccl.socket_listen, for this module's runtime.");
   m.def(
+      "socket_listener_counts",
+      []() {
+        const comm::ListenerCounts c = comm::SocketListenerCounts();
+        nb::dict d;
+        d["accepted"] = c.accepted;
+        d["dropped"] = c.dropped;
+        d["unauthorized"] = c.unauthorized;
+        return d;
+      },
+      "jax_rccl._jax_rccl.socket_listener_counts, for this module's runtime.");
+  m.def(
       "run_plan_process",
       [](nb::object world, const std::vector<int64_t>& group_devices,
          const std::vector<int>& local_ranks, const nb::list& tasks, const nb::list& inputs,
