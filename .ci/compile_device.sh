@@ -15,7 +15,8 @@ trap 'rm -rf "$out"' EXIT
 # The kernel units, generated as the build generates them (every element type).
 gen="$out/gen"
 units=$(python3 hip/gen_kernels.py --out "$gen")
-sources="$(git ls-files 'hip/*.hip') $units"
+# One source per line (xargs -I takes whole lines).
+sources=$(printf '%s\n' $(git ls-files 'hip/*.hip') $units)
 started=$SECONDS
 
 # One gfx90a compile: its own log, printed when it fails.

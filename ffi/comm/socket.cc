@@ -4,7 +4,6 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -58,17 +57,6 @@ void SetSocketOptions(int fd) {
 bool SetNonBlocking(int fd) {
   const int flags = fcntl(fd, F_GETFL, 0);
   return flags >= 0 && fcntl(fd, F_SETFL, flags | O_NONBLOCK) == 0;
-}
-
-bool SplitEndpoint(const std::string& ep, std::string* host, std::string* port) {
-  const size_t colon = ep.rfind(':');
-  if (colon == std::string::npos || colon == 0 || colon + 1 >= ep.size()) return false;
-  *host = ep.substr(0, colon);
-  if (host->size() > 2 && host->front() == '[' && host->back() == ']') {
-    *host = host->substr(1, host->size() - 2);
-  }
-  *port = ep.substr(colon + 1);
-  return true;
 }
 
 }  // namespace
@@ -287,64 +275,15 @@ Status SocketLinks::Connect(Clock::time_point deadline, const std::atomic<bool>*
   for (auto& lk : links_) {
     if (lk->local > lk->remote) continue;
     const std::string& ep = endpoints_[size_t(lk->remote)];
-    std::string host, portText;
-    JR_REQUIRE(SplitEndpoint(ep, &host, &portText), Code::kInvalidArgument, "jax_rccl: '", name,
-               "': ", rankString_(lk->remote), " has no socket endpoint (got '", ep,
-               "'; the world table gives every process a 'host:port')");
-    struct addrinfo hints;
-    std::memset(&hints, 0, sizeof(hints));
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    struct addrinfo* res = nullptr;
-    const int gai = getaddrinfo(host.c_str(), portText.c_str(), &hints, &res);
-    JR_REQUIRE(gai == 0 && res != nullptr, Code::kSystem, "jax_rccl: '", name,
-               "': cannot resolve the endpoint ", ep, " of ", rankString_(lk->remote), ": ",
-               gai_strerror(gai));
-    int fd = -1;
-    int lastErr = 0;
-    int sleepMs = 1;
-    while (fd < 0) {
-      for (struct addrinfo* a = res; a != nullptr && fd < 0; a = a->ai_next) {
-        const int s = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
-        if (s < 0) {
-          lastErr = errno;
-          continue;
-        }
-        if (connect(s, a->ai_addr, a->ai_addrlen) == 0) {
-          fd = s;
-        } else {
-          lastErr = errno;
-          close(s);
-        }
-      }
-      if (fd >= 0) {
-        // The handshake; a connection the listener dropped before it acknowledged (a flood of
-        // connections evicted it) is made again.
-        bool closed = false;
-        Status shake = ClientHandshake(
-            fd, LinkKey(group_, lk->channel, lk->local, lk->remote), placement_.thisProcess,
-            session_, deadline, detail::StrCat(rankString_(lk->remote), " at ", ep), &closed);
-        if (shake.ok()) break;
-        close(fd);
-        fd = -1;
-        if (!closed || Clock::now() >= deadline) {
-          freeaddrinfo(res);
-          JR_CHECK(shake);
-        }
-        lastErr = ECONNRESET;
-      }
-      if (Clock::now() >= deadline || (aborted != nullptr && aborted->load())) {
-        freeaddrinfo(res);
-        JR_FAIL(Code::kTimeout, "jax_rccl: '", name, "' timed out after ", timeout,
-                " s (JAX_RCCL_TIMEOUT): ", rankString_(lk->remote),
-                " did not answer (no connection to its listener at ", ep, " for channel ",
-                lk->channel, ", from rank ", lk->local, ": ", ErrnoText(lastErr), ")");
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(sleepMs));
-      sleepMs = std::min(sleepMs * 2, 100);
+    StatusOr<int> fd =
+        DialListener(ep, LinkKey(group_, lk->channel, lk->local, lk->remote),
+                     placement_.thisProcess, session_, deadline, aborted, rankString_(lk->remote));
+    if (!fd.ok() && fd.status().code() == Code::kTimeout) {
+      JR_FAIL(Code::kTimeout, "jax_rccl: '", name, "' timed out after ", timeout,
+              " s (JAX_RCCL_TIMEOUT): ", rankString_(lk->remote), " did not answer (",
+              fd.status().message(), "; channel ", lk->channel, ", from rank ", lk->local, ")");
     }
-    freeaddrinfo(res);
-    lk->fd = fd;
+    JR_ASSIGN_OR_RETURN(lk->fd, std::move(fd));
   }
   for (auto& lk : links_) {
     if (lk->local < lk->remote) continue;

@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -490,6 +491,72 @@ Status ClientHandshake(int fd, const LinkKey& key, int process, const std::strin
   JR_REQUIRE(acked > 0 && ack == kAck, Code::kTimeout, "jax_rccl: ", peer,
              " did not acknowledge the handshake in time (its process may be stopped)");
   return Status::Ok();
+}
+
+namespace {
+bool SplitEndpoint(const std::string& ep, std::string* host, std::string* port) {
+  const size_t colon = ep.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 >= ep.size()) return false;
+  *host = ep.substr(0, colon);
+  if (host->size() > 2 && host->front() == '[' && host->back() == ']') {
+    *host = host->substr(1, host->size() - 2);
+  }
+  *port = ep.substr(colon + 1);
+  return true;
+}
+}  // namespace
+
+StatusOr<int> DialListener(const std::string& endpoint, const LinkKey& key, int process,
+                           const std::string& session, Clock::time_point deadline,
+                           const std::atomic<bool>* aborted, const std::string& peer) {
+  std::string host, portText;
+  JR_REQUIRE(SplitEndpoint(endpoint, &host, &portText), Code::kInvalidArgument, "jax_rccl: ", peer,
+             " has no socket endpoint (got '", endpoint,
+             "'; the world table gives every process a 'host:port')");
+  struct addrinfo hints;
+  std::memset(&hints, 0, sizeof(hints));
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  struct addrinfo* res = nullptr;
+  const int gai = getaddrinfo(host.c_str(), portText.c_str(), &hints, &res);
+  JR_REQUIRE(gai == 0 && res != nullptr, Code::kSystem, "jax_rccl: cannot resolve the endpoint ",
+             endpoint, " of ", peer, ": ", gai_strerror(gai));
+  std::unique_ptr<struct addrinfo, void (*)(struct addrinfo*)> hold(res, freeaddrinfo);
+  int lastErr = 0;
+  int sleepMs = 1;
+  while (true) {
+    int fd = -1;
+    for (struct addrinfo* a = res; a != nullptr && fd < 0; a = a->ai_next) {
+      const int s = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+      if (s < 0) {
+        lastErr = errno;
+        continue;
+      }
+      if (connect(s, a->ai_addr, a->ai_addrlen) == 0) {
+        fd = s;
+      } else {
+        lastErr = errno;
+        close(s);
+      }
+    }
+    if (fd >= 0) {
+      // A connection the listener dropped before it acknowledged (a flood of connections evicted
+      // it) is made again.
+      bool closed = false;
+      Status shake = ClientHandshake(fd, key, process, session, deadline,
+                                     detail::StrCat(peer, " at ", endpoint), &closed);
+      if (shake.ok()) return fd;
+      close(fd);
+      if (!closed || Clock::now() >= deadline) JR_CHECK(shake);
+      lastErr = ECONNRESET;
+    }
+    if (Clock::now() >= deadline || (aborted != nullptr && aborted->load())) {
+      JR_FAIL(Code::kTimeout, "no connection to its listener at ", endpoint, ": ",
+              ErrnoText(lastErr));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(sleepMs));
+    sleepMs = std::min(sleepMs * 2, 100);
+  }
 }
 
 }  // namespace comm

@@ -81,5 +81,15 @@ int AcceptFor(const LinkKey& key, Clock::time_point deadline, const std::atomic<
 Status ClientHandshake(int fd, const LinkKey& key, int process, const std::string& session,
                        Clock::time_point deadline, const std::string& peer, bool* closed = nullptr);
 
+// Connects to the listener at `endpoint` ("host:port", an IPv6 host in brackets) and runs the
+// handshake for `key` (ClientHandshake), connecting again after a refused connection or a
+// handshake the listener dropped, until `deadline` (or `aborted`): the connected fd (blocking).
+// Errors: kInvalidArgument (not "host:port"), kSystem (the host does not resolve), the
+// handshake's, and kTimeout whose message is the last connection error ("no connection to its
+// listener at <endpoint>: <errno>"), which callers word into their own.
+StatusOr<int> DialListener(const std::string& endpoint, const LinkKey& key, int process,
+                           const std::string& session, Clock::time_point deadline,
+                           const std::atomic<bool>* aborted, const std::string& peer);
+
 }  // namespace comm
 }  // namespace jax_rccl

@@ -456,6 +456,8 @@ RunResult RunPlanProcess(const std::vector<int64_t>& groupDevices,
 
 }  // namespace
 
+void BindProxy(nb::module_& m);  // bind_proxy.cc
+
 }  // namespace jax_rccl
 
 NB_MODULE(_jax_rccl_testing, m) {
@@ -486,6 +488,7 @@ NB_MODULE(_jax_rccl_testing, m) {
         return d;
       },
       "jax_rccl._jax_rccl.socket_listener_counts, for this module's runtime.");
+  BindProxy(m);
   m.def(
       "run_plan_process",
       [](nb::object world, const std::vector<int64_t>& group_devices,

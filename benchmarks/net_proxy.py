@@ -1,0 +1,226 @@
+"""The network proxy (ffi/comm/proxy.h) over its TCP network interface against the raw loopback
+socket bandwidth, measured in the same two processes.
+
+    .venv/bin/python -P benchmarks/net_proxy.py [--sizes 1M,4M,16M,64M,256M] [--channels 1,2]
+        [--repeat 3]
+
+Two plain Python processes (no JAX), each one rank on its own fake host. Per size S and channel
+count C, each rank's stand-in kernel (``jax_rccl._jax_rccl_testing.run_net_proxy``, verify off:
+it writes and checks only each step's first and last words) sends S bytes to the other rank and
+receives S bytes from it, in Simple steps of 512 KiB spread over C channels (C TCP connections
+each way); the proxy of each process ships and lands every step. ``raw`` is the same traffic
+over plain TCP sockets between the same processes: S bytes each way, C sockets each way,
+``sendall``/``recv_into`` of 4 MiB buffers, one thread per socket. GB/s = S / time (one
+direction; both directions run at once). ratio = proxy GB/s / raw GB/s. Each figure is the
+median of --repeat runs; the time is process 0's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+
+STEP = 512 * 1024  # Simple step: the default 4 MiB buffer / 8 steps
+BUFF = (262144, 458752, 4194304)
+
+
+def _publish(folder: str, name: str, text: str) -> None:
+    tmp = os.path.join(folder, name + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.rename(tmp, os.path.join(folder, name))
+
+
+def _read(folder: str, name: str) -> str:
+    path = os.path.join(folder, name)
+    deadline = time.monotonic() + 60
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise TimeoutError(path)
+        time.sleep(0.005)
+    with open(path) as f:
+        return f.read()
+
+
+def _barrier(folder: str, p: int, tag: str) -> None:
+    _publish(folder, f"{tag}.{p}", "")
+    _read(folder, f"{tag}.{1 - p}")
+
+
+def _raw(folder: str, p: int, size: int, channels: int, tag: str) -> float:
+    """S bytes each way over `channels` plain TCP sockets each way; seconds."""
+    lsock = socket.socket()
+    lsock.bind(("127.0.0.1", 0))
+    lsock.listen(channels)
+    _publish(folder, f"raw{tag}.{p}", str(lsock.getsockname()[1]))
+    port = int(_read(folder, f"raw{tag}.{1 - p}"))
+    outs = [socket.create_connection(("127.0.0.1", port)) for _ in range(channels)]
+    ins = [lsock.accept()[0] for _ in range(channels)]
+    for s in outs + ins:
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    share = [size // channels + (1 if c < size % channels else 0) for c in range(channels)]
+    chunk = 4 << 20
+    buf = bytearray(chunk)
+    _barrier(folder, p, f"rawgo{tag}")
+
+    def send(s, n):
+        view = memoryview(buf)
+        while n > 0:
+            k = min(n, chunk)
+            s.sendall(view[:k])
+            n -= k
+
+    def recv(s, n):
+        mine = bytearray(chunk)
+        view = memoryview(mine)
+        while n > 0:
+            got = s.recv_into(view[: min(n, chunk)])
+            if got == 0:
+                raise ConnectionError("closed")
+            n -= got
+
+    t0 = time.monotonic()
+    threads = [threading.Thread(target=send, args=(s, n)) for s, n in zip(outs, share, strict=True)]
+    threads += [threading.Thread(target=recv, args=(s, n)) for s, n in zip(ins, share, strict=True)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    secs = time.monotonic() - t0
+    for s in outs + ins + [lsock]:
+        s.close()
+    _barrier(folder, p, f"rawdone{tag}")
+    return secs
+
+
+def _proxy(native, args, eps, p: int, size: int, channels: int, group: int) -> float:
+    steps = -(-size // STEP)
+    per = [steps // channels + (1 if c < steps % channels else 0) for c in range(channels)]
+    peer = 1 - p
+    prog = [
+        {
+            "channel": c,
+            "protocol": "simple",
+            "nsteps": n,
+            "send_peers": [peer],
+            "recv_peers": [peer],
+        }
+        for c, n in enumerate(per)
+        if n > 0
+    ]
+    res = native.run_net_proxy(
+        args["session"],
+        p,
+        group,
+        eps,
+        [0, 1],
+        [p],
+        [prog],
+        [b // 8 for b in BUFF],
+        60.0,
+        -1,
+        False,
+    )
+    return res["seconds"]
+
+
+def worker(args: dict) -> dict:
+    from jax_rccl import _jax_rccl_testing as native
+
+    p, folder = args["process"], args["folder"]
+    secret = hashlib.sha256(f"benchmark {args['session']}".encode()).digest()
+    native.set_session_secret(secret)
+    port = native.socket_listen("127.0.0.1")
+    _publish(folder, f"{p}.ep", f"127.0.0.1:{port}")
+    eps = [_read(folder, f"{q}.ep") for q in range(2)]
+    out: dict = {"process": p, "raw": {}, "proxy": {}}
+    group = 1
+    for size in args["sizes"]:
+        for ch in args["channels"]:
+            key = f"{size}/{ch}"
+            raw, prox = [], []
+            for r in range(args["repeat"]):
+                _barrier(folder, p, f"go{key}.{r}")
+                raw.append(_raw(folder, p, size, ch, f"{key}.{r}"))
+                _barrier(folder, p, f"px{key}.{r}")
+                prox.append(_proxy(native, args, eps, p, size, ch, group))
+                group += 1
+            out["raw"][key] = statistics.median(raw)
+            out["proxy"][key] = statistics.median(prox)
+    return out
+
+
+def parse_size(s: str) -> int:
+    s = s.strip().upper()
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(s[-1:], 1)
+    return int(s[:-1] if s[-1:] in "KMG" else s) * mult
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sizes", default="1M,4M,16M,64M,256M")
+    ap.add_argument("--channels", default="1,2")
+    ap.add_argument("--repeat", type=int, default=3)
+    a = ap.parse_args()
+    sizes = [parse_size(s) for s in a.sizes.split(",")]
+    channels = [int(c) for c in a.channels.split(",")]
+    session = uuid.uuid4().hex
+    with tempfile.TemporaryDirectory() as folder:
+        procs = []
+        for p in range(2):
+            args = {
+                "process": p,
+                "session": session,
+                "folder": folder,
+                "sizes": sizes,
+                "channels": channels,
+                "repeat": a.repeat,
+            }
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-P", __file__, "--worker", json.dumps(args)],
+                    stdout=subprocess.PIPE,
+                )
+            )
+        outs = []
+        for pr in procs:
+            so, _ = pr.communicate(timeout=1800)
+            if pr.returncode != 0:
+                sys.exit(f"a worker failed (exit {pr.returncode})")
+            outs.append(json.loads(so.decode().splitlines()[-1]))
+    res = outs[0]
+    print(
+        f"2 processes, one rank each on its own fake host, loopback TCP; {os.cpu_count()} cores;"
+        " GB/s = bytes per direction / time (both directions at once)"
+    )
+    print(
+        f"{'size':>8} {'ch':>3} | {'raw ms':>9} {'GB/s':>6} | {'proxy ms':>9} {'GB/s':>6} | "
+        f"{'ratio':>5}"
+    )
+    print("-" * 62)
+    for size in sizes:
+        for ch in channels:
+            key = f"{size}/{ch}"
+            raw, prox = res["raw"][key], res["proxy"][key]
+            label = f"{size >> 20}MB" if size >= 1 << 20 else f"{size >> 10}KB"
+            print(
+                f"{label:>8} {ch:>3} | {raw * 1e3:9.2f} {size / raw / 1e9:6.2f} | "
+                f"{prox * 1e3:9.2f} {size / prox / 1e9:6.2f} | {raw / prox:5.2f}"
+            )
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 2 and sys.argv[1] == "--worker":
+        print(json.dumps(worker(json.loads(sys.argv[2]))), flush=True)
+    else:
+        main()

@@ -1,0 +1,101 @@
+// A network interface for the proxy (proxy.h), shaped like NCCL's net API (ncclNet_t in
+// nccl_net.h: listen, connect, accept, regMr, deregMr, isend, irecv, test, close): what a backend
+// implements to carry the steps of connections that cross hosts. Connections are one-way (a send
+// end and a receive end), requests are non-blocking and complete in the order they were posted on
+// their connection, and progress happens inside Test (a backend may add threads of its own).
+//
+// Differences from NCCL's, all small: a connection is named by a NetKey (group, channel, sender,
+// receiver) instead of an opaque handle exchanged out of band (the world table already holds every
+// process's endpoint); a message carries one 64-bit word besides its bytes (`info`: the proxy
+// sends each step's protocol and size in it), which the receiving Test reports, where NCCL matches
+// integer tags; errors are Status values with the peer named in their text.
+//
+// The first backend is TCP (net_socket.cc) over the socket transport's listener and its
+// authenticated handshake (socket_listen.h): a stranger that cannot prove the run's secret never
+// gets a connection. An RDMA backend (verbs, or UCX) implements the same class: RegMr registers
+// the proxy's buffers (the FIFO slots: host-pinned memory, or device memory with GPUDirect RDMA)
+// and returns the key its Isend/Irecv need, connection set-up exchanges queue pairs over the same
+// authenticated TCP handshake, and Test polls the completion queue; docs/multiprocess.md says
+// more. The planner and the kernels do not change.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "ffi/comm/socket_listen.h"
+#include "ffi/core/status.h"
+
+namespace jax_rccl {
+namespace comm {
+
+// One connection: a group's channel from rank `from` to rank `to`.
+struct NetKey {
+  uint64_t group = 0;
+  int channel = 0;
+  int from = 0;
+  int to = 0;
+};
+
+// Registered memory (ncclNet_t's mhandle): null for backends that need none.
+struct NetMemory {
+  virtual ~NetMemory() = default;
+};
+
+// Where registered memory lives (NCCL_PTR_HOST, NCCL_PTR_CUDA).
+enum class NetMemoryType { kHost, kDevice };
+
+// One posted send or receive, owned by its connection; valid until Test reports it done.
+struct NetRequest {
+  virtual ~NetRequest() = default;
+};
+
+// A connection's end (ncclNet_t's sendComm or recvComm); destroying it closes it (closeSend,
+// closeRecv), a sending end in order after its messages.
+class NetComm {
+ public:
+  virtual ~NetComm() = default;
+  // ncclNet_t's regMr/deregMr: a backend without registration returns null and succeeds.
+  virtual StatusOr<NetMemory*> RegMr(void* data, size_t bytes, NetMemoryType type) = 0;
+  virtual Status DeregMr(NetMemory* mem) = 0;
+  // Posts the send of `bytes` at `data` with the word `info` (send ends only). *request is null
+  // when the connection cannot take another request now (try again after a Test): at most
+  // kMaxRequests are in flight per connection, as in NCCL (NCCL_NET_MAX_REQUESTS). `data` must stay
+  // valid and unchanged until the request is done.
+  virtual Status Isend(const void* data, size_t bytes, uint64_t info, NetMemory* mem,
+                       NetRequest** request) = 0;
+  // Posts a receive of at most `bytes` into `data` (receive ends only); as Isend.
+  virtual Status Irecv(void* data, size_t bytes, NetMemory* mem, NetRequest** request) = 0;
+  // Makes progress; *done says whether `request` completed, then *bytes and *info (receives) say
+  // what arrived and the request is gone. Errors (the peer's end went away without closing in
+  // order, a message larger than the posted buffer, a malformed header) name the peer; the
+  // connection is then failed for good, though requests that completed before are still
+  // reported. After the sender closed its end in order (destroying it), receives posted beyond
+  // its last message stay pending without an error.
+  virtual Status Test(NetRequest* request, bool* done, size_t* bytes, uint64_t* info) = 0;
+  static constexpr int kMaxRequests = 8;
+};
+
+class Net {
+ public:
+  virtual ~Net() = default;
+  virtual const char* name() const = 0;
+  // ncclNet_t's listen: makes this process ready to accept `key` (for sockets: the process's
+  // listener must run, socket_listen.h).
+  virtual Status Listen(const NetKey& key) = 0;
+  // ncclNet_t's connect (the sending end of `key`) to the process at `endpoint` ("host:port"),
+  // and accept (the receiving end), both until `deadline`. `peer` names the other rank in errors.
+  virtual StatusOr<std::unique_ptr<NetComm>> Connect(const NetKey& key, const std::string& endpoint,
+                                                     Clock::time_point deadline,
+                                                     const std::string& peer) = 0;
+  virtual StatusOr<std::unique_ptr<NetComm>> Accept(const NetKey& key, Clock::time_point deadline,
+                                                    const std::string& peer) = 0;
+};
+
+// The TCP backend (net_socket.cc). `session` and `process` as the socket transport's handshake
+// takes them (socket_listen.h: ClientHandshake).
+std::unique_ptr<Net> MakeSocketNet(std::string session, int process);
+
+}  // namespace comm
+}  // namespace jax_rccl

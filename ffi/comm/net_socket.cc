@@ -1,0 +1,287 @@
+// The TCP backend of the network interface (net.h).
+//
+// A connection is one TCP stream from the sender's process to the receiver's, opened by the
+// sender through the socket transport's listener and its authenticated handshake (the key names
+// the group, channel | kNetChannelFlag, sender and receiver, so it never meets the host
+// executor's links). A message is a 24-byte header (magic, bytes, info) and its bytes. Requests
+// progress, in order, inside Test: non-blocking writes of the oldest unfinished send, or reads
+// into the oldest posted receive. A sending end that closes in order first sends a close header:
+// its receiver then knows nothing more comes (receives posted ahead stay pending, no error),
+// while a stream that ends without one means the sender's process died (an error naming it).
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <array>
+#include <chrono>
+#include <cstring>
+#include <deque>
+#include <thread>
+#include <utility>
+
+#include "ffi/comm/net.h"
+
+namespace jax_rccl {
+namespace comm {
+namespace {
+
+constexpr uint32_t kNetMagic = 0x6a726e31u;  // "jrn1"
+constexpr uint32_t kNetClose = 0x6a726e30u;  // "jrn0": the sender closes its end in order
+// Marks a network connection's channel in the handshake's key (the host executor's socket links
+// use channels below it).
+constexpr int kNetChannelFlag = 1 << 24;
+
+struct MessageHeader {
+  uint32_t magic;
+  uint32_t pad;
+  uint64_t bytes;
+  uint64_t info;
+};
+static_assert(sizeof(MessageHeader) == 24, "message header");
+
+std::string ErrnoText(int e) {
+  return detail::StrCat(std::strerror(e), " (errno ", e, ")");
+}
+
+LinkKey KeyOf(const NetKey& k) {
+  return LinkKey(k.group, k.channel | kNetChannelFlag, k.from, k.to);
+}
+
+struct SocketRequest final : NetRequest {
+  char* data = nullptr;
+  size_t bytes = 0;  // sends: the message's bytes; receives: the posted buffer's
+  MessageHeader header{};
+  size_t done = 0;  // header and payload bytes moved so far
+  bool complete = false;
+};
+
+class SocketComm final : public NetComm {
+ public:
+  SocketComm(int fd, bool send, std::string peer) : fd_(fd), send_(send), peer_(std::move(peer)) {}
+  ~SocketComm() override {
+    if (fd_ < 0) return;
+    if (send_) {
+      // In order: the close header after every queued message (a short bounded wait for the
+      // socket); a connection that cannot finish them just closes, which its receiver reports.
+      const Clock::time_point until = Clock::now() + std::chrono::milliseconds(200);
+      MessageHeader h{kNetClose, 0, 0, 0};
+      size_t done = 0;
+      while (failed_.ok() && done < sizeof(h) && Clock::now() < until) {
+        Status s = PumpSend();
+        if (!s.ok()) break;
+        bool pending = false;
+        for (const auto& r : queue_) pending = pending || !r->complete;
+        if (!pending) {
+          const ssize_t w = send(fd_, reinterpret_cast<char*>(&h) + done, sizeof(h) - done,
+                                 MSG_NOSIGNAL | MSG_DONTWAIT);
+          if (w > 0) {
+            done += size_t(w);
+            continue;
+          }
+          if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) break;
+        }
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+      }
+    }
+    close(fd_);
+  }
+
+  StatusOr<NetMemory*> RegMr(void*, size_t, NetMemoryType) override {
+    return static_cast<NetMemory*>(nullptr);
+  }
+  Status DeregMr(NetMemory*) override { return Status::Ok(); }
+
+  Status Isend(const void* data, size_t bytes, uint64_t info, NetMemory*,
+               NetRequest** request) override {
+    JR_REQUIRE(send_, Code::kInternal, "jax_rccl: isend on the receiving end of a connection");
+    return Post(const_cast<char*>(static_cast<const char*>(data)), bytes, info, request);
+  }
+  Status Irecv(void* data, size_t bytes, NetMemory*, NetRequest** request) override {
+    JR_REQUIRE(!send_, Code::kInternal, "jax_rccl: irecv on the sending end of a connection");
+    return Post(static_cast<char*>(data), bytes, 0, request);
+  }
+
+  Status Test(NetRequest* request, bool* done, size_t* bytes, uint64_t* info) override {
+    *done = false;
+    if (failed_.ok() && !closed_) {
+      Status s = send_ ? PumpSend() : PumpRecv();
+      if (!s.ok()) failed_ = s;
+    }
+    for (auto it = queue_.begin(); it != queue_.end(); ++it) {
+      if (it->get() != request) continue;
+      // What completed before a failure is still reported.
+      if (!(*it)->complete) {
+        JR_REQUIRE(failed_.ok(), failed_.code(), failed_.message());
+        return Status::Ok();
+      }
+      *done = true;
+      if (bytes != nullptr) *bytes = send_ ? (*it)->bytes : size_t((*it)->header.bytes);
+      if (info != nullptr) *info = (*it)->header.info;
+      queue_.erase(it);
+      return Status::Ok();
+    }
+    JR_FAIL(Code::kInternal, "jax_rccl: test of a request its connection does not hold");
+  }
+
+ private:
+  Status Post(char* data, size_t bytes, uint64_t info, NetRequest** request) {
+    *request = nullptr;
+    JR_REQUIRE(failed_.ok(), failed_.code(), failed_.message());
+    if (int(queue_.size()) >= kMaxRequests) return Status::Ok();
+    auto r = std::make_unique<SocketRequest>();
+    r->data = data;
+    r->bytes = bytes;
+    r->header = MessageHeader{kNetMagic, 0, uint64_t(bytes), info};
+    *request = r.get();
+    queue_.push_back(std::move(r));
+    return Status::Ok();
+  }
+
+  // Writes as much of the unfinished sends, oldest first, as the socket takes.
+  Status PumpSend() {
+    for (auto& r : queue_) {
+      if (r->complete) continue;
+      while (r->done < sizeof(MessageHeader) + r->bytes) {
+        struct iovec iov[2];
+        int n = 0;
+        if (r->done < sizeof(MessageHeader)) {
+          iov[n++] = {reinterpret_cast<char*>(&r->header) + r->done,
+                      sizeof(MessageHeader) - r->done};
+          if (r->bytes > 0) iov[n++] = {r->data, r->bytes};
+        } else {
+          iov[n++] = {r->data + (r->done - sizeof(MessageHeader)),
+                      r->bytes - (r->done - sizeof(MessageHeader))};
+        }
+        struct msghdr msg;
+        std::memset(&msg, 0, sizeof(msg));
+        msg.msg_iov = iov;
+        msg.msg_iovlen = size_t(n);
+        const ssize_t w = sendmsg(fd_, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w < 0) {
+          if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return Status::Ok();
+          JR_FAIL(Code::kSystem, "jax_rccl: the network connection to ", peer_,
+                  " failed: ", ErrnoText(errno), " (did its process exit?)");
+        }
+        r->done += size_t(w);
+      }
+      r->complete = true;
+    }
+    return Status::Ok();
+  }
+
+  // Reads into the posted receives, oldest first, as far as data has arrived.
+  Status PumpRecv() {
+    for (auto& r : queue_) {
+      if (r->complete) continue;
+      while (!r->complete) {
+        char* dst;
+        size_t want;
+        if (r->done < sizeof(MessageHeader)) {
+          dst = reinterpret_cast<char*>(&r->header) + r->done;
+          want = sizeof(MessageHeader) - r->done;
+        } else {
+          const size_t got = r->done - sizeof(MessageHeader);
+          dst = r->data + got;
+          want = size_t(r->header.bytes) - got;
+        }
+        if (want > 0) {
+          const ssize_t n = recv(fd_, dst, want, MSG_DONTWAIT);
+          if (n == 0) {
+            JR_FAIL(Code::kSystem, "jax_rccl: ", peer_,
+                    " closed its network connection without closing it in order (its process "
+                    "exited or failed)");
+          }
+          if (n < 0) {
+            if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return Status::Ok();
+            JR_FAIL(Code::kSystem, "jax_rccl: the network connection from ", peer_,
+                    " failed: ", ErrnoText(errno), " (did its process exit?)");
+          }
+          r->done += size_t(n);
+        }
+        if (r->done == sizeof(MessageHeader)) {
+          if (r->header.magic == kNetClose) {
+            closed_ = true;  // nothing more comes; the receives posted ahead stay pending
+            r->done = 0;
+            return Status::Ok();
+          }
+          JR_REQUIRE(r->header.magic == kNetMagic, Code::kSystem, "jax_rccl: ", peer_,
+                     " sent a malformed message on its network connection");
+          JR_REQUIRE(r->header.bytes <= r->bytes, Code::kInternal, "jax_rccl: ", peer_, " sent ",
+                     r->header.bytes, " bytes into a receive of ", r->bytes,
+                     " (the two ends disagree on the step size)");
+        }
+        if (r->done >= sizeof(MessageHeader) &&
+            r->done == sizeof(MessageHeader) + size_t(r->header.bytes)) {
+          r->complete = true;
+        }
+      }
+    }
+    return Status::Ok();
+  }
+
+  int fd_;
+  bool send_;
+  std::string peer_;
+  std::deque<std::unique_ptr<SocketRequest>> queue_;
+  Status failed_;
+  bool closed_ = false;  // receiving end: the sender closed in order
+};
+
+class SocketNet final : public Net {
+ public:
+  SocketNet(std::string session, int process) : session_(std::move(session)), process_(process) {}
+  const char* name() const override { return "socket"; }
+
+  Status Listen(const NetKey&) override {
+    JR_REQUIRE(SocketListenerPort() > 0, Code::kInvalidUsage,
+               "jax_rccl: this process carries network connections but has no socket listener "
+               "(the bootstrap starts it when the run needs sockets: _jax_rccl.socket_listen)");
+    return Status::Ok();
+  }
+
+  StatusOr<std::unique_ptr<NetComm>> Connect(const NetKey& key, const std::string& endpoint,
+                                             Clock::time_point deadline,
+                                             const std::string& peer) override {
+    JR_ASSIGN_OR_RETURN(
+        int fd, DialListener(endpoint, KeyOf(key), process_, session_, deadline, nullptr, peer));
+    return Finish(fd, true, peer);
+  }
+
+  StatusOr<std::unique_ptr<NetComm>> Accept(const NetKey& key, Clock::time_point deadline,
+                                            const std::string& peer) override {
+    JR_CHECK(Listen(key));
+    const int fd = AcceptFor(KeyOf(key), deadline, nullptr);
+    JR_REQUIRE(fd >= 0, Code::kTimeout, "no network connection from ", peer, " for channel ",
+               key.channel, " (did its process reach this group?)");
+    return Finish(fd, false, peer);
+  }
+
+ private:
+  static StatusOr<std::unique_ptr<NetComm>> Finish(int fd, bool send, const std::string& peer) {
+    const int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    const int flags = fcntl(fd, F_GETFL, 0);
+    if (flags < 0 || fcntl(fd, F_SETFL, flags | O_NONBLOCK) != 0) {
+      const int e = errno;
+      close(fd);
+      JR_FAIL(Code::kSystem, "jax_rccl: cannot make a socket non-blocking: ", ErrnoText(e));
+    }
+    return std::unique_ptr<NetComm>(std::make_unique<SocketComm>(fd, send, peer));
+  }
+
+  std::string session_;
+  int process_;
+};
+
+}  // namespace
+
+std::unique_ptr<Net> MakeSocketNet(std::string session, int process) {
+  return std::make_unique<SocketNet>(std::move(session), process);
+}
+
+}  // namespace comm
+}  // namespace jax_rccl

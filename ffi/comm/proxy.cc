@@ -1,0 +1,281 @@
+// The network proxy's thread (proxy.h).
+#include "ffi/comm/proxy.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+#include "ffi/planner/work.h"
+
+namespace jax_rccl {
+namespace comm {
+namespace {
+
+uint64_t LoadAcquire(const uint64_t* p) {
+  return __atomic_load_n(p, __ATOMIC_ACQUIRE);
+}
+
+class HostMemory final : public ProxyMemory {
+ public:
+  Status Write(char* dst, const char* src, size_t bytes) override {
+    std::memcpy(dst, src, bytes);
+    return Status::Ok();
+  }
+  Status Post(uint64_t* counter, uint64_t value) override {
+    __atomic_store_n(counter, value, __ATOMIC_RELEASE);
+    return Status::Ok();
+  }
+};
+
+}  // namespace
+
+ProxyMemory* HostProxyMemory() {
+  static HostMemory memory;
+  return &memory;
+}
+
+struct NetProxy::Link {
+  ProxyConnection c;
+  std::unique_ptr<NetComm> comm;
+  std::string peer;                   // the remote rank, for messages
+  uint64_t posted = 0;                // requests posted (steps)
+  uint64_t done = 0;                  // requests completed (send: head posted for them)
+  uint64_t delivered = 0;             // recv: steps written into the FIFO (tail)
+  NetRequest* requests[kSteps] = {};  // by step % kSteps
+  uint64_t infos[kSteps] = {};        // recv: the info word of each arrived step
+  std::vector<char> staging;          // recv: kSteps buffers of maxStep bytes
+  int64_t maxStep = 0;
+  Clock::time_point since;  // send: when the oldest unfinished request was posted
+  std::atomic<uint64_t> moved{0};
+};
+
+NetProxy::NetProxy(std::unique_ptr<Net> net, ProxyMemory* memory, uint64_t group,
+                   std::vector<ProxyConnection> connections, std::vector<std::string> endpoints,
+                   std::function<std::string(int)> rankString, double timeoutSeconds,
+                   std::function<void(const std::string&)> onFailure)
+    : net_(std::move(net)),
+      mem_(memory),
+      group_(group),
+      endpoints_(std::move(endpoints)),
+      rankString_(std::move(rankString)),
+      timeout_(timeoutSeconds),
+      onFailure_(std::move(onFailure)) {
+  for (ProxyConnection& c : connections) {
+    auto link = std::make_unique<Link>();
+    link->c = c;
+    link->peer = rankString_(c.remote);
+    for (int p = 0; p < kProxyProtocols; ++p) {
+      link->maxStep = std::max(link->maxStep, c.fifo.stepBytes[p]);
+    }
+    links_.push_back(std::move(link));
+  }
+}
+
+NetProxy::~NetProxy() {
+  Stop();
+}
+
+Status NetProxy::Connect(Clock::time_point deadline) {
+  JR_REQUIRE(!thread_.joinable(), Code::kInternal, "jax_rccl: network proxy connected twice");
+  for (auto& lk : links_) {
+    const ProxyConnection& c = lk->c;
+    JR_REQUIRE(c.fifo.tail != nullptr && c.fifo.head != nullptr && (!c.send || c.fifo.info),
+               Code::kInternal, "jax_rccl: network proxy connection without its FIFO");
+    for (int p = 0; p < kProxyProtocols; ++p) {
+      JR_REQUIRE(c.fifo.stepBytes[p] == 0 || c.fifo.slots[p] != nullptr, Code::kInternal,
+                 "jax_rccl: network proxy connection without its slots");
+    }
+    JR_REQUIRE(c.remote >= 0 && size_t(c.remote) < endpoints_.size(), Code::kInternal,
+               "jax_rccl: network proxy connection to rank ", c.remote, " without an endpoint");
+    JR_CHECK(net_->Listen(NetKey{group_, c.channel, c.remote, c.local}));
+  }
+  // Every sending end first: the peer's listener takes the connection whether or not its
+  // process has reached this group, so no order between processes is needed.
+  for (auto& lk : links_) {
+    if (!lk->c.send) continue;
+    const NetKey key{group_, lk->c.channel, lk->c.local, lk->c.remote};
+    StatusOr<std::unique_ptr<NetComm>> comm =
+        net_->Connect(key, endpoints_[size_t(lk->c.remote)], deadline, lk->peer);
+    if (!comm.ok() && comm.status().code() == Code::kTimeout) {
+      JR_FAIL(Code::kTimeout, "jax_rccl: the network proxy timed out after ", timeout_,
+              " s (JAX_RCCL_TIMEOUT): ", lk->peer, " did not answer (", comm.status().message(),
+              "; channel ", lk->c.channel, ", from rank ", lk->c.local, ")");
+    }
+    JR_ASSIGN_OR_RETURN(lk->comm, std::move(comm));
+  }
+  for (auto& lk : links_) {
+    if (lk->c.send) continue;
+    const NetKey key{group_, lk->c.channel, lk->c.remote, lk->c.local};
+    StatusOr<std::unique_ptr<NetComm>> comm = net_->Accept(key, deadline, lk->peer);
+    if (!comm.ok() && comm.status().code() == Code::kTimeout) {
+      JR_FAIL(Code::kTimeout, "jax_rccl: the network proxy timed out after ", timeout_,
+              " s (JAX_RCCL_TIMEOUT): ", lk->peer, " never arrived (", comm.status().message(),
+              "; to rank ", lk->c.local, ")");
+    }
+    JR_ASSIGN_OR_RETURN(lk->comm, std::move(comm));
+    lk->staging.resize(size_t(lk->maxStep) * kSteps);
+  }
+  // The counters persist across launches: start where the FIFOs stand.
+  for (auto& lk : links_) {
+    if (lk->c.send) {
+      lk->posted = lk->done = LoadAcquire(lk->c.fifo.head);
+    } else {
+      lk->posted = lk->done = lk->delivered = LoadAcquire(lk->c.fifo.tail);
+    }
+  }
+  thread_ = std::thread([this]() { Loop(); });
+  return Status::Ok();
+}
+
+bool NetProxy::Failed(std::string* reason) const {
+  if (!failed_.load()) return false;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (reason != nullptr) *reason = reason_;
+  return true;
+}
+
+void NetProxy::Fail(const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (failed_.load()) return;
+    reason_ = reason;
+    failed_.store(true);
+  }
+  if (onFailure_) onFailure_(reason);
+}
+
+void NetProxy::Stop() {
+  stop_.store(true);
+  if (thread_.joinable()) thread_.join();
+  for (auto& lk : links_) lk->comm.reset();
+}
+
+std::vector<uint64_t> NetProxy::StepsMoved() const {
+  std::vector<uint64_t> out;
+  for (const auto& lk : links_) out.push_back(lk->moved.load());
+  return out;
+}
+
+// One round of a link's work; whether anything moved. Fails the proxy on an error.
+bool NetProxy::Progress(Link& lk, Clock::time_point now) {
+  const ProxyConnection& c = lk.c;
+  bool progressed = false;
+  auto fail = [&](const Status& s) {
+    Fail(detail::StrCat(s.message(), " (network proxy, channel ", c.channel, ", rank ", c.local,
+                        c.send ? " to " : " from ", lk.peer, ")"));
+    return false;
+  };
+  if (c.send) {
+    const uint64_t tail = LoadAcquire(c.fifo.tail);
+    while (lk.posted < tail && lk.posted - lk.done < uint64_t(NetComm::kMaxRequests)) {
+      const int slot = int(lk.posted % kSteps);
+      const uint64_t info = LoadAcquire(&c.fifo.info[slot]);
+      const int p = ProxyStepProtocol(info);
+      const uint64_t bytes = ProxyStepBytes(info);
+      if (p >= kProxyProtocols || bytes > uint64_t(c.fifo.stepBytes[p])) {
+        return fail(
+            Status(Code::kInternal, detail::StrCat("jax_rccl: rank ", c.local, " posted step ",
+                                                   lk.posted, " with protocol ", p, " and ", bytes,
+                                                   " bytes, which its FIFO cannot hold")));
+      }
+      NetRequest* r = nullptr;
+      Status s = lk.comm->Isend(c.fifo.slots[p] + int64_t(slot) * c.fifo.stepBytes[p],
+                                size_t(bytes), info, nullptr, &r);
+      if (!s.ok()) return fail(s);
+      if (r == nullptr) break;
+      if (lk.posted == lk.done) lk.since = now;
+      lk.requests[slot] = r;
+      ++lk.posted;
+      progressed = true;
+    }
+    while (lk.done < lk.posted) {
+      bool complete = false;
+      size_t bytes = 0;
+      Status s = lk.comm->Test(lk.requests[lk.done % kSteps], &complete, &bytes, nullptr);
+      if (!s.ok()) return fail(s);
+      if (!complete) break;
+      ++lk.done;
+      lk.since = now;
+      bytesMoved_.fetch_add(int64_t(bytes));
+      lk.moved.store(lk.done);
+      s = mem_->Post(c.fifo.head, lk.done);
+      if (!s.ok()) return fail(s);
+      progressed = true;
+    }
+    if (lk.done < lk.posted && std::chrono::duration<double>(now - lk.since).count() > timeout_) {
+      return fail(
+          Status(Code::kTimeout, detail::StrCat("jax_rccl: ", lk.peer, " took no network data for ",
+                                                timeout_, " s (JAX_RCCL_TIMEOUT; step ", lk.done,
+                                                " waits: is its process stopped?)")));
+    }
+    return progressed;
+  }
+  while (lk.posted - lk.delivered < uint64_t(kSteps) &&
+         lk.posted - lk.done < uint64_t(NetComm::kMaxRequests)) {
+    const int slot = int(lk.posted % kSteps);
+    NetRequest* r = nullptr;
+    Status s = lk.comm->Irecv(lk.staging.data() + int64_t(slot) * lk.maxStep, size_t(lk.maxStep),
+                              nullptr, &r);
+    if (!s.ok()) return fail(s);
+    if (r == nullptr) break;
+    lk.requests[slot] = r;
+    ++lk.posted;
+  }
+  while (lk.done < lk.posted) {
+    bool complete = false;
+    size_t bytes = 0;
+    uint64_t info = 0;
+    Status s = lk.comm->Test(lk.requests[lk.done % kSteps], &complete, &bytes, &info);
+    if (!s.ok()) return fail(s);
+    if (!complete) break;
+    const int p = ProxyStepProtocol(info);
+    if (p >= kProxyProtocols || ProxyStepBytes(info) != bytes ||
+        bytes > uint64_t(c.fifo.stepBytes[p])) {
+      return fail(Status(Code::kInternal,
+                         detail::StrCat("jax_rccl: step ", lk.done, " from ", lk.peer,
+                                        " has protocol ", p, " and ", bytes,
+                                        " bytes, which this rank's FIFO cannot hold (do the "
+                                        "processes run the same build and buffer sizes?)")));
+    }
+    lk.infos[lk.done % kSteps] = info;
+    ++lk.done;
+    progressed = true;
+  }
+  const uint64_t head = LoadAcquire(c.fifo.head);
+  while (lk.delivered < lk.done && lk.delivered - head < uint64_t(kSteps)) {
+    const int slot = int(lk.delivered % kSteps);
+    const uint64_t info = lk.infos[slot];
+    const int p = ProxyStepProtocol(info);
+    const size_t bytes = size_t(ProxyStepBytes(info));
+    Status s = mem_->Write(c.fifo.slots[p] + int64_t(slot) * c.fifo.stepBytes[p],
+                           lk.staging.data() + int64_t(slot) * lk.maxStep, bytes);
+    if (s.ok()) s = mem_->Post(c.fifo.tail, lk.delivered + 1);
+    if (!s.ok()) return fail(s);
+    ++lk.delivered;
+    bytesMoved_.fetch_add(int64_t(bytes));
+    lk.moved.store(lk.delivered);
+    progressed = true;
+  }
+  return progressed;
+}
+
+void NetProxy::Loop() {
+  int idle = 0;
+  while (!stop_.load() && !failed_.load()) {
+    const Clock::time_point now = Clock::now();
+    bool progressed = false;
+    for (auto& lk : links_) {
+      progressed = Progress(*lk, now) || progressed;
+      if (failed_.load()) return;
+    }
+    if (progressed) {
+      idle = 0;
+    } else if (++idle > 64) {
+      // Idle: back off from spinning to sleeps of up to 200 us.
+      std::this_thread::sleep_for(std::chrono::microseconds(std::min(200, (idle - 64) * 4)));
+    }
+  }
+}
+
+}  // namespace comm
+}  // namespace jax_rccl

@@ -1,0 +1,136 @@
+// The network proxy: the thread that carries a GPU communicator's FIFO steps between hosts
+// (NCCL's proxy thread, src/proxy.cc, with its net transport's send and receive progress,
+// src/transport/net.cc).
+//
+// The kernel of a rank talks to a rank of another host through FIFOs the proxy serves, laid out
+// as any connection (tail: steps filled; head: steps consumed; kSteps slots per protocol):
+//   send side   the kernel fills the connection's slots in memory the host can read (host-pinned
+//               and mapped into the device), writes the step's protocol and size into the slot's
+//               info word, then posts `tail`. The proxy ships each filled step through the network
+//               interface (net.h) and, once the interface no longer needs the slot, posts `head`
+//               for the kernel, which may then fill the slot again;
+//   recv side   the proxy receives each step (into a staging buffer of its own), waits until the
+//               receiving kernel has freed the step's slot (`head`), writes the step into it and
+//               posts `tail`: a Simple receiver waits for `tail`, an LL or LL128 receiver for the
+//               flags carried in the step's own bytes.
+// Steps of every protocol share the connection's counters; a step's protocol and size travel
+// with it (the message's info word), so the proxy needs no plan: it follows the counters alone,
+// and a graph that replays a launch is served like the launch itself. The plan's proxy ops
+// (planner.h: ProxyOp) say which connections cross hosts and how many steps each launch moves
+// over them; the proxy moves exactly what the kernels post.
+//
+// Faults: a connection that fails (the peer's process exited, a malformed message) or a step the
+// peer does not take within the timeout (its process is stopped, or its proxy stalled) fails the
+// proxy with a message naming the rank; the communicator's failure callback runs once, and the
+// kernels waiting on the proxy's counters then stop with their own timeout or abort.
+//
+// Memory: the proxy reads the send side and the receivers' `head` directly (host-visible memory);
+// it writes slots and counters through ProxyMemory, so that a receive FIFO may live in device
+// memory (the GPU runtime copies into it) or in host memory (HostProxyMemory).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ffi/comm/net.h"
+
+namespace jax_rccl {
+namespace comm {
+
+constexpr int kProxyProtocols = 3;  // LL, LL128, Simple (Proto's values)
+
+// A step's info word: its protocol and its bytes (the slot's bytes the kernel wrote, flags
+// included).
+inline uint64_t ProxyStepInfo(int protocol, uint64_t bytes) {
+  return (uint64_t(protocol) << 56) | bytes;
+}
+inline int ProxyStepProtocol(uint64_t info) {
+  return int(info >> 56);
+}
+inline uint64_t ProxyStepBytes(uint64_t info) {
+  return info & ((uint64_t(1) << 56) - 1);
+}
+
+// One direction of a connection as the proxy sees it. `slots[p]`: slot 0 of protocol p, whose
+// kSteps slots of `stepBytes[p]` follow one another.
+struct ProxyFifo {
+  uint64_t* tail = nullptr;
+  uint64_t* head = nullptr;
+  uint64_t* info = nullptr;  // send side: kSteps info words, one per slot (written before tail)
+  char* slots[kProxyProtocols] = {nullptr, nullptr, nullptr};
+  int64_t stepBytes[kProxyProtocols] = {0, 0, 0};
+};
+
+// One connection between a local rank and a rank on another host, on one channel.
+struct ProxyConnection {
+  int channel = 0;
+  int local = 0;
+  int remote = 0;
+  bool send = false;  // local -> remote (else remote -> local)
+  ProxyFifo fifo;
+};
+
+// How the proxy writes a receiving FIFO: the data of a step, then the counter that publishes it
+// (a reader that sees the counter sees the data).
+class ProxyMemory {
+ public:
+  virtual ~ProxyMemory() = default;
+  virtual Status Write(char* dst, const char* src, size_t bytes) = 0;
+  virtual Status Post(uint64_t* counter, uint64_t value) = 0;
+};
+// Host memory: memcpy, then a release store.
+ProxyMemory* HostProxyMemory();
+
+class NetProxy {
+ public:
+  // `endpoints[r]`: the "host:port" of rank r's process; `rankString` names a rank in messages;
+  // `onFailure` runs once, on the proxy's thread, when the proxy fails.
+  NetProxy(std::unique_ptr<Net> net, ProxyMemory* memory, uint64_t group,
+           std::vector<ProxyConnection> connections, std::vector<std::string> endpoints,
+           std::function<std::string(int)> rankString, double timeoutSeconds,
+           std::function<void(const std::string&)> onFailure = nullptr);
+  ~NetProxy();
+  NetProxy(const NetProxy&) = delete;
+  NetProxy& operator=(const NetProxy&) = delete;
+
+  // Opens both ends of every connection (until `deadline`) and starts the thread.
+  Status Connect(Clock::time_point deadline);
+  // Whether the proxy failed; *reason says why.
+  bool Failed(std::string* reason) const;
+  // Stops the thread and closes the connections.
+  void Stop();
+
+  // Steps each connection moved (in the order given), for tests and statistics.
+  std::vector<uint64_t> StepsMoved() const;
+  int64_t bytesMoved() const { return bytesMoved_.load(); }
+
+ private:
+  struct Link;
+  void Loop();
+  bool Progress(Link& link, Clock::time_point now);
+  void Fail(const std::string& reason);
+
+  std::unique_ptr<Net> net_;
+  ProxyMemory* mem_;
+  uint64_t group_;
+  std::vector<std::string> endpoints_;
+  std::function<std::string(int)> rankString_;
+  double timeout_;
+  std::function<void(const std::string&)> onFailure_;
+  std::vector<std::unique_ptr<Link>> links_;
+  std::thread thread_;
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> failed_{false};
+  mutable std::mutex mu_;
+  std::string reason_;
+  std::atomic<int64_t> bytesMoved_{0};
+};
+
+}  // namespace comm
+}  // namespace jax_rccl

@@ -1,0 +1,292 @@
+// The network proxy (ffi/comm/proxy.h) driven by a host-memory stand-in for the GPU kernel: each
+// local rank is a thread that fills its send FIFOs and drains its receive FIFOs exactly as a
+// kernel does (slot, info word, tail; head to free a slot), step by step, with data it can check.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "ffi/bind/bindings.h"
+#include "ffi/comm/proxy.h"
+#include "ffi/planner/work.h"
+
+namespace nb = nanobind;
+
+namespace jax_rccl {
+namespace {
+
+using comm::Clock;
+using comm::kProxyProtocols;
+
+template <typename... Args>
+void Check(bool ok, Args&&... args) {
+  if (!ok) throw nb::value_error(detail::StrCat(std::forward<Args>(args)...).c_str());
+}
+
+// One direction of one connection, in host memory, as a kernel's FIFO would be.
+struct StandInFifo {
+  alignas(64) uint64_t tail = 0;
+  alignas(64) uint64_t head = 0;
+  uint64_t info[kSteps] = {};
+  std::vector<char> data;  // kSteps slots of each protocol, protocol after protocol
+};
+
+// A connection's steps, in order: the protocol of each.
+struct StandInConn {
+  int channel = 0, local = 0, remote = 0;
+  bool send = false;
+  std::vector<int> protocols;
+  StandInFifo fifo;
+  uint64_t next = 0;  // the stand-in's next step
+};
+
+uint64_t Word(int channel, int from, int to, uint64_t step, int64_t i) {
+  uint64_t x = (uint64_t(channel) << 48) ^ (uint64_t(from) << 40) ^ (uint64_t(to) << 32) ^
+               (step << 20) ^ uint64_t(i);
+  x ^= x >> 31;
+  x *= 0x9e3779b97f4a7c15ull;
+  return x ^ (x >> 29);
+}
+// The bytes of a step: varies with the step, at least one word, a multiple of 8.
+int64_t StepBytes(int64_t stepBytes, int channel, int from, uint64_t step) {
+  const int64_t words = stepBytes / 8;
+  const int64_t cut = int64_t((step + uint64_t(channel) + uint64_t(from)) % 4) * words / 8;
+  return std::max<int64_t>(1, words - cut) * 8;
+}
+
+// Runs the ranks' programs (see BindProxy).
+nb::dict RunNetProxy(const std::string& session, int process, uint64_t group,
+                     const std::vector<std::string>& endpoints,
+                     const std::vector<int>& host_of_rank, const std::vector<int>& local_ranks,
+                     const nb::list& program, const std::vector<int64_t>& step_bytes,
+                     double timeout_s, int64_t stop_after, bool verify) {
+  Check(step_bytes.size() == size_t(kProxyProtocols), "step_bytes: 3 sizes");
+  Check(nb::len(program) == local_ranks.size(), "program: one list per local rank");
+  const int nRanks = int(endpoints.size());
+  auto rankString = [&](int r) {
+    return detail::StrCat("rank ", r, " (host ", host_of_rank[size_t(r)], ")");
+  };
+  // The connections, keyed by (channel, local, remote, send).
+  std::map<std::tuple<int, int, int, bool>, std::unique_ptr<StandInConn>> conns;
+  auto connOf = [&](int channel, int local, int remote, bool send) -> StandInConn& {
+    Check(remote >= 0 && remote < nRanks, "peer out of range");
+    Check(host_of_rank[size_t(remote)] != host_of_rank[size_t(local)], "a proxy op names rank ",
+          remote, " of the same host as rank ", local);
+    auto& slot = conns[std::make_tuple(channel, local, remote, send)];
+    if (!slot) {
+      slot = std::make_unique<StandInConn>();
+      slot->channel = channel;
+      slot->local = local;
+      slot->remote = remote;
+      slot->send = send;
+      int64_t total = 0;
+      for (int64_t b : step_bytes) total += b * kSteps;
+      slot->fifo.data.assign(size_t(total), 0);
+    }
+    return *slot;
+  };
+  for (size_t i = 0; i < local_ranks.size(); ++i) {
+    for (nb::handle h : nb::cast<nb::list>(program[i])) {
+      nb::dict op = nb::cast<nb::dict>(h);
+      const int channel = nb::cast<int>(op["channel"]);
+      const std::string proto = nb::cast<std::string>(op["protocol"]);
+      const int p = proto == "ll" ? 0 : proto == "ll128" ? 1 : 2;
+      const int nsteps = nb::cast<int>(op["nsteps"]);
+      for (nb::handle peer : nb::cast<nb::list>(op["send_peers"])) {
+        auto& c = connOf(channel, local_ranks[i], nb::cast<int>(peer), true);
+        c.protocols.insert(c.protocols.end(), size_t(nsteps), p);
+      }
+      for (nb::handle peer : nb::cast<nb::list>(op["recv_peers"])) {
+        auto& c = connOf(channel, local_ranks[i], nb::cast<int>(peer), false);
+        c.protocols.insert(c.protocols.end(), size_t(nsteps), p);
+      }
+    }
+  }
+  std::vector<comm::ProxyConnection> pcs;
+  std::vector<StandInConn*> order;
+  for (auto& [key, c] : conns) {
+    comm::ProxyConnection pc;
+    pc.channel = c->channel;
+    pc.local = c->local;
+    pc.remote = c->remote;
+    pc.send = c->send;
+    pc.fifo.tail = &c->fifo.tail;
+    pc.fifo.head = &c->fifo.head;
+    pc.fifo.info = c->fifo.info;
+    char* base = c->fifo.data.data();
+    for (int p = 0; p < kProxyProtocols; ++p) {
+      pc.fifo.slots[p] = base;
+      pc.fifo.stepBytes[p] = step_bytes[size_t(p)];
+      base += step_bytes[size_t(p)] * kSteps;
+    }
+    pcs.push_back(pc);
+    order.push_back(c.get());
+  }
+  auto proxy = std::make_unique<comm::NetProxy>(comm::MakeSocketNet(session, process),
+                                                comm::HostProxyMemory(), group, pcs, endpoints,
+                                                rankString, timeout_s);
+  const Clock::time_point deadline =
+      Clock::now() + std::chrono::microseconds(int64_t(timeout_s * 1e6));
+  {
+    nb::gil_scoped_release release;
+    ThrowIfError(proxy->Connect(deadline));
+  }
+  // The stand-in kernels: one thread per local rank, over all its connections.
+  std::vector<Status> errors(local_ranks.size());
+  std::atomic<bool> abandoned{false};
+  const Clock::time_point started = Clock::now();
+  {
+    nb::gil_scoped_release release;
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < local_ranks.size(); ++i) {
+      threads.emplace_back([&, i]() {
+        const int rank = local_ranks[i];
+        std::vector<StandInConn*> mine;
+        for (StandInConn* c : order) {
+          if (c->local == rank) mine.push_back(c);
+        }
+        int64_t moved = 0;
+        Clock::time_point lastProgress = Clock::now();
+        while (true) {
+          bool all = true, progressed = false;
+          for (StandInConn* c : mine) {
+            StandInFifo& f = c->fifo;
+            while (c->next < c->protocols.size()) {
+              if (stop_after >= 0 && moved >= stop_after) {
+                abandoned.store(true);
+                return;
+              }
+              const uint64_t s = c->next;
+              const int p = c->protocols[s];
+              const int64_t sb = step_bytes[size_t(p)];
+              char* slotPtr = f.data.data();
+              for (int q = 0; q < p; ++q) slotPtr += step_bytes[size_t(q)] * kSteps;
+              slotPtr += int64_t(s % kSteps) * sb;
+              const int from = c->send ? c->local : c->remote, to = c->send ? c->remote : c->local;
+              const int64_t n = StepBytes(sb, c->channel, from, s);
+              uint64_t* words = reinterpret_cast<uint64_t*>(slotPtr);
+              if (c->send) {
+                if (s - __atomic_load_n(&f.head, __ATOMIC_ACQUIRE) >= uint64_t(kSteps)) break;
+                for (int64_t w = 0; w < n / 8; w += verify ? 1 : std::max<int64_t>(1, n / 8 - 1)) {
+                  words[w] = Word(c->channel, from, to, s, w);
+                }
+                __atomic_store_n(&f.info[s % kSteps], comm::ProxyStepInfo(p, uint64_t(n)),
+                                 __ATOMIC_RELEASE);
+                __atomic_store_n(&f.tail, s + 1, __ATOMIC_RELEASE);
+              } else {
+                if (__atomic_load_n(&f.tail, __ATOMIC_ACQUIRE) <= s) break;
+                for (int64_t w = 0; w < n / 8; w += verify ? 1 : std::max<int64_t>(1, n / 8 - 1)) {
+                  if (words[w] != Word(c->channel, from, to, s, w)) {
+                    errors[i] =
+                        Status(Code::kInternal,
+                               detail::StrCat("rank ", rank, " received wrong data in step ", s,
+                                              " of channel ", c->channel, " from rank ", from,
+                                              " (word ", w, ")"));
+                    return;
+                  }
+                }
+                __atomic_store_n(&f.head, s + 1, __ATOMIC_RELEASE);
+              }
+              ++c->next;
+              ++moved;
+              progressed = true;
+            }
+            if (c->next < c->protocols.size()) all = false;
+          }
+          if (all) return;
+          std::string reason;
+          if (proxy->Failed(&reason)) {
+            errors[i] = Status(Code::kSystem, reason);
+            return;
+          }
+          if (progressed) {
+            lastProgress = Clock::now();
+          } else if (Clock::now() - lastProgress >
+                     std::chrono::microseconds(int64_t(timeout_s * 1e6))) {
+            for (StandInConn* c : mine) {
+              if (c->next < c->protocols.size()) {
+                errors[i] = Status(
+                    Code::kTimeout,
+                    detail::StrCat("rank ", rank, " timed out on channel ", c->channel,
+                                   c->send ? " sending step " : " waiting for step ", c->next,
+                                   c->send ? " to " : " from ", rankString(c->remote)));
+                return;
+              }
+            }
+          } else {
+            std::this_thread::sleep_for(std::chrono::microseconds(20));
+          }
+        }
+      });
+    }
+    for (std::thread& t : threads) t.join();
+  }
+  const double seconds = std::chrono::duration<double>(Clock::now() - started).count();
+  if (abandoned.load()) {
+    // A fault test: this process stops here with its connections open (it exits or sleeps).
+    (void)proxy.release();
+    (void)new decltype(conns)(std::move(conns));  // the FIFOs it serves stay too
+    return nb::dict();
+  }
+  for (const Status& s : errors) ThrowIfError(s);
+  // Every step out is on the wire before the connections close.
+  {
+    nb::gil_scoped_release release;
+    while (Clock::now() < deadline) {
+      bool drained = true;
+      const std::vector<uint64_t> m = proxy->StepsMoved();
+      for (size_t k = 0; k < order.size(); ++k) {
+        if (m[k] < order[k]->protocols.size()) drained = false;
+      }
+      std::string reason;
+      if (drained || proxy->Failed(&reason)) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+  std::string reason;
+  if (proxy->Failed(&reason)) ThrowIfError(Status(Code::kSystem, reason));
+  const std::vector<uint64_t> final = proxy->StepsMoved();
+  proxy->Stop();
+  nb::list connList;
+  for (size_t k = 0; k < order.size(); ++k) {
+    const StandInConn& c = *order[k];
+    connList.append(nb::make_tuple(c.channel, c.send ? c.local : c.remote,
+                                   c.send ? c.remote : c.local, c.next, final[k]));
+  }
+  nb::dict out;
+  out["conns"] = connList;
+  out["seconds"] = seconds;
+  out["bytes"] = proxy->bytesMoved();
+  return out;
+}
+
+}  // namespace
+
+void BindProxy(nb::module_& m) {
+  m.def("run_net_proxy", &RunNetProxy, nb::arg("session"), nb::arg("process"), nb::arg("group"),
+        nb::arg("endpoints"), nb::arg("host_of_rank"), nb::arg("local_ranks"), nb::arg("program"),
+        nb::arg("step_bytes"), nb::arg("timeout_s") = 10.0, nb::arg("stop_after") = -1,
+        nb::arg("verify") = true,
+        "Runs the network proxy for this process's ranks `local_ranks` with a host-memory "
+        "stand-in for their kernels: `program[i]` lists local rank i's proxy ops (the planner's "
+        "dicts: channel, protocol, nsteps, recv_peers, send_peers); every send step carries "
+        "data the receiver checks. `endpoints[r]`: the 'host:port' of rank r's process (its "
+        "socket listener); `host_of_rank[r]`: its host. Returns {'conns': [(channel, from, to, "
+        "steps the stand-in moved, steps the proxy moved)] per connection, 'seconds': the "
+        "stand-in's time from its first step to its last, 'bytes': bytes the proxy moved}. "
+        "`stop_after` >= 0: the stand-in stops after that many steps and the call returns {} "
+        "with the connections left open (fault tests). `verify` False: only each step's first "
+        "and last words are written and checked (benchmarks).");
+}
+
+}  // namespace jax_rccl

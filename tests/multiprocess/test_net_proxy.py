@@ -1,0 +1,259 @@
+"""The network proxy (ffi/comm/proxy.h) over the TCP network interface (ffi/comm/net.h), with a
+host-memory stand-in for the GPU kernels' FIFOs (ffi/testing/bind_proxy.cc).
+
+Ranks sit on two hosts, faked by the world table; each process runs the proxy for its ranks and
+a stand-in kernel per rank that moves exactly the steps of the planner's proxy ops (every
+protocol, the step sizes of the topology's buffers), with data the receiver checks. The proxy
+follows the FIFO counters alone: the steps it moves must be the steps the plan names, every
+sender's step must reach its receiver, and a dead or stopped peer must be an error naming it."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from test_shm_transport import load_native, spawn, world_of  # noqa: E402
+
+HERE = os.path.abspath(__file__)
+STEPS = 8  # kSteps: slots per connection
+
+
+def _publish(folder: str, name: str, text: str) -> None:
+    tmp = os.path.join(folder, name + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.rename(tmp, os.path.join(folder, name))
+
+
+def _wait_file(path: str, deadline: float) -> str:
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise TimeoutError(path)
+        time.sleep(0.01)
+    with open(path) as f:
+        return f.read()
+
+
+# ---- the worker (one process: the ranks of some hosts) ----
+
+
+def worker(args: dict) -> dict:
+    native = load_native()
+    p, nprocs = args["process"], args["nprocs"]
+    world = world_of(p, nprocs, 1, args["session"])
+    folder = args["folder"]
+    out: dict = {"process": p}
+    try:
+        native.set_session_secret(world["secret"])
+        port = native.socket_listen("127.0.0.1")
+        _publish(folder, f"{p}.ep", f"127.0.0.1:{port}")
+        deadline = time.monotonic() + 30
+        eps = [_wait_file(os.path.join(folder, f"{q}.ep"), deadline) for q in range(nprocs)]
+        process_of = args["process_of_rank"]
+        local = [r for r, q in enumerate(process_of) if q == p]
+        t0 = time.monotonic()
+        res = native.run_net_proxy(
+            args["session"],
+            p,
+            args["group"],
+            [eps[q] for q in process_of],
+            args["host_of_rank"],
+            local,
+            [args["programs"][r] for r in local],
+            args["step_bytes"],
+            args["timeout"],
+            args["stop_after"] if p == args.get("faulty", -1) else -1,
+        )
+        out["seconds"] = time.monotonic() - t0
+        out["conns"] = [list(c) for c in res.get("conns", [])]
+        if p == args.get("faulty", -1):
+            if args["fault"] == "stop":
+                time.sleep(args["timeout"] + 5)  # stopped: connections open, nothing moves
+            # Its proxy still runs: leave without running the interpreter's teardown (the
+            # connections close with the process).
+            print(json.dumps(out), flush=True)
+            os._exit(0)
+    except Exception as e:  # noqa: BLE001 - reported to the driver
+        out["error"] = f"{type(e).__name__}: {e}"
+        out["seconds"] = time.monotonic() - t0
+    return out
+
+
+# ---- the driver ----
+
+
+def _plan_programs(tasks, topo, **kw) -> list[list[dict]]:
+    from jax_rccl import planner
+
+    progs = []
+    for r in range(topo.nranks):
+        ops = planner.plan(tasks, topo, r, **kw).proxy_ops
+        progs.append(
+            [
+                {k: o[k] for k in ("channel", "protocol", "nsteps", "send_peers", "recv_peers")}
+                for o in ops
+            ]
+        )
+    return progs
+
+
+def _topology(nranks: int, nnodes: int, **kw):
+    from jax_rccl.planner import Topology
+
+    return Topology(
+        nranks=nranks,
+        nnodes=nnodes,
+        arch="sm90",
+        link="nvlink",
+        bw_intra=20.0,
+        bw_inter=12.0,
+        nchannels=kw.pop("nchannels", 2),
+        p2p_nchannels=2,
+        ll128=True,
+        **kw,
+    )
+
+
+def _run(topo, programs, process_of_rank, timeout=20.0, **kw) -> list[dict]:
+    kw.setdefault("stop_after", -1)
+    with tempfile.TemporaryDirectory() as folder:
+        return spawn(
+            HERE,
+            max(process_of_rank) + 1,
+            1,
+            "proxy",
+            timeout_s=timeout + 60,
+            folder=folder,
+            group=0x5EED,
+            programs=programs,
+            process_of_rank=process_of_rank,
+            host_of_rank=[r // topo.local_ranks for r in range(topo.nranks)],
+            step_bytes=[b // STEPS for b in topo.buff_sizes],
+            timeout=timeout,
+            **kw,
+        )
+
+
+def _planned(programs) -> dict:
+    """(channel, from, to) -> steps, from the proxy ops of every rank, by its send side and by
+    its receive side."""
+    sends: dict = {}
+    recvs: dict = {}
+    for rank, ops in enumerate(programs):
+        for o in ops:
+            for q in o["send_peers"]:
+                key = (o["channel"], rank, q)
+                sends[key] = sends.get(key, 0) + o["nsteps"]
+            for q in o["recv_peers"]:
+                key = (o["channel"], q, rank)
+                recvs[key] = recvs.get(key, 0) + o["nsteps"]
+    assert sends == recvs, "a sender's network steps without its receiver's"
+    return sends
+
+
+def _check(results, programs) -> None:
+    for res in results:
+        assert "error" not in res, res
+    planned = _planned(programs)
+    assert planned, "the plan moves nothing across hosts"
+    for res in results:
+        for channel, frm, to, stand_in, proxy in res["conns"]:
+            key = (channel, frm, to)
+            assert stand_in == proxy == planned[key], (key, stand_in, proxy, planned[key])
+    # Every planned connection ran, at both of its ends.
+    ends = sum(len(res["conns"]) for res in results)
+    assert ends == 2 * len(planned)
+
+
+CASES = [
+    ("all_reduce", 1 << 18, "float32", "ring", "simple"),
+    ("all_reduce", 1 << 18, "float32", "tree", "simple"),
+    ("all_reduce", 3000, "float32", "ring", "ll"),
+    ("all_reduce", 3000, "float32", "tree", "ll"),
+    ("all_reduce", 100000, "bfloat16", "ring", "ll128"),
+    ("all_gather", 70001, "int8", "ring", "simple"),
+    ("reduce_scatter", 1 << 16, "float32", "ring", "ll"),
+    ("broadcast", 1 << 17, "int32", "ring", "simple"),
+]
+
+
+@pytest.mark.parametrize("coll,count,dtype,algo,proto", CASES)
+def test_two_hosts_move_every_planned_step(coll, count, dtype, algo, proto):
+    """Two processes, one per host, two ranks each: the proxy of each process carries its ranks'
+    steps to the other host's; every step arrives intact, once, and the counts are the plan's."""
+    from jax_rccl.planner import Task
+
+    topo = _topology(4, 2)
+    programs = _plan_programs(
+        [Task(coll, count, dtype, root=1 if coll == "broadcast" else 0)],
+        topo,
+        algorithm=algo,
+        protocol=proto,
+    )
+    results = _run(topo, programs, [0, 0, 1, 1])
+    _check(results, programs)
+
+
+def test_one_process_two_fake_hosts_and_several_tasks():
+    """Both hosts in one process (the proxy connects to its own listener), one rank per host,
+    a group of tasks whose proxy ops the planner interleaves, on 4 channels."""
+    from jax_rccl.planner import Task
+
+    topo = _topology(2, 2, nchannels=4)
+    tasks = [
+        Task("all_reduce", 1 << 17, "float32"),
+        Task("all_gather", 5000, "float16"),
+        Task("reduce_scatter", 1 << 19, "float32"),
+    ]
+    programs = _plan_programs(tasks, topo)
+    results = _run(topo, programs, [0, 0])
+    _check(results, programs)
+
+
+def test_four_hosts_of_one_rank():
+    """Four processes, each its own host: every ring connection crosses hosts."""
+    from jax_rccl.planner import Task
+
+    topo = _topology(4, 4)
+    programs = _plan_programs(
+        [Task("all_reduce", 1 << 18, "float32")], topo, algorithm="ring", protocol="simple"
+    )
+    results = _run(topo, programs, [0, 1, 2, 3])
+    _check(results, programs)
+
+
+@pytest.mark.parametrize("fault", ["exit", "stop"])
+def test_a_dead_or_stopped_peer_is_an_error_naming_it(fault):
+    """Process 1 (ranks 2 and 3, host 1) stops after a few steps: it exits (its connections
+    close) or stays with its connections open and moves nothing. Process 0 must fail within the
+    timeout, naming a rank of host 1; an exit is seen at once."""
+    from jax_rccl.planner import Task
+
+    topo = _topology(4, 2)
+    programs = _plan_programs(
+        [Task("all_reduce", 1 << 20, "float32")], topo, algorithm="ring", protocol="simple"
+    )
+    timeout = 6.0
+    results = _run(
+        topo, programs, [0, 0, 1, 1], timeout=timeout, faulty=1, fault=fault, stop_after=5
+    )
+    r0 = results[0]
+    assert "error" in r0, r0
+    assert "rank 2" in r0["error"] or "rank 3" in r0["error"], r0["error"]
+    assert "host 1" in r0["error"], r0["error"]
+    if fault == "exit":
+        assert "closed" in r0["error"] or "failed" in r0["error"], r0["error"]
+        assert r0["seconds"] < timeout, r0
+    else:
+        assert "timed out" in r0["error"] or "took no" in r0["error"], r0["error"]
+        assert r0["seconds"] < 2 * timeout + 5, r0
+
+
+if __name__ == "__main__":
+    print(json.dumps(worker(json.loads(sys.argv[1]))), flush=True)
