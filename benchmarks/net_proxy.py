@@ -9,8 +9,8 @@ count C, each rank's stand-in kernel (``jax_rccl._jax_rccl_testing.run_net_proxy
 it writes and checks only each step's first and last words) sends S bytes to the other rank and
 receives S bytes from it, in Simple steps of 512 KiB spread over C channels (C TCP connections
 each way); the proxy of each process ships and lands every step. ``raw`` is the same traffic
-over plain TCP sockets between the same processes: S bytes each way, C sockets each way,
-``sendall``/``recv_into`` of 4 MiB buffers, one thread per socket. GB/s = S / time (one
+over plain TCP sockets between the same processes: S bytes each way, C sockets each way, blocking
+send/recv of 4 MiB in C++ (``raw_socket_transfer``), one thread per socket. GB/s = S / time (one
 direction; both directions run at once). ratio = proxy GB/s / raw GB/s. Each figure is the
 median of --repeat runs; the time is process 0's.
 """
@@ -26,7 +26,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 
@@ -57,7 +56,7 @@ def _barrier(folder: str, p: int, tag: str) -> None:
     _read(folder, f"{tag}.{1 - p}")
 
 
-def _raw(folder: str, p: int, size: int, channels: int, tag: str) -> float:
+def _raw(native, folder: str, p: int, size: int, channels: int, tag: str) -> float:
     """S bytes each way over `channels` plain TCP sockets each way; seconds."""
     lsock = socket.socket()
     lsock.bind(("127.0.0.1", 0))
@@ -68,35 +67,10 @@ def _raw(folder: str, p: int, size: int, channels: int, tag: str) -> float:
     ins = [lsock.accept()[0] for _ in range(channels)]
     for s in outs + ins:
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    share = [size // channels + (1 if c < size % channels else 0) for c in range(channels)]
-    chunk = 4 << 20
-    buf = bytearray(chunk)
     _barrier(folder, p, f"rawgo{tag}")
-
-    def send(s, n):
-        view = memoryview(buf)
-        while n > 0:
-            k = min(n, chunk)
-            s.sendall(view[:k])
-            n -= k
-
-    def recv(s, n):
-        mine = bytearray(chunk)
-        view = memoryview(mine)
-        while n > 0:
-            got = s.recv_into(view[: min(n, chunk)])
-            if got == 0:
-                raise ConnectionError("closed")
-            n -= got
-
-    t0 = time.monotonic()
-    threads = [threading.Thread(target=send, args=(s, n)) for s, n in zip(outs, share, strict=True)]
-    threads += [threading.Thread(target=recv, args=(s, n)) for s, n in zip(ins, share, strict=True)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    secs = time.monotonic() - t0
+    secs = native.raw_socket_transfer(
+        [s.fileno() for s in outs], [s.fileno() for s in ins], size // channels
+    )
     for s in outs + ins + [lsock]:
         s.close()
     _barrier(folder, p, f"rawdone{tag}")
@@ -147,11 +121,11 @@ def worker(args: dict) -> dict:
     group = 1
     for size in args["sizes"]:
         for ch in args["channels"]:
-            key = f"{size}/{ch}"
+            key = f"{size}x{ch}"
             raw, prox = [], []
             for r in range(args["repeat"]):
                 _barrier(folder, p, f"go{key}.{r}")
-                raw.append(_raw(folder, p, size, ch, f"{key}.{r}"))
+                raw.append(_raw(native, folder, p, size, ch, f"{key}.{r}"))
                 _barrier(folder, p, f"px{key}.{r}")
                 prox.append(_proxy(native, args, eps, p, size, ch, group))
                 group += 1
@@ -210,7 +184,7 @@ def main() -> None:
     print("-" * 62)
     for size in sizes:
         for ch in channels:
-            key = f"{size}/{ch}"
+            key = f"{size}x{ch}"
             raw, prox = res["raw"][key], res["proxy"][key]
             label = f"{size >> 20}MB" if size >= 1 << 20 else f"{size >> 10}KB"
             print(

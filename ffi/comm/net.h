@@ -74,7 +74,13 @@ class NetComm {
   // reported. After the sender closed its end in order (destroying it), receives posted beyond
   // its last message stay pending without an error.
   virtual Status Test(NetRequest* request, bool* done, size_t* bytes, uint64_t* info) = 0;
+  // Bytes this end moved so far (headers included): a caller that polls sees a message advance
+  // before it completes.
+  uint64_t bytesMoved() const { return bytesMoved_; }
   static constexpr int kMaxRequests = 8;
+
+ protected:
+  uint64_t bytesMoved_ = 0;
 };
 
 class Net {

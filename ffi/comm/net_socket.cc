@@ -167,6 +167,7 @@ class SocketComm final : public NetComm {
                   " failed: ", ErrnoText(errno), " (did its process exit?)");
         }
         r->done += size_t(w);
+        bytesMoved_ += uint64_t(w);
       }
       r->complete = true;
     }
@@ -201,6 +202,7 @@ class SocketComm final : public NetComm {
                     " failed: ", ErrnoText(errno), " (did its process exit?)");
           }
           r->done += size_t(n);
+          bytesMoved_ += uint64_t(n);
         }
         if (r->done == sizeof(MessageHeader)) {
           if (r->header.magic == kNetClose) {

@@ -265,14 +265,16 @@ void NetProxy::Loop() {
     const Clock::time_point now = Clock::now();
     bool progressed = false;
     for (auto& lk : links_) {
+      const uint64_t before = lk->comm->bytesMoved();
       progressed = Progress(*lk, now) || progressed;
       if (failed_.load()) return;
+      progressed = progressed || lk->comm->bytesMoved() != before;
     }
+    // Idle (no step and no byte moved): spin, then sleep up to 20 us at a time.
     if (progressed) {
       idle = 0;
     } else if (++idle > 64) {
-      // Idle: back off from spinning to sleeps of up to 200 us.
-      std::this_thread::sleep_for(std::chrono::microseconds(std::min(200, (idle - 64) * 4)));
+      std::this_thread::sleep_for(std::chrono::microseconds(std::min(20, (idle - 64) * 2)));
     }
   }
 }

@@ -4,6 +4,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <atomic>
@@ -270,9 +271,55 @@ nb::dict RunNetProxy(const std::string& session, int process, uint64_t group,
   return out;
 }
 
+// Moves `bytes` over each of `send_fds` and from each of `recv_fds` (blocking TCP sockets), one
+// thread per socket, in writes and reads of 4 MiB; seconds from the first byte to the last.
+double RawSocketTransfer(const std::vector<int>& send_fds, const std::vector<int>& recv_fds,
+                         int64_t bytes) {
+  nb::gil_scoped_release release;
+  constexpr int64_t kChunk = 4 << 20;
+  std::vector<std::thread> threads;
+  std::atomic<bool> failed{false};
+  const Clock::time_point t0 = Clock::now();
+  for (int fd : send_fds) {
+    threads.emplace_back([&, fd]() {
+      std::vector<char> buf(static_cast<size_t>(kChunk), 1);
+      for (int64_t left = bytes; left > 0;) {
+        const ssize_t w = send(fd, buf.data(), size_t(std::min(left, kChunk)), MSG_NOSIGNAL);
+        if (w <= 0) {
+          failed.store(true);
+          return;
+        }
+        left -= w;
+      }
+    });
+  }
+  for (int fd : recv_fds) {
+    threads.emplace_back([&, fd]() {
+      std::vector<char> buf(static_cast<size_t>(kChunk));
+      for (int64_t left = bytes; left > 0;) {
+        const ssize_t r = recv(fd, buf.data(), size_t(std::min(left, kChunk)), 0);
+        if (r <= 0) {
+          failed.store(true);
+          return;
+        }
+        left -= r;
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  if (failed.load()) throw nb::value_error("raw_socket_transfer: a socket failed");
+  return seconds;
+}
+
 }  // namespace
 
 void BindProxy(nb::module_& m) {
+  m.def("raw_socket_transfer", &RawSocketTransfer, nb::arg("send_fds"), nb::arg("recv_fds"),
+        nb::arg("bytes"),
+        "Sends `bytes` on each of `send_fds` and receives `bytes` from each of `recv_fds` "
+        "(connected blocking TCP sockets), one thread per socket, 4 MiB per call; returns the "
+        "seconds (benchmarks: the raw socket bandwidth beside the proxy's).");
   m.def("run_net_proxy", &RunNetProxy, nb::arg("session"), nb::arg("process"), nb::arg("group"),
         nb::arg("endpoints"), nb::arg("host_of_rank"), nb::arg("local_ranks"), nb::arg("program"),
         nb::arg("step_bytes"), nb::arg("timeout_s") = 10.0, nb::arg("stop_after") = -1,
