@@ -123,35 +123,9 @@ void BindRuntime(nb::module_& m) {
         "set_session_secret)}. Replica groups spanning processes "
         "then run over shared memory within a host and TCP sockets between hosts "
         "(JAX_RCCL_TRANSPORT).");
-  m.def(
-      "set_session_secret",
-      [](nb::bytes secret) {
-        ThrowIfError(comm::SetSessionSecret(std::string(secret.c_str(), secret.size())));
-      },
-      nb::arg("secret"),
-      "Sets the run's secret (16..256 random bytes, the same in every process of the run; once per "
-      "process): socket connections prove it in their handshake, shared-memory names carry a tag "
-      "derived from it.");
-  m.def(
-      "socket_listen",
-      [](const std::string& address) { return ValueOrThrow(comm::SocketListen(address)); },
-      nb::arg("address"),
-      "Starts this process's TCP listener for the socket transport (once), bound to `address` (a "
-      "numeric IPv4 or IPv6 address) on an ephemeral port, and returns the port. Needs the "
-      "session secret.");
+  BindSocketSetup(m, false);
   m.def("socket_listener_port", &comm::SocketListenerPort,
         "The port this process listens on for the socket transport, or 0 when it does not.");
-  m.def(
-      "socket_listener_counts",
-      []() {
-        const comm::ListenerCounts c = comm::SocketListenerCounts();
-        nb::dict d;
-        d["accepted"] = c.accepted;
-        d["dropped"] = c.dropped;
-        d["unauthorized"] = c.unauthorized;
-        return d;
-      },
-      "Connections the listener accepted (handshake done) and dropped (of which unauthorized).");
   m.def(
       "network_interfaces",
       []() {

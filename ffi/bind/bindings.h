@@ -31,6 +31,9 @@ void BindP2pInternals(nanobind::module_& internal);
 void BindRuntime(nanobind::module_& m);
 // Sets the process's world table from its dict form (`jax_rccl._jax_rccl.set_world`).
 void SetWorld(const nanobind::dict& world);
+// The socket transport's set-up: set_session_secret, socket_listen, socket_listener_counts (in
+// the test module, `testing`, for its own copy of the runtime).
+void BindSocketSetup(nanobind::module_& m, bool testing);
 
 }  // namespace jax_rccl
 

@@ -11,6 +11,7 @@
 
 #include "ffi/bind/bindings.h"
 #include "ffi/comm/hmac.h"
+#include "ffi/comm/socket_listen.h"
 #include "ffi/comm/world.h"
 #include "ffi/planner/planner.h"
 
@@ -180,6 +181,42 @@ void SetWorld(const nb::dict& world) {
     ThrowIfError(comm::SetSessionSecret(std::string(secret.c_str(), secret.size())));
   }
   ThrowIfError(comm::SetWorldTable(std::move(t)));
+}
+
+void BindSocketSetup(nb::module_& m, bool testing) {
+  const char* same = "The function of jax_rccl._jax_rccl of that name, for this module's runtime.";
+  m.def(
+      "set_session_secret",
+      [](nb::bytes secret) {
+        ThrowIfError(comm::SetSessionSecret(std::string(secret.c_str(), secret.size())));
+      },
+      nb::arg("secret"),
+      testing
+          ? same
+          : "Sets the run's secret (16..256 random bytes, the same in every process of the run; "
+            "once per process): socket connections prove it in their handshake, "
+            "shared-memory names carry a tag derived from it.");
+  m.def(
+      "socket_listen",
+      [](const std::string& address) { return ValueOrThrow(comm::SocketListen(address)); },
+      nb::arg("address"),
+      testing ? same
+              : "Starts this process's TCP listener for the socket transport (once), bound to "
+                "`address` (a numeric IPv4 or IPv6 address) on an ephemeral port, and returns the "
+                "port. Needs the session secret.");
+  m.def(
+      "socket_listener_counts",
+      []() {
+        const comm::ListenerCounts c = comm::SocketListenerCounts();
+        nb::dict d;
+        d["accepted"] = c.accepted;
+        d["dropped"] = c.dropped;
+        d["unauthorized"] = c.unauthorized;
+        return d;
+      },
+      testing ? same
+              : "Connections the listener accepted (handshake done) and dropped (of which "
+                "unauthorized).");
 }
 
 }  // namespace jax_rccl

@@ -51,11 +51,16 @@ struct NetRequest {
   virtual ~NetRequest() = default;
 };
 
-// A connection's end (ncclNet_t's sendComm or recvComm); destroying it closes it (closeSend,
-// closeRecv), a sending end in order after its messages.
+// A connection's end (ncclNet_t's sendComm or recvComm). Closing (closeSend, closeRecv) is in
+// order (CloseInOrder) or not (Abort, or destroying an end not closed in order): the peer's end
+// then fails with an error naming this one.
 class NetComm {
  public:
   virtual ~NetComm() = default;
+  // Without blocking: true once the end is closed; a sending end first finishes its messages and
+  // tells the receiver that nothing more comes. Call again until true (or Abort).
+  virtual bool CloseInOrder() = 0;
+  virtual void Abort() = 0;
   // ncclNet_t's regMr/deregMr: a backend without registration returns null and succeeds.
   virtual StatusOr<NetMemory*> RegMr(void* data, size_t bytes, NetMemoryType type) = 0;
   virtual Status DeregMr(NetMemory* mem) = 0;
@@ -71,9 +76,12 @@ class NetComm {
   // what arrived and the request is gone. Errors (the peer's end went away without closing in
   // order, a message larger than the posted buffer, a malformed header) name the peer; the
   // connection is then failed for good, though requests that completed before are still
-  // reported. After the sender closed its end in order (destroying it), receives posted beyond
-  // its last message stay pending without an error.
+  // reported. After the sender closed its end in order, receives posted beyond its last message
+  // stay pending without an error.
   virtual Status Test(NetRequest* request, bool* done, size_t* bytes, uint64_t* info) = 0;
+  // Without a request: an error when the peer's end is known to have failed (reset), for a
+  // caller with nothing in flight on this connection.
+  virtual Status Poll() = 0;
   // Bytes this end moved so far (headers included): a caller that polls sees a message advance
   // before it completes.
   uint64_t bytesMoved() const { return bytesMoved_; }

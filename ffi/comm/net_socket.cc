@@ -5,9 +5,10 @@
 // the group, channel | kNetChannelFlag, sender and receiver, so it never meets the host
 // executor's links). A message is a 24-byte header (magic, bytes, info) and its bytes. Requests
 // progress, in order, inside Test: non-blocking writes of the oldest unfinished send, or reads
-// into the oldest posted receive. A sending end that closes in order first sends a close header:
-// its receiver then knows nothing more comes (receives posted ahead stay pending, no error),
-// while a stream that ends without one means the sender's process died (an error naming it).
+// into the oldest posted receive. A sending end that closes in order sends a close header after
+// its messages: its receiver then knows nothing more comes (receives posted ahead stay pending,
+// no error). A stream that ends without one (the sender's process died) or is reset (Abort, or an
+// end destroyed without closing in order) is an error naming the sender.
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -17,10 +18,8 @@
 #include <unistd.h>
 
 #include <array>
-#include <chrono>
 #include <cstring>
 #include <deque>
-#include <thread>
 #include <utility>
 
 #include "ffi/comm/net.h"
@@ -62,32 +61,52 @@ struct SocketRequest final : NetRequest {
 class SocketComm final : public NetComm {
  public:
   SocketComm(int fd, bool send, std::string peer) : fd_(fd), send_(send), peer_(std::move(peer)) {}
-  ~SocketComm() override {
-    if (fd_ < 0) return;
-    if (send_) {
-      // In order: the close header after every queued message (a short bounded wait for the
-      // socket); a connection that cannot finish them just closes, which its receiver reports.
-      const Clock::time_point until = Clock::now() + std::chrono::milliseconds(200);
-      MessageHeader h{kNetClose, 0, 0, 0};
-      size_t done = 0;
-      while (failed_.ok() && done < sizeof(h) && Clock::now() < until) {
-        Status s = PumpSend();
-        if (!s.ok()) break;
-        bool pending = false;
-        for (const auto& r : queue_) pending = pending || !r->complete;
-        if (!pending) {
-          const ssize_t w = send(fd_, reinterpret_cast<char*>(&h) + done, sizeof(h) - done,
-                                 MSG_NOSIGNAL | MSG_DONTWAIT);
-          if (w > 0) {
-            done += size_t(w);
-            continue;
-          }
-          if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) break;
-        }
-        std::this_thread::sleep_for(std::chrono::microseconds(100));
-      }
+  // Not closed in order: the peer sees the connection reset (an error naming this end).
+  ~SocketComm() override { Abort(); }
+
+  bool CloseInOrder() override {
+    if (fd_ < 0) return true;
+    if (!send_) {
+      close(fd_);
+      fd_ = -1;
+      return true;
+    }
+    if (!failed_.ok() || !PumpSend().ok()) return false;
+    for (const auto& r : queue_) {
+      if (!r->complete) return false;
+    }
+    const MessageHeader h{kNetClose, 0, 0, 0};
+    while (closeSent_ < sizeof(h)) {
+      const ssize_t w = send(fd_, reinterpret_cast<const char*>(&h) + closeSent_,
+                             sizeof(h) - closeSent_, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (w <= 0) return false;
+      closeSent_ += size_t(w);
     }
     close(fd_);
+    fd_ = -1;
+    return true;
+  }
+
+  Status Poll() override {
+    JR_REQUIRE(failed_.ok(), failed_.code(), failed_.message());
+    if (fd_ < 0 || closed_) return Status::Ok();
+    char c;
+    const ssize_t n = recv(fd_, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+      failed_ = Status(Code::kSystem,
+                       detail::StrCat("jax_rccl: ", peer_, " reset its network connection (",
+                                      ErrnoText(errno), "; its proxy failed or its process died)"));
+      return failed_;
+    }
+    return Status::Ok();  // data waiting, nothing, or the end of a stream read in order later
+  }
+
+  void Abort() override {
+    if (fd_ < 0) return;
+    const struct linger reset = {1, 0};
+    setsockopt(fd_, SOL_SOCKET, SO_LINGER, &reset, sizeof(reset));
+    close(fd_);
+    fd_ = -1;
   }
 
   StatusOr<NetMemory*> RegMr(void*, size_t, NetMemoryType) override {
@@ -107,7 +126,7 @@ class SocketComm final : public NetComm {
 
   Status Test(NetRequest* request, bool* done, size_t* bytes, uint64_t* info) override {
     *done = false;
-    if (failed_.ok() && !closed_) {
+    if (failed_.ok() && !closed_ && fd_ >= 0) {
       Status s = send_ ? PumpSend() : PumpRecv();
       if (!s.ok()) failed_ = s;
     }
@@ -230,7 +249,8 @@ class SocketComm final : public NetComm {
   std::string peer_;
   std::deque<std::unique_ptr<SocketRequest>> queue_;
   Status failed_;
-  bool closed_ = false;  // receiving end: the sender closed in order
+  bool closed_ = false;   // receiving end: the sender closed in order
+  size_t closeSent_ = 0;  // sending end: bytes of the close header written
 };
 
 class SocketNet final : public Net {

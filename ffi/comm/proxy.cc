@@ -11,6 +11,8 @@ namespace jax_rccl {
 namespace comm {
 namespace {
 
+static_assert(NetComm::kMaxRequests <= kSteps, "a request per FIFO slot at most");
+
 uint64_t LoadAcquire(const uint64_t* p) {
   return __atomic_load_n(p, __ATOMIC_ACQUIRE);
 }
@@ -147,7 +149,26 @@ void NetProxy::Fail(const std::string& reason) {
 void NetProxy::Stop() {
   stop_.store(true);
   if (thread_.joinable()) thread_.join();
-  for (auto& lk : links_) lk->comm.reset();
+  // In order where every step the kernel posted is out (so the receivers know nothing more
+  // comes), within one shared second; else reset, which the peers report naming this rank.
+  const Clock::time_point until = Clock::now() + std::chrono::seconds(1);
+  bool pending = true;
+  while (pending) {
+    pending = false;
+    for (auto& lk : links_) {
+      if (lk->comm == nullptr) continue;
+      const bool drained = !lk->c.send || LoadAcquire(lk->c.fifo.tail) == lk->done;
+      if (!failed_.load() && drained && !lk->comm->CloseInOrder()) {
+        if (Clock::now() < until) {
+          pending = true;
+          continue;
+        }
+      }
+      lk->comm->Abort();
+      lk->comm.reset();
+    }
+    if (pending) std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
 }
 
 std::vector<uint64_t> NetProxy::StepsMoved() const {
@@ -167,6 +188,14 @@ bool NetProxy::Progress(Link& lk, Clock::time_point now) {
   };
   if (c.send) {
     const uint64_t tail = LoadAcquire(c.fifo.tail);
+    if (tail < lk.posted || tail - lk.done > uint64_t(kSteps)) {
+      return fail(
+          Status(Code::kInternal,
+                 detail::StrCat("jax_rccl: rank ", c.local,
+                                "'s send FIFO counters are "
+                                "out of step (tail ",
+                                tail, ", ", lk.done, " steps sent): was the connection reset?")));
+    }
     while (lk.posted < tail && lk.posted - lk.done < uint64_t(NetComm::kMaxRequests)) {
       const int slot = int(lk.posted % kSteps);
       const uint64_t info = LoadAcquire(&c.fifo.info[slot]);
@@ -242,6 +271,12 @@ bool NetProxy::Progress(Link& lk, Clock::time_point now) {
     progressed = true;
   }
   const uint64_t head = LoadAcquire(c.fifo.head);
+  if (head > lk.delivered) {
+    return fail(
+        Status(Code::kInternal, detail::StrCat("jax_rccl: rank ", c.local, " consumed ", head,
+                                               " steps of a FIFO the proxy filled with ",
+                                               lk.delivered, ": was the connection reset?")));
+  }
   while (lk.delivered < lk.done && lk.delivered - head < uint64_t(kSteps)) {
     const int slot = int(lk.delivered % kSteps);
     const uint64_t info = lk.infos[slot];
@@ -261,14 +296,33 @@ bool NetProxy::Progress(Link& lk, Clock::time_point now) {
 
 void NetProxy::Loop() {
   int idle = 0;
+  Clock::time_point lastPoll = Clock::now();
   while (!stop_.load() && !failed_.load()) {
     const Clock::time_point now = Clock::now();
     bool progressed = false;
     for (auto& lk : links_) {
       const uint64_t before = lk->comm->bytesMoved();
       progressed = Progress(*lk, now) || progressed;
-      if (failed_.load()) return;
+      if (failed_.load()) break;
       progressed = progressed || lk->comm->bytesMoved() != before;
+    }
+    // Every 10 ms, every connection is checked for a peer that reset it (its proxy failed), also
+    // one with nothing in flight.
+    if (!failed_.load() && now - lastPoll > std::chrono::milliseconds(10)) {
+      lastPoll = now;
+      for (auto& lk : links_) {
+        Status s = lk->comm->Poll();
+        if (!s.ok()) {
+          Fail(detail::StrCat(s.message(), " (network proxy, channel ", lk->c.channel, ", rank ",
+                              lk->c.local, lk->c.send ? " to " : " from ", lk->peer, ")"));
+          break;
+        }
+      }
+    }
+    if (failed_.load()) {
+      // Every connection reset at once: the peers fail naming this rank instead of waiting.
+      for (auto& lk : links_) lk->comm->Abort();
+      return;
     }
     // Idle (no step and no byte moved): spin, then sleep up to 20 us at a time.
     if (progressed) {

@@ -11,18 +11,21 @@
 //               for the kernel, which may then fill the slot again;
 //   recv side   the proxy receives each step (into a staging buffer of its own), waits until the
 //               receiving kernel has freed the step's slot (`head`), writes the step into it and
-//               posts `tail`: a Simple receiver waits for `tail`, an LL or LL128 receiver for the
-//               flags carried in the step's own bytes.
+//               posts `tail`. The receiving kernel waits for `tail` whatever the protocol: a
+//               copy does not write an LL or LL128 line's flag after its data, so the flags
+//               that a kernel-to-kernel connection relies on say nothing here.
 // Steps of every protocol share the connection's counters; a step's protocol and size travel
 // with it (the message's info word), so the proxy needs no plan: it follows the counters alone,
 // and a graph that replays a launch is served like the launch itself. The plan's proxy ops
 // (planner.h: ProxyOp) say which connections cross hosts and how many steps each launch moves
 // over them; the proxy moves exactly what the kernels post.
 //
-// Faults: a connection that fails (the peer's process exited, a malformed message) or a step the
-// peer does not take within the timeout (its process is stopped, or its proxy stalled) fails the
-// proxy with a message naming the rank; the communicator's failure callback runs once, and the
-// kernels waiting on the proxy's counters then stop with their own timeout or abort.
+// Faults: a connection that fails (the peer's process exited or its proxy failed, a malformed
+// message, counters out of step) or a step the peer does not take within the timeout (its process
+// is stopped) fails the proxy with a message naming the rank; the communicator's failure callback
+// runs once, every connection is reset so the peers fail at once naming this rank, and the kernels
+// waiting on the proxy's counters stop with their own timeout or abort. Stop closes in order only
+// connections whose posted steps are all out (the receivers then know nothing more comes).
 //
 // Memory: the proxy reads the send side and the receivers' `head` directly (host-visible memory);
 // it writes slots and counters through ProxyMemory, so that a receive FIFO may live in device

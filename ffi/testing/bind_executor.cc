@@ -467,27 +467,7 @@ NB_MODULE(_jax_rccl_testing, m) {
       "the communicator driven without JAX. This module holds its own copy of the runtime's "
       "state (world table, communicators), apart from jax_rccl._jax_rccl.";
   // The socket transport's set-up, for this module's own copy of the runtime.
-  m.def(
-      "set_session_secret",
-      [](nb::bytes secret) {
-        ThrowIfError(comm::SetSessionSecret(std::string(secret.c_str(), secret.size())));
-      },
-      nb::arg("secret"), "jax_rccl._jax_rccl.set_session_secret, for this module's runtime.");
-  m.def(
-      "socket_listen",
-      [](const std::string& address) { return ValueOrThrow(comm::SocketListen(address)); },
-      nb::arg("address"), "jax_rccl._jax_rccl.socket_listen, for this module's runtime.");
-  m.def(
-      "socket_listener_counts",
-      []() {
-        const comm::ListenerCounts c = comm::SocketListenerCounts();
-        nb::dict d;
-        d["accepted"] = c.accepted;
-        d["dropped"] = c.dropped;
-        d["unauthorized"] = c.unauthorized;
-        return d;
-      },
-      "jax_rccl._jax_rccl.socket_listener_counts, for this module's runtime.");
+  BindSocketSetup(m, true);
   BindProxy(m);
   m.def(
       "run_plan_process",

@@ -213,7 +213,7 @@ nb::dict RunNetProxy(const std::string& session, int process, uint64_t group,
           if (progressed) {
             lastProgress = Clock::now();
           } else if (Clock::now() - lastProgress >
-                     std::chrono::microseconds(int64_t(timeout_s * 1e6))) {
+                     std::chrono::microseconds(int64_t(2 * timeout_s * 1e6))) {
             for (StandInConn* c : mine) {
               if (c->next < c->protocols.size()) {
                 errors[i] = Status(
@@ -243,7 +243,9 @@ nb::dict RunNetProxy(const std::string& session, int process, uint64_t group,
   // Every step out is on the wire before the connections close.
   {
     nb::gil_scoped_release release;
-    while (Clock::now() < deadline) {
+    const Clock::time_point drainBy =
+        Clock::now() + std::chrono::microseconds(int64_t(timeout_s * 1e6));
+    while (Clock::now() < drainBy) {
       bool drained = true;
       const std::vector<uint64_t> m = proxy->StepsMoved();
       for (size_t k = 0; k < order.size(); ++k) {
@@ -327,8 +329,10 @@ void BindProxy(nb::module_& m) {
         "Runs the network proxy for this process's ranks `local_ranks` with a host-memory "
         "stand-in for their kernels: `program[i]` lists local rank i's proxy ops (the planner's "
         "dicts: channel, protocol, nsteps, recv_peers, send_peers); every send step carries "
-        "data the receiver checks. `endpoints[r]`: the 'host:port' of rank r's process (its "
-        "socket listener); `host_of_rank[r]`: its host. Returns {'conns': [(channel, from, to, "
+        "data the receiver checks. The proxy's timeout is `timeout_s`, a stand-in gives up "
+        "after twice that without progress (so the proxy's own checks fire first). "
+        "`endpoints[r]`: the 'host:port' of rank r's process (its socket listener); "
+        "`host_of_rank[r]`: its host. Returns {'conns': [(channel, from, to, "
         "steps the stand-in moved, steps the proxy moved)] per connection, 'seconds': the "
         "stand-in's time from its first step to its last, 'bytes': bytes the proxy moved}. "
         "`stop_after` >= 0: the stand-in stops after that many steps and the call returns {} "

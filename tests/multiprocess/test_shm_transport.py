@@ -37,6 +37,24 @@ def load_native():
     return importlib.import_module("jax_rccl._jax_rccl_testing")
 
 
+def publish(folder: str, name: str, text: str) -> None:
+    """Writes `text` to folder/name at once (a rename), for processes that wait for it."""
+    tmp = os.path.join(folder, name + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.rename(tmp, os.path.join(folder, name))
+
+
+def wait_file(path: str, deadline: float) -> str:
+    """The text of `path` once it exists (TimeoutError past the monotonic `deadline`)."""
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise TimeoutError(path)
+        time.sleep(0.01)
+    with open(path) as f:
+        return f.read()
+
+
 # ---- the worker (one process) ----
 
 

@@ -32,7 +32,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from test_shm_transport import load_native, run_cases, spawn, world_of  # noqa: E402
+from test_shm_transport import load_native, publish, run_cases, spawn, wait_file, world_of  # noqa: E402
 
 HERE = os.path.abspath(__file__)
 HELLO_MAGIC_V1 = 0x6A7263636E657431  # "jrccnet1": the hello of the transport before handshakes
@@ -46,22 +46,6 @@ def _cases(n: int, count: int = 1000) -> list[dict]:
         {"coll": "all_reduce", "count": count, "algo": "Ring", "proto": "Simple", "call_site": i}
         for i in range(n)
     ]
-
-
-def _wait_file(path: str, deadline: float) -> str:
-    while not os.path.exists(path):
-        if time.monotonic() > deadline:
-            raise TimeoutError(path)
-        time.sleep(0.01)
-    with open(path) as f:
-        return f.read()
-
-
-def _publish(folder: str, name: str, text: str) -> None:
-    tmp = os.path.join(folder, name + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.rename(tmp, os.path.join(folder, name))
 
 
 # ---- the worker (one process of the job) ----
@@ -78,14 +62,14 @@ def worker(args: dict) -> dict:
         if args["mode"] == "sockets":
             native.set_session_secret(world["secret"])
             port = native.socket_listen("127.0.0.1")
-            _publish(folder, f"{p}.ep", f"127.0.0.1:{port}")
+            publish(folder, f"{p}.ep", f"127.0.0.1:{port}")
             deadline = time.monotonic() + 30
-            eps = [_wait_file(os.path.join(folder, f"{q}.ep"), deadline) for q in range(nprocs)]
+            eps = [wait_file(os.path.join(folder, f"{q}.ep"), deadline) for q in range(nprocs)]
             fake = args.get("fake")
             if fake and p == 0:
                 eps[1] = fake  # process 0 connects to rank 1: here to a stranger's listener
             world["endpoints"] = eps
-            _wait_file(os.path.join(folder, "go"), deadline)  # the stranger has done its part
+            wait_file(os.path.join(folder, "go"), deadline)  # the stranger has done its part
             t0 = time.monotonic()
             cases = args["cases"]
             out["failures"] = run_cases(native, world, group, local, cases[:1], args["timeout"])
@@ -111,13 +95,13 @@ def _launch_sockets(folder: str, stranger, **kw) -> list[dict]:
 
     def attack():
         deadline = time.monotonic() + 60
-        eps = [_wait_file(os.path.join(folder, f"{q}.ep"), deadline) for q in range(2)]
+        eps = [wait_file(os.path.join(folder, f"{q}.ep"), deadline) for q in range(2)]
         try:
             result["kept"] = stranger(eps)
         except BaseException as e:  # noqa: BLE001 - reported below
             result["error"] = repr(e)
         finally:
-            _publish(folder, "go", "")
+            publish(folder, "go", "")
 
     t = threading.Thread(target=attack, daemon=True)
     t.start()
