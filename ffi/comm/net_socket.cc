@@ -98,7 +98,16 @@ class SocketComm final : public NetComm {
                                       ErrnoText(errno), "; its proxy failed or its process died)"));
       return failed_;
     }
-    return Status::Ok();  // data waiting, nothing, or the end of a stream read in order later
+    if (n == 0 && !send_) {
+      // The stream ended and nothing of it is left to read, yet no close header came.
+      failed_ = Status(Code::kSystem, detail::StrCat("jax_rccl: ", peer_,
+                                                     " closed its network connection without "
+                                                     "closing it in order (its process exited or "
+                                                     "failed)"));
+      return failed_;
+    }
+    // Data waiting, nothing yet, or (a sending end) the receiver closed its end.
+    return Status::Ok();
   }
 
   void Abort() override {
