@@ -79,6 +79,30 @@ NetProxy::~NetProxy() {
 
 Status NetProxy::Connect(Clock::time_point deadline) {
   JR_REQUIRE(!thread_.joinable(), Code::kInternal, "jax_rccl: network proxy connected twice");
+  Status opened = Open(deadline);
+  if (!opened.ok()) {
+    // The connections made so far are reset, so their peers fail too instead of taking an
+    // orderly close for the end of the data.
+    Fail(opened.message());
+    for (auto& lk : links_) {
+      if (lk->comm != nullptr) lk->comm->Abort();
+      lk->comm.reset();
+    }
+    return opened;
+  }
+  // The counters persist across launches: start where the FIFOs stand.
+  for (auto& lk : links_) {
+    if (lk->c.send) {
+      lk->posted = lk->done = LoadAcquire(lk->c.fifo.head);
+    } else {
+      lk->posted = lk->done = lk->delivered = LoadAcquire(lk->c.fifo.tail);
+    }
+  }
+  thread_ = std::thread([this]() { Loop(); });
+  return Status::Ok();
+}
+
+Status NetProxy::Open(Clock::time_point deadline) {
   for (auto& lk : links_) {
     const ProxyConnection& c = lk->c;
     JR_REQUIRE(c.fifo.tail != nullptr && c.fifo.head != nullptr && (!c.send || c.fifo.info),
@@ -117,15 +141,6 @@ Status NetProxy::Connect(Clock::time_point deadline) {
     JR_ASSIGN_OR_RETURN(lk->comm, std::move(comm));
     lk->staging.resize(size_t(lk->maxStep) * kSteps);
   }
-  // The counters persist across launches: start where the FIFOs stand.
-  for (auto& lk : links_) {
-    if (lk->c.send) {
-      lk->posted = lk->done = LoadAcquire(lk->c.fifo.head);
-    } else {
-      lk->posted = lk->done = lk->delivered = LoadAcquire(lk->c.fifo.tail);
-    }
-  }
-  thread_ = std::thread([this]() { Loop(); });
   return Status::Ok();
 }
 

@@ -102,7 +102,8 @@ class NetProxy {
   NetProxy(const NetProxy&) = delete;
   NetProxy& operator=(const NetProxy&) = delete;
 
-  // Opens both ends of every connection (until `deadline`) and starts the thread.
+  // Opens both ends of every connection (until `deadline`) and starts the thread. On an error the
+  // proxy is failed and the connections made so far are reset.
   Status Connect(Clock::time_point deadline);
   // Whether the proxy failed; *reason says why.
   bool Failed(std::string* reason) const;
@@ -115,6 +116,7 @@ class NetProxy {
 
  private:
   struct Link;
+  Status Open(Clock::time_point deadline);  // both ends of every connection
   void Loop();
   bool Progress(Link& link, Clock::time_point now);
   void Fail(const std::string& reason);
