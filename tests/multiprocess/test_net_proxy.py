@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import sys
 import tempfile
 import time
@@ -33,6 +34,7 @@ def worker(args: dict) -> dict:
     world = world_of(p, nprocs, 1, args["session"])
     folder = args["folder"]
     out: dict = {"process": p}
+    t0 = time.monotonic()
     try:
         native.set_session_secret(world["secret"])
         port = native.socket_listen("127.0.0.1")
@@ -41,21 +43,28 @@ def worker(args: dict) -> dict:
         eps = [wait_file(os.path.join(folder, f"{q}.ep"), deadline) for q in range(nprocs)]
         process_of = args["process_of_rank"]
         local = [r for r, q in enumerate(process_of) if q == p]
+        # One proxy per round, one after the other (a new group each).
+        rounds = args.get("rounds") or [
+            {"programs": args["programs"], "step_bytes": args["step_bytes"]}
+        ]
         t0 = time.monotonic()
-        res = native.run_net_proxy(
-            args["session"],
-            p,
-            args["group"],
-            [eps[q] for q in process_of],
-            args["host_of_rank"],
-            local,
-            [args["programs"][r] for r in local],
-            args["step_bytes"],
-            args["timeout"],
-            args["stop_after"] if p == args.get("faulty", -1) else -1,
-        )
+        out["rounds"] = []
+        for i, rd in enumerate(rounds):
+            res = native.run_net_proxy(
+                args["session"],
+                p,
+                args["group"] + i,
+                [eps[q] for q in process_of],
+                args["host_of_rank"],
+                local,
+                [rd["programs"][r] for r in local],
+                rd["step_bytes"],
+                args["timeout"],
+                args["stop_after"] if p == args.get("faulty", -1) else -1,
+            )
+            out["rounds"].append([list(c) for c in res.get("conns", [])])
         out["seconds"] = time.monotonic() - t0
-        out["conns"] = [list(c) for c in res.get("conns", [])]
+        out["conns"] = out["rounds"][0]
         if p == args.get("faulty", -1):
             if args["fault"] == "stop":
                 time.sleep(args["timeout"] + 5)  # stopped: connections open, nothing moves
@@ -272,6 +281,70 @@ def test_a_failed_proxy_resets_its_connections_so_its_peers_fail_at_once():
     assert "rank 1 (host 1) took no network data" in r0.get("error", ""), r0
     assert "rank 0 (host 0)" in r2.get("error", ""), r2
     assert r2["seconds"] < 2 * timeout, r2
+
+
+def _random_round(rng: random.Random, nchannels: int) -> dict:
+    """Two ranks on two hosts: per channel and direction a run of segments, each a random
+    protocol for a random number of steps; each rank's ops in a random order across channels
+    and directions (the stand-in moves every connection independently, as blocks do)."""
+    step_bytes = [
+        rng.choice([16, 64, 4096]),
+        rng.choice([128, 1024, 8192]),
+        rng.choice([256, 65536]),
+    ]
+    progs: list[list[dict]] = [[], []]
+    for c in range(nchannels):
+        for frm in (0, 1):
+            to = 1 - frm
+            for _ in range(rng.randint(0, 4)):
+                proto = rng.choice(["ll", "ll128", "simple"])
+                n = rng.randint(1, 40)
+                op = {"channel": c, "protocol": proto, "nsteps": n}
+                progs[frm].append({**op, "send_peers": [to], "recv_peers": []})
+                progs[to].append({**op, "send_peers": [], "recv_peers": [frm]})
+
+    def conn(o: dict) -> tuple:
+        return (o["channel"], bool(o["send_peers"]))
+
+    for ops in progs:
+        # Shuffled, each connection's segments kept in order (its protocol sequence).
+        queues: dict = {}
+        for o in ops:
+            queues.setdefault(conn(o), []).append(o)
+        keys = [conn(o) for o in ops]
+        rng.shuffle(keys)
+        ops[:] = [queues[k].pop(0) for k in keys]
+    return {"programs": progs, "step_bytes": step_bytes}
+
+
+def test_random_protocol_mixes_in_one_process():
+    """Twelve proxies in turn, each over random programs: protocols changing from segment to
+    segment on a connection, random step sizes, 1 to 4 channels, ops of both directions mixed.
+    Every step arrives with its data, and each connection moves exactly its planned steps."""
+    rng = random.Random(20261205)
+    rounds = [_random_round(rng, rng.randint(1, 4)) for _ in range(12)]
+    with tempfile.TemporaryDirectory() as folder:
+        results = spawn(
+            HERE,
+            1,
+            1,
+            "proxy",
+            timeout_s=120,
+            folder=folder,
+            group=0x7A11,
+            rounds=rounds,
+            process_of_rank=[0, 0],
+            host_of_rank=[0, 1],
+            timeout=20.0,
+            stop_after=-1,
+        )
+    res = results[0]
+    assert "error" not in res, res
+    for rd, conns in zip(rounds, res["rounds"], strict=True):
+        planned = _planned(rd["programs"])
+        assert len(conns) == 2 * len(planned)
+        for channel, frm, to, stand_in, proxy in conns:
+            assert stand_in == proxy == planned[(channel, frm, to)]
 
 
 if __name__ == "__main__":
