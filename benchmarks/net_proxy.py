@@ -105,6 +105,10 @@ def _proxy(native, args, eps, p: int, size: int, channels: int, group: int) -> f
         -1,
         False,
     )
+    want = {c: n for c, n in enumerate(per) if n > 0}
+    for channel, _, _, stand_in, proxy in res["conns"]:
+        if not stand_in == proxy == want[channel]:
+            raise RuntimeError(f"channel {channel}: moved {stand_in} / {proxy} of {want[channel]}")
     return res["seconds"]
 
 
