@@ -252,10 +252,6 @@ Digest OpenSslHmacSha256(const void* key, size_t keyBytes, const void* msg, size
 }
 #endif
 
-std::string ErrnoText(int e) {
-  return detail::StrCat(std::strerror(e), " (errno ", e, ")");
-}
-
 Status ReadUrandom(uint8_t* out, size_t n, int getrandomErrno) {
   const int fd = ::open("/dev/urandom", O_RDONLY | O_CLOEXEC);
   const int openErrno = errno;

@@ -10,9 +10,6 @@
 // no error). A stream that ends without one (the sender's process died) or is reset (Abort, or an
 // end destroyed without closing in order) is an error naming the sender.
 #include <errno.h>
-#include <fcntl.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -41,10 +38,6 @@ struct MessageHeader {
   uint64_t info;
 };
 static_assert(sizeof(MessageHeader) == 24, "message header");
-
-std::string ErrnoText(int e) {
-  return detail::StrCat(std::strerror(e), " (errno ", e, ")");
-}
 
 LinkKey KeyOf(const NetKey& k) {
   return LinkKey(k.group, k.channel | kNetChannelFlag, k.from, k.to);
@@ -293,14 +286,9 @@ class SocketNet final : public Net {
 
  private:
   static StatusOr<std::unique_ptr<NetComm>> Finish(int fd, bool send, const std::string& peer) {
-    const int one = 1;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    const int flags = fcntl(fd, F_GETFL, 0);
-    if (flags < 0 || fcntl(fd, F_SETFL, flags | O_NONBLOCK) != 0) {
-      const int e = errno;
-      close(fd);
-      JR_FAIL(Code::kSystem, "jax_rccl: cannot make a socket non-blocking: ", ErrnoText(e));
-    }
+    Status ready = PrepareStream(fd);
+    if (!ready.ok()) close(fd);
+    JR_CHECK(ready);
     return std::unique_ptr<NetComm>(std::make_unique<SocketComm>(fd, send, peer));
   }
 

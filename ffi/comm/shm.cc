@@ -77,10 +77,6 @@ void Unlink(const std::string& name) {
   Registry().erase(name);
 }
 
-std::string ErrnoText(int e) {
-  return detail::StrCat(std::strerror(e), " (errno ", e, ")");
-}
-
 }  // namespace
 
 std::vector<std::string> PendingShmNames() {

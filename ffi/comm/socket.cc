@@ -3,9 +3,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
@@ -44,20 +42,6 @@ struct StatusAnswer {
   uint64_t entered;
   uint64_t call;
 };
-
-std::string ErrnoText(int e) {
-  return detail::StrCat(std::strerror(e), " (errno ", e, ")");
-}
-
-void SetSocketOptions(int fd) {
-  const int one = 1;
-  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-}
-
-bool SetNonBlocking(int fd) {
-  const int flags = fcntl(fd, F_GETFL, 0);
-  return flags >= 0 && fcntl(fd, F_SETFL, flags | O_NONBLOCK) == 0;
-}
 
 }  // namespace
 
@@ -299,11 +283,7 @@ Status SocketLinks::Connect(Clock::time_point deadline, const std::atomic<bool>*
     lk->fd = fd;
   }
   for (auto& lk : links_) {
-    SetSocketOptions(lk->fd);
-    JR_REQUIRE(SetNonBlocking(lk->fd), Code::kSystem,
-               "jax_rccl: cannot make a socket "
-               "non-blocking: ",
-               ErrnoText(errno));
+    JR_CHECK(PrepareStream(lk->fd));
   }
   for (int r = 0; r < n; ++r) {
     if (socketRank_[size_t(r)]) tr_->SetWakeFd(r, wakeFd_);

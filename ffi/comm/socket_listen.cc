@@ -7,6 +7,7 @@
 #include <ifaddrs.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -57,10 +58,6 @@ Digest HandshakeMac(const std::string& secret, const char* label, size_t labelBy
   msg.append(reinterpret_cast<const char*>(&h), sizeof(h));
   msg.append(reinterpret_cast<const char*>(nonce), kNonceBytes);
   return HmacSha256(secret.data(), secret.size(), msg.data(), msg.size());
-}
-
-std::string ErrnoText(int e) {
-  return detail::StrCat(std::strerror(e), " (errno ", e, ")");
 }
 
 int MillisUntil(Clock::time_point t) {
@@ -505,6 +502,15 @@ bool SplitEndpoint(const std::string& ep, std::string* host, std::string* port) 
   return true;
 }
 }  // namespace
+
+Status PrepareStream(int fd) {
+  const int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  const int flags = fcntl(fd, F_GETFL, 0);
+  JR_REQUIRE(flags >= 0 && fcntl(fd, F_SETFL, flags | O_NONBLOCK) == 0, Code::kSystem,
+             "jax_rccl: cannot make a socket non-blocking: ", ErrnoText(errno));
+  return Status::Ok();
+}
 
 StatusOr<int> DialListener(const std::string& endpoint, const LinkKey& key, int process,
                            const std::string& session, Clock::time_point deadline,

@@ -81,6 +81,9 @@ int AcceptFor(const LinkKey& key, Clock::time_point deadline, const std::atomic<
 Status ClientHandshake(int fd, const LinkKey& key, int process, const std::string& session,
                        Clock::time_point deadline, const std::string& peer, bool* closed = nullptr);
 
+// Readies a connected stream for a progress loop: TCP_NODELAY, non-blocking.
+Status PrepareStream(int fd);
+
 // Connects to the listener at `endpoint` ("host:port", an IPv6 host in brackets) and runs the
 // handshake for `key` (ClientHandshake), connecting again after a refused connection or a
 // handshake the listener dropped, until `deadline` (or `aborted`): the connected fd (blocking).

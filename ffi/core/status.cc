@@ -4,6 +4,10 @@
 
 namespace jax_rccl {
 
+std::string ErrnoText(int e) {
+  return detail::StrCat(std::strerror(e), " (errno ", e, ")");
+}
+
 const char* CodeName(Code code) {
   switch (code) {
     case Code::kOk:

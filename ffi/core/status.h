@@ -23,6 +23,9 @@ enum class Code : int {
 
 const char* CodeName(Code code);
 
+// "No such file or directory (errno 2)": an errno value for messages.
+std::string ErrnoText(int e);
+
 class [[nodiscard]] Status {
  public:
   Status() = default;
