@@ -192,75 +192,79 @@ std::vector<uint64_t> NetProxy::StepsMoved() const {
   return out;
 }
 
-// One round of a link's work; whether anything moved. Fails the proxy on an error.
-bool NetProxy::Progress(Link& lk, Clock::time_point now) {
+// Fails the proxy with `what` about link `lk`; false (for the progress functions to return).
+bool NetProxy::FailLink(const Link& lk, const std::string& what) {
+  Fail(detail::StrCat(what, " (network proxy, channel ", lk.c.channel, ", rank ", lk.c.local,
+                      lk.c.send ? " to " : " from ", lk.peer, ")"));
+  return false;
+}
+
+// One round of a sending link: ship the steps the kernel posted, post head for those the network
+// took. Whether anything moved; false after failing the proxy.
+bool NetProxy::ProgressSend(Link& lk, Clock::time_point now) {
   const ProxyConnection& c = lk.c;
   bool progressed = false;
-  auto fail = [&](const Status& s) {
-    Fail(detail::StrCat(s.message(), " (network proxy, channel ", c.channel, ", rank ", c.local,
-                        c.send ? " to " : " from ", lk.peer, ")"));
-    return false;
-  };
-  if (c.send) {
-    const uint64_t tail = LoadAcquire(c.fifo.tail);
-    if (tail < lk.posted || tail - lk.done > uint64_t(kSteps)) {
-      return fail(
-          Status(Code::kInternal,
-                 detail::StrCat("jax_rccl: rank ", c.local,
-                                "'s send FIFO counters are "
-                                "out of step (tail ",
-                                tail, ", ", lk.done, " steps sent): was the connection reset?")));
-    }
-    while (lk.posted < tail && lk.posted - lk.done < uint64_t(NetComm::kMaxRequests)) {
-      const int slot = int(lk.posted % kSteps);
-      const uint64_t info = LoadAcquire(&c.fifo.info[slot]);
-      const int p = ProxyStepProtocol(info);
-      const uint64_t bytes = ProxyStepBytes(info);
-      if (p >= kProxyProtocols || bytes > uint64_t(c.fifo.stepBytes[p])) {
-        return fail(
-            Status(Code::kInternal, detail::StrCat("jax_rccl: rank ", c.local, " posted step ",
-                                                   lk.posted, " with protocol ", p, " and ", bytes,
-                                                   " bytes, which its FIFO cannot hold")));
-      }
-      NetRequest* r = nullptr;
-      Status s = lk.comm->Isend(c.fifo.slots[p] + int64_t(slot) * c.fifo.stepBytes[p],
-                                size_t(bytes), info, nullptr, &r);
-      if (!s.ok()) return fail(s);
-      if (r == nullptr) break;
-      if (lk.posted == lk.done) lk.since = now;
-      lk.requests[slot] = r;
-      ++lk.posted;
-      progressed = true;
-    }
-    while (lk.done < lk.posted) {
-      bool complete = false;
-      size_t bytes = 0;
-      Status s = lk.comm->Test(lk.requests[lk.done % kSteps], &complete, &bytes, nullptr);
-      if (!s.ok()) return fail(s);
-      if (!complete) break;
-      ++lk.done;
-      lk.since = now;
-      bytesMoved_.fetch_add(int64_t(bytes));
-      lk.moved.store(lk.done);
-      s = mem_->Post(c.fifo.head, lk.done);
-      if (!s.ok()) return fail(s);
-      progressed = true;
-    }
-    if (lk.done < lk.posted && std::chrono::duration<double>(now - lk.since).count() > timeout_) {
-      return fail(
-          Status(Code::kTimeout, detail::StrCat("jax_rccl: ", lk.peer, " took no network data for ",
-                                                timeout_, " s (JAX_RCCL_TIMEOUT; step ", lk.done,
-                                                " waits: is its process stopped?)")));
-    }
-    return progressed;
+  const uint64_t tail = LoadAcquire(c.fifo.tail);
+  if (tail < lk.posted || tail - lk.done > uint64_t(kSteps)) {
+    return FailLink(lk, detail::StrCat("jax_rccl: rank ", c.local,
+                                       "'s send FIFO counters are out of step (tail ", tail, ", ",
+                                       lk.done, " steps sent): was the connection reset?"));
   }
+  while (lk.posted < tail && lk.posted - lk.done < uint64_t(NetComm::kMaxRequests)) {
+    const int slot = int(lk.posted % kSteps);
+    const uint64_t info = LoadAcquire(&c.fifo.info[slot]);
+    const int p = ProxyStepProtocol(info);
+    const uint64_t bytes = ProxyStepBytes(info);
+    if (p >= kProxyProtocols || bytes > uint64_t(c.fifo.stepBytes[p])) {
+      return FailLink(lk, detail::StrCat("jax_rccl: rank ", c.local, " posted step ", lk.posted,
+                                         " with protocol ", p, " and ", bytes,
+                                         " bytes, which its FIFO cannot hold"));
+    }
+    NetRequest* r = nullptr;
+    Status s = lk.comm->Isend(c.fifo.slots[p] + int64_t(slot) * c.fifo.stepBytes[p], size_t(bytes),
+                              info, nullptr, &r);
+    if (!s.ok()) return FailLink(lk, s.message());
+    if (r == nullptr) break;
+    if (lk.posted == lk.done) lk.since = now;
+    lk.requests[slot] = r;
+    ++lk.posted;
+    progressed = true;
+  }
+  while (lk.done < lk.posted) {
+    bool complete = false;
+    size_t bytes = 0;
+    Status s = lk.comm->Test(lk.requests[lk.done % kSteps], &complete, &bytes, nullptr);
+    if (!s.ok()) return FailLink(lk, s.message());
+    if (!complete) break;
+    ++lk.done;
+    lk.since = now;
+    bytesMoved_.fetch_add(int64_t(bytes));
+    lk.moved.store(lk.done);
+    s = mem_->Post(c.fifo.head, lk.done);
+    if (!s.ok()) return FailLink(lk, s.message());
+    progressed = true;
+  }
+  if (lk.done < lk.posted && std::chrono::duration<double>(now - lk.since).count() > timeout_) {
+    return FailLink(lk, detail::StrCat("jax_rccl: ", lk.peer, " took no network data for ",
+                                       timeout_, " s (JAX_RCCL_TIMEOUT; step ", lk.done,
+                                       " waits: is its process stopped?)"));
+  }
+  return progressed;
+}
+
+// One round of a receiving link: keep receives posted into free staging buffers, take the steps
+// that arrived, write them into the slots the kernel freed and post tail. Whether anything moved;
+// false after failing the proxy.
+bool NetProxy::ProgressRecv(Link& lk) {
+  const ProxyConnection& c = lk.c;
+  bool progressed = false;
   while (lk.posted - lk.delivered < uint64_t(kSteps) &&
          lk.posted - lk.done < uint64_t(NetComm::kMaxRequests)) {
     const int slot = int(lk.posted % kSteps);
     NetRequest* r = nullptr;
     Status s = lk.comm->Irecv(lk.staging.data() + int64_t(slot) * lk.maxStep, size_t(lk.maxStep),
                               nullptr, &r);
-    if (!s.ok()) return fail(s);
+    if (!s.ok()) return FailLink(lk, s.message());
     if (r == nullptr) break;
     lk.requests[slot] = r;
     ++lk.posted;
@@ -270,16 +274,15 @@ bool NetProxy::Progress(Link& lk, Clock::time_point now) {
     size_t bytes = 0;
     uint64_t info = 0;
     Status s = lk.comm->Test(lk.requests[lk.done % kSteps], &complete, &bytes, &info);
-    if (!s.ok()) return fail(s);
+    if (!s.ok()) return FailLink(lk, s.message());
     if (!complete) break;
     const int p = ProxyStepProtocol(info);
     if (p >= kProxyProtocols || ProxyStepBytes(info) != bytes ||
         bytes > uint64_t(c.fifo.stepBytes[p])) {
-      return fail(Status(Code::kInternal,
-                         detail::StrCat("jax_rccl: step ", lk.done, " from ", lk.peer,
-                                        " has protocol ", p, " and ", bytes,
-                                        " bytes, which this rank's FIFO cannot hold (do the "
-                                        "processes run the same build and buffer sizes?)")));
+      return FailLink(lk, detail::StrCat("jax_rccl: step ", lk.done, " from ", lk.peer,
+                                         " has protocol ", p, " and ", bytes,
+                                         " bytes, which this rank's FIFO cannot hold (do the "
+                                         "processes run the same build and buffer sizes?)"));
     }
     lk.infos[lk.done % kSteps] = info;
     ++lk.done;
@@ -287,10 +290,9 @@ bool NetProxy::Progress(Link& lk, Clock::time_point now) {
   }
   const uint64_t head = LoadAcquire(c.fifo.head);
   if (head > lk.delivered) {
-    return fail(
-        Status(Code::kInternal, detail::StrCat("jax_rccl: rank ", c.local, " consumed ", head,
-                                               " steps of a FIFO the proxy filled with ",
-                                               lk.delivered, ": was the connection reset?")));
+    return FailLink(lk, detail::StrCat("jax_rccl: rank ", c.local, " consumed ", head,
+                                       " steps of a FIFO the proxy filled with ", lk.delivered,
+                                       ": was the connection reset?"));
   }
   while (lk.delivered < lk.done && lk.delivered - head < uint64_t(kSteps)) {
     const int slot = int(lk.delivered % kSteps);
@@ -300,7 +302,7 @@ bool NetProxy::Progress(Link& lk, Clock::time_point now) {
     Status s = mem_->Write(c.fifo.slots[p] + int64_t(slot) * c.fifo.stepBytes[p],
                            lk.staging.data() + int64_t(slot) * lk.maxStep, bytes);
     if (s.ok()) s = mem_->Post(c.fifo.tail, lk.delivered + 1);
-    if (!s.ok()) return fail(s);
+    if (!s.ok()) return FailLink(lk, s.message());
     ++lk.delivered;
     bytesMoved_.fetch_add(int64_t(bytes));
     lk.moved.store(lk.delivered);
@@ -317,7 +319,7 @@ void NetProxy::Loop() {
     bool progressed = false;
     for (auto& lk : links_) {
       const uint64_t before = lk->comm->bytesMoved();
-      progressed = Progress(*lk, now) || progressed;
+      progressed = (lk->c.send ? ProgressSend(*lk, now) : ProgressRecv(*lk)) || progressed;
       if (failed_.load()) break;
       progressed = progressed || lk->comm->bytesMoved() != before;
     }
@@ -328,8 +330,7 @@ void NetProxy::Loop() {
       for (auto& lk : links_) {
         Status s = lk->comm->Poll();
         if (!s.ok()) {
-          Fail(detail::StrCat(s.message(), " (network proxy, channel ", lk->c.channel, ", rank ",
-                              lk->c.local, lk->c.send ? " to " : " from ", lk->peer, ")"));
+          FailLink(*lk, s.message());
           break;
         }
       }

@@ -118,7 +118,9 @@ class NetProxy {
   struct Link;
   Status Open(Clock::time_point deadline);  // both ends of every connection
   void Loop();
-  bool Progress(Link& link, Clock::time_point now);
+  bool ProgressSend(Link& link, Clock::time_point now);
+  bool ProgressRecv(Link& link);
+  bool FailLink(const Link& link, const std::string& what);
   void Fail(const std::string& reason);
 
   std::unique_ptr<Net> net_;
