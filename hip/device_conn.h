@@ -73,6 +73,41 @@ struct RegionLayout {
   }
 };
 
+// A rank of another host, as the kernels of this host see it: a window in host memory that the
+// device maps (ffi/gpu/comm_net.cc), served by the network proxy (ffi/comm/proxy.h). It holds, per
+// channel, only this process's rank's side of its connections with that rank: the header (tail
+// and the per-slot info words of the steps this rank sends; pad1[kSendPad], the head this rank
+// reports as that rank's receiver) and this rank's send slots, laid out as a region of one rank
+// (`ConnIndex` = channel). The kernels tell such a peer by bit 0 of its entry in the region table
+// (KernelArgs::regions; regions are 4096-byte aligned), and then:
+//   sending     write the step's info word (pad0[step % kSteps]: protocol and bytes, ProxyInfo)
+//               and fence at system scope before posting tail, whatever the protocol;
+//   receiving   wait for tail whatever the protocol: the proxy copies a step into the slot and
+//               then posts tail, and a copy orders no LL or LL128 flag after its line's data.
+constexpr uintptr_t kProxiedPeer = 1;
+JR_REGION_FN uint64_t ProxyInfo(int proto, uint64_t bytes) {
+  return (uint64_t(proto) << kProxyInfoShift) | bytes;
+}
+
+struct ProxyWindowLayout {
+  JR_REGION_FN static Geometry One(const Geometry& g) {
+    Geometry w = g;
+    w.nRanks = 1;
+    return w;
+  }
+  JR_REGION_FN static int64_t HeaderOffset(const Geometry& g, int channel) {
+    return RegionLayout::HeaderOffset(One(g), channel, 0);
+  }
+  JR_REGION_FN static int64_t SlotOffset(const Geometry& g, int channel, int proto, uint64_t step) {
+    return RegionLayout::SlotOffset(One(g), channel, 0, proto, step);
+  }
+  // The bytes of a window whose first `channels` channels are used (the geometry's count keeps
+  // the layout of every channel's offsets).
+  JR_REGION_FN static int64_t Bytes(const Geometry& g, int channels) {
+    return RegionLayout::DataStart(One(g)) + int64_t(channels) * RegionLayout::ConnDataBytes(g);
+  }
+};
+
 // The kernel class of data movement (all_gather, broadcast, send/recv); reductions use their
 // DataType's value as their class (one kernel per class, see hip/kernel_impl.h).
 constexpr int kCopyClass = 255;
@@ -200,6 +235,7 @@ struct KernelArgs {
   const BlockInfo* blocks;
   const DevTask* tasks;
   char* const* regions;       // [nRanks]: every rank's region as this rank's device sees it
+                              // (bit 0 set: a rank of another host's window, ProxyWindowLayout)
   const SlotPtrs* slotTable;  // nSlots > kInlineSlots: the slots in device memory
   DevStatus* status;          // this rank's
   volatile int32_t* abort;    // the communicator's: set on any failure, polled by waits

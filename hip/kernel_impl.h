@@ -164,9 +164,10 @@ __device__ __noinline__ int P2pTryPiece(const KernelArgs& a, uint64_t deadline, 
     bool ready;
     if (p.flags & kRecv) {
       const uint64_t rs = LoadVolatile64(&RecvConn(a, ch, p.recvPeer)->head);
-      // An empty piece has no lines to look at: its tail says the sender posted it.
-      ready = m > 0 ? P::DataReady(a, ch, p.recvPeer, rs)
-                    : ProtoSimple::DataReady(a, ch, p.recvPeer, rs);
+      // An empty piece has no lines to look at, and a peer of another host's lines arrive by a
+      // copy: tail says the step is there.
+      ready = m > 0 && !PeerProxied(a, p.recvPeer) ? P::DataReady(a, ch, p.recvPeer, rs)
+                                                   : ProtoSimple::DataReady(a, ch, p.recvPeer, rs);
     } else {
       ready = LoadVolatile64(SendTailMine(a, ch, p.sendPeer)) <
               LoadVolatile64(SendHeadMine(a, ch, p.sendPeer)) + kSteps;

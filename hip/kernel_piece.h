@@ -37,15 +37,27 @@ __device__ inline ConnHeader* RecvConn(const KernelArgs& a, int ch, int peer) {
   return reinterpret_cast<ConnHeader*>(a.regions[a.rank] +
                                        RegionLayout::HeaderOffset(a.geo, ch, peer));
 }
+// Whether `peer` is a rank of another host (its entry is a window the network proxy serves,
+// hip/device_conn.h: ProxyWindowLayout), and the entry without that bit.
+__device__ inline bool PeerProxied(const KernelArgs& a, int peer) {
+  return (uintptr_t(a.regions[peer]) & kProxiedPeer) != 0;
+}
+__device__ inline char* PeerBase(const KernelArgs& a, int peer) {
+  return reinterpret_cast<char*>(uintptr_t(a.regions[peer]) & ~kProxiedPeer);
+}
 __device__ inline ConnHeader* SendConn(const KernelArgs& a, int ch, int peer) {
-  return reinterpret_cast<ConnHeader*>(a.regions[peer] +
-                                       RegionLayout::HeaderOffset(a.geo, ch, a.rank));
+  const int64_t off = PeerProxied(a, peer) ? ProxyWindowLayout::HeaderOffset(a.geo, ch)
+                                           : RegionLayout::HeaderOffset(a.geo, ch, a.rank);
+  return reinterpret_cast<ConnHeader*>(PeerBase(a, peer) + off);
 }
 __device__ inline char* RecvSlot(const KernelArgs& a, int ch, int peer, int proto, uint64_t s) {
   return a.regions[a.rank] + RegionLayout::SlotOffset(a.geo, ch, peer, proto, s);
 }
 __device__ inline char* SendSlot(const KernelArgs& a, int ch, int peer, int proto, uint64_t s) {
-  return a.regions[peer] + RegionLayout::SlotOffset(a.geo, ch, a.rank, proto, s);
+  const int64_t off = PeerProxied(a, peer)
+                          ? ProxyWindowLayout::SlotOffset(a.geo, ch, proto, s)
+                          : RegionLayout::SlotOffset(a.geo, ch, a.rank, proto, s);
+  return PeerBase(a, peer) + off;
 }
 
 // The sender's side of connection (ch, this rank -> peer) lives in this rank's own region, in the
@@ -457,6 +469,8 @@ __device__ inline bool ByOperands(const PieceIo& io, Body body) {
 //                  then posts tail; the receiver waits for it and fences), or the lines' own flags
 //                  do (LL, LL128: the receiver polls them, the counters only free slots);
 //   DataBytes      the payload of one step of stepBytes (the rest of the slot carries flags);
+//   SlotBytes      the bytes of its slot a step of `bytes` of payload writes (flags included):
+//                  what the network proxy ships for a peer on another host;
 //   DataReady      thread 0's test, without waiting, that the step `rs` from `peer` holds data;
 //   Move           the data of one piece: reads the received slot and the source, reduces,
 //                  writes the destination and the slot to send (waiting for the lines' flags
@@ -465,6 +479,7 @@ struct ProtoSimple {
   static constexpr int kId = kProtoSimple;
   static constexpr bool kTailSignals = true;
   __device__ static int64_t DataBytes(int64_t stepBytes) { return stepBytes; }
+  __device__ static int64_t SlotBytes(int64_t bytes) { return bytes; }
   __device__ static bool DataReady(const KernelArgs& a, int ch, int peer, uint64_t rs) {
     return LoadVolatile64(&RecvConn(a, ch, peer)->tail) > rs;
   }
@@ -481,6 +496,8 @@ struct ProtoLL {
   static constexpr bool kTailSignals = false;
   // Half of every line is its flags.
   __device__ static int64_t DataBytes(int64_t stepBytes) { return stepBytes / 2; }
+  // A line of 16 bytes per word of 8.
+  __device__ static int64_t SlotBytes(int64_t bytes) { return (bytes + 7) / 8 * 16; }
   __device__ static uint32_t Flag(uint64_t step) { return LLFlag(step); }
   // The first line's flag.
   __device__ static bool DataReady(const KernelArgs& a, int ch, int peer, uint64_t rs) {
@@ -500,6 +517,10 @@ struct ProtoLL128 {
   // kLL128DataWords data words of every 128-byte line.
   __device__ static int64_t DataBytes(int64_t stepBytes) {
     return stepBytes / kLL128LineBytes * (kLL128DataWords * 8);
+  }
+  // Whole lines of kLL128DataWords words each.
+  __device__ static int64_t SlotBytes(int64_t bytes) {
+    return ((bytes + 7) / 8 + kLL128DataWords - 1) / kLL128DataWords * kLL128LineBytes;
   }
   __device__ static uint64_t Flag(uint64_t step) { return LL128Flag(step); }
   // The first line's flag word: the upper half of its lane-7 access.
@@ -608,6 +629,8 @@ __device__ bool DoPiece(const F& fn, const KernelArgs& a, uint64_t deadline, int
   const bool recv = (p.flags & kRecv) != 0, send = (p.flags & kSend) != 0;
   int i = -1, j = -1;  // thread 0: the cache entries of this piece's two ends
   Trace(a, sh, kTracePiece);
+  // A peer of another host: its steps arrive by the proxy's copy, which only tail orders.
+  const bool recvTail = recv && (P::kTailSignals || PeerProxied(a, p.recvPeer));
   if (threadIdx.x == 0) {
     bool ok = true;
     uint64_t rs = 0, ss = 0;
@@ -616,7 +639,7 @@ __device__ bool DoPiece(const F& fn, const KernelArgs& a, uint64_t deadline, int
       ConnHeader* c = RecvConn(a, ch, p.recvPeer);
       i = ConnSlot(sh, false, p.recvPeer, &c->head);
       rs = sh->cStep[i];
-      if (P::kTailSignals && sh->cSeen[i] < rs + 1) {
+      if (recvTail && sh->cSeen[i] < rs + 1) {
         ok = WaitAtLeast(&c->tail, rs + 1, a, deadline, ch, p.recvPeer, true, &sh->cSeen[i]);
       }
     }
@@ -629,7 +652,7 @@ __device__ bool DoPiece(const F& fn, const KernelArgs& a, uint64_t deadline, int
                          &sh->cSeen[j]);
       }
     }
-    if (recv && P::kTailSignals) __threadfence();
+    if (recvTail) __threadfence();
     Trace(a, sh, kTraceReady);
     sh->rs = rs;
     sh->ss = ss;
@@ -657,8 +680,16 @@ __device__ bool DoPiece(const F& fn, const KernelArgs& a, uint64_t deadline, int
   Trace(a, sh, kTraceMoved);
   if (threadIdx.x == 0) {
     if (send) {
-      if (P::kTailSignals) Fence(a);
-      StoreVolatile64(&SendConn(a, ch, p.sendPeer)->tail, ss + 1);
+      ConnHeader* c = SendConn(a, ch, p.sendPeer);
+      if (PeerProxied(a, p.sendPeer)) {
+        // The proxy reads the step's protocol and size, then its slot, once it sees tail.
+        StoreVolatile64(&c->pad0[ss % kSteps],
+                        ProxyInfo(P::kId, uint64_t(P::SlotBytes(m * unitSize))));
+        __threadfence_system();
+      } else if (P::kTailSignals) {
+        Fence(a);
+      }
+      StoreVolatile64(&c->tail, ss + 1);
       StoreVolatile64(SendTailMine(a, ch, p.sendPeer), ss + 1);
       sh->cStep[j] = ss + 1;
     }

@@ -726,8 +726,8 @@ std::vector<std::string> NodeKeys(const GroupPlacement& g, bool forceSocket) {
   return keys;
 }
 
-// Nodes of equal size holding consecutive ranks (what the planner's rings and trees assume):
-// their count, or 1 when the group is not laid out that way.
+}  // namespace
+
 int CountNodes(const std::vector<std::string>& keys) {
   std::vector<std::string> order;
   std::vector<int> sizes;
@@ -744,8 +744,6 @@ int CountNodes(const std::vector<std::string>& keys) {
   }
   return static_cast<int>(order.size());
 }
-
-}  // namespace
 
 // Per channel the bandwidth a TCP socket of the host runtime gets between two nodes (GB/s), the
 // topology's bwInter (the cost model's CPU network row takes it): 0.6 measured over loopback

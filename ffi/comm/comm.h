@@ -228,6 +228,10 @@ class Communicator {
   std::string peerWhy_;  // what PeerFailed found (under livenessMu_)
 };
 
+// Nodes of equal size holding consecutive ranks (what the planner's rings and trees assume), from
+// each rank's node key (its host): their count, or 1 when the group is not laid out that way.
+int CountNodes(const std::vector<std::string>& keys);
+
 // The communicators of this process, keyed by their group.
 class World {
  public:

@@ -27,6 +27,9 @@ class HostMemory final : public ProxyMemory {
     __atomic_store_n(counter, value, __ATOMIC_RELEASE);
     return Status::Ok();
   }
+  StatusOr<uint64_t> Read(const uint64_t* counter) override { return LoadAcquire(counter); }
+  StatusOr<char*> AllocStaging(size_t bytes) override { return new char[bytes]; }
+  void FreeStaging(char* p) override { delete[] p; }
 };
 
 }  // namespace
@@ -45,7 +48,7 @@ struct NetProxy::Link {
   uint64_t delivered = 0;             // recv: steps written into the FIFO (tail)
   NetRequest* requests[kSteps] = {};  // by step % kSteps
   uint64_t infos[kSteps] = {};        // recv: the info word of each arrived step
-  std::vector<char> staging;          // recv: kSteps buffers of maxStep bytes
+  char* staging = nullptr;            // recv: kSteps buffers of maxStep bytes (ProxyMemory's)
   int64_t maxStep = 0;
   Clock::time_point since;  // send: when the oldest unfinished request was posted
   std::atomic<uint64_t> moved{0};
@@ -75,11 +78,23 @@ NetProxy::NetProxy(std::unique_ptr<Net> net, ProxyMemory* memory, uint64_t group
 
 NetProxy::~NetProxy() {
   Stop();
+  for (auto& lk : links_) mem_->FreeStaging(lk->staging);
 }
 
 Status NetProxy::Connect(Clock::time_point deadline) {
   JR_REQUIRE(!thread_.joinable(), Code::kInternal, "jax_rccl: network proxy connected twice");
   Status opened = Open(deadline);
+  // The counters persist across launches: start where the FIFOs stand.
+  for (auto& lk : links_) {
+    if (!opened.ok()) break;
+    StatusOr<uint64_t> at = mem_->Read(lk->c.send ? lk->c.fifo.head : lk->c.fifo.tail);
+    if (!at.ok()) {
+      opened = at.status();
+      break;
+    }
+    lk->posted = lk->done = at.value();
+    if (!lk->c.send) lk->delivered = at.value();
+  }
   if (!opened.ok()) {
     // The connections made so far are reset, so their peers fail too instead of taking an
     // orderly close for the end of the data.
@@ -89,14 +104,6 @@ Status NetProxy::Connect(Clock::time_point deadline) {
       lk->comm.reset();
     }
     return opened;
-  }
-  // The counters persist across launches: start where the FIFOs stand.
-  for (auto& lk : links_) {
-    if (lk->c.send) {
-      lk->posted = lk->done = LoadAcquire(lk->c.fifo.head);
-    } else {
-      lk->posted = lk->done = lk->delivered = LoadAcquire(lk->c.fifo.tail);
-    }
   }
   thread_ = std::thread([this]() { Loop(); });
   return Status::Ok();
@@ -139,7 +146,7 @@ Status NetProxy::Open(Clock::time_point deadline) {
               "; to rank ", lk->c.local, ")");
     }
     JR_ASSIGN_OR_RETURN(lk->comm, std::move(comm));
-    lk->staging.resize(size_t(lk->maxStep) * kSteps);
+    JR_ASSIGN_OR_RETURN(lk->staging, mem_->AllocStaging(size_t(lk->maxStep) * kSteps));
   }
   return Status::Ok();
 }
@@ -262,7 +269,7 @@ bool NetProxy::ProgressRecv(Link& lk) {
          lk.posted - lk.done < uint64_t(NetComm::kMaxRequests)) {
     const int slot = int(lk.posted % kSteps);
     NetRequest* r = nullptr;
-    Status s = lk.comm->Irecv(lk.staging.data() + int64_t(slot) * lk.maxStep, size_t(lk.maxStep),
+    Status s = lk.comm->Irecv(lk.staging + int64_t(slot) * lk.maxStep, size_t(lk.maxStep),
                               nullptr, &r);
     if (!s.ok()) return FailLink(lk, s.message());
     if (r == nullptr) break;
@@ -300,7 +307,7 @@ bool NetProxy::ProgressRecv(Link& lk) {
     const int p = ProxyStepProtocol(info);
     const size_t bytes = size_t(ProxyStepBytes(info));
     Status s = mem_->Write(c.fifo.slots[p] + int64_t(slot) * c.fifo.stepBytes[p],
-                           lk.staging.data() + int64_t(slot) * lk.maxStep, bytes);
+                           lk.staging + int64_t(slot) * lk.maxStep, bytes);
     if (s.ok()) s = mem_->Post(c.fifo.tail, lk.delivered + 1);
     if (!s.ok()) return FailLink(lk, s.message());
     ++lk.delivered;

@@ -42,6 +42,7 @@
 #include <vector>
 
 #include "ffi/comm/net.h"
+#include "ffi/planner/work.h"
 
 namespace jax_rccl {
 namespace comm {
@@ -51,13 +52,13 @@ constexpr int kProxyProtocols = 3;  // LL, LL128, Simple (Proto's values)
 // A step's info word: its protocol and its bytes (the slot's bytes the kernel wrote, flags
 // included).
 inline uint64_t ProxyStepInfo(int protocol, uint64_t bytes) {
-  return (uint64_t(protocol) << 56) | bytes;
+  return (uint64_t(protocol) << kProxyInfoShift) | bytes;
 }
 inline int ProxyStepProtocol(uint64_t info) {
-  return int(info >> 56);
+  return int(info >> kProxyInfoShift);
 }
 inline uint64_t ProxyStepBytes(uint64_t info) {
-  return info & ((uint64_t(1) << 56) - 1);
+  return info & ((uint64_t(1) << kProxyInfoShift) - 1);
 }
 
 // One direction of a connection as the proxy sees it. `slots[p]`: slot 0 of protocol p, whose
@@ -80,12 +81,18 @@ struct ProxyConnection {
 };
 
 // How the proxy writes a receiving FIFO: the data of a step, then the counter that publishes it
-// (a reader that sees the counter sees the data).
+// (a reader that sees the counter sees the data; Write may only start the copy, whose source stays
+// untouched until the Post after it returns).
 class ProxyMemory {
  public:
   virtual ~ProxyMemory() = default;
   virtual Status Write(char* dst, const char* src, size_t bytes) = 0;
   virtual Status Post(uint64_t* counter, uint64_t value) = 0;
+  // The buffers the proxy receives steps into before it writes them (page-locked for a device).
+  virtual StatusOr<char*> AllocStaging(size_t bytes) = 0;
+  virtual void FreeStaging(char* p) = 0;
+  // A counter the proxy posts (Post), read when it connects: the FIFOs persist across launches.
+  virtual StatusOr<uint64_t> Read(const uint64_t* counter) = 0;
 };
 // Host memory: memcpy, then a release store.
 ProxyMemory* HostProxyMemory();
@@ -107,6 +114,9 @@ class NetProxy {
   Status Connect(Clock::time_point deadline);
   // Whether the proxy failed; *reason says why.
   bool Failed(std::string* reason) const;
+  // Fails the proxy from outside (its communicator failed): every connection is reset, so the
+  // peers fail at once naming this rank. onFailure runs as for a failure of the proxy's own.
+  void Abort(const std::string& reason) { Fail(reason); }
   // Stops the thread and closes the connections.
   void Stop();
 

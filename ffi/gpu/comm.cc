@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -89,6 +90,10 @@ int OrdinalOfGlobalId(int64_t id) {
   return it == t.ordinalOfId.end() ? -1 : it->second;
 }
 
+// Per channel the bandwidth the network proxy gets between two hosts (GB/s), the topology's
+// bwInter for the cost model's network rows: TCP through one proxy thread per process.
+constexpr float kGpuNetBwGBs = 1.0f;
+
 TopologyView GpuTopology(int nRanks, const Params& params) {
   TopologyView t;
   t.nRanks = nRanks;
@@ -151,18 +156,39 @@ Status GpuComm::Init() {
 void GpuComm::SetShared(comm::GroupPlacement placement, std::unique_ptr<comm::ShmGroup> shm) {
   placement_ = std::move(placement);
   shm_ = std::move(shm);
+  crossProcess_ = true;
   systemFence_ = true;
+  otherHost_.assign(size_t(nRanks()), 0);
+  for (int r = 0; r < nRanks(); ++r) {
+    otherHost_[size_t(r)] = placement_.host[size_t(r)] != placement_.thisHost ? 1 : 0;
+    crossHost_ = crossHost_ || otherHost_[size_t(r)];
+  }
+}
+
+std::string GpuComm::RankText(int rank) const {
+  if (!crossProcess_) return detail::StrCat("rank ", rank, " (device ", devices_[size_t(rank)], ")");
+  return detail::StrCat("rank ", rank, " (device ", devices_[size_t(rank)], ", process ",
+                        placement_.process[size_t(rank)], ", host '",
+                        placement_.host[size_t(rank)], "')");
 }
 
 Status GpuComm::Fail(Status s) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (!failed_.load(std::memory_order_relaxed)) {
-    failure_ = s;
-    failed_.store(true, std::memory_order_release);
-    if (abort_.host != nullptr) *static_cast<volatile int32_t*>(abort_.host) = 1;
-    if (shm_ != nullptr) shm_->MarkFailed(s.message());
+  bool first = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!failed_.load(std::memory_order_relaxed)) {
+      first = true;
+      failure_ = s;
+      failed_.store(true, std::memory_order_release);
+      if (abort_.host != nullptr) *static_cast<volatile int32_t*>(abort_.host) = 1;
+      if (shm_ != nullptr) shm_->MarkFailed(s.message());
+    }
+    cv_.notify_all();
   }
-  cv_.notify_all();
+  // Ranks of other hosts learn it from their connections, reset now (the proxy's own failures
+  // come here through its callback, once it has failed).
+  comm::NetProxy* proxy = liveProxy_.load(std::memory_order_acquire);
+  if (first && proxy != nullptr) proxy->Abort(s.message());
   return s;
 }
 
@@ -191,7 +217,7 @@ Status GpuComm::Join(int rank, const std::string& who) {
     if (!region.ok()) return Fail(region.status());
     rs.region = region.value();
   }
-  if (shm_ != nullptr) {
+  if (crossProcess_) {
     Status s = TradeRegions(rank, who);
     if (!s.ok()) return Fail(s);
   }
@@ -252,9 +278,7 @@ struct alignas(64) IpcRecord {
   std::atomic<uint32_t> ready;  // 1 once the fields below are written (release)
   int32_t pid;
   char handle[kIpcHandleBytes];
-  char busId[32];          // the rank's physical GPU (PCI bus id)
-  int32_t residentBlocks;  // collective blocks that GPU holds at once for the rank's process
-  int32_t knownSharers;    // ranks on that GPU in the process's earlier groups (at least 1)
+  GpuRecord gpu;
 };
 
 constexpr int64_t kIpcRecordOffset = 1024;
@@ -263,7 +287,7 @@ static_assert(kIpcRecordOffset + int64_t(sizeof(IpcRecord)) <= host::RankRegion:
 
 namespace {
 
-// Per physical GPU (bus id): the most ranks on it any group of this process has seen. A group
+// Per physical GPU (GpuRecord::gpu): the most ranks on it any group of this process has seen. A group
 // counts only its own ranks; a later group of fewer ranks on the GPU (one axis of a mesh) still
 // plans for the processes an earlier one saw there.
 std::mutex& SharersMu() {
@@ -275,7 +299,44 @@ std::map<std::string, int>& KnownSharers() {
   return *m;
 }
 
+// This machine, for telling GPUs apart across processes: the boot id (processes that claim
+// different hosts on one machine share their GPUs), else the host name.
+std::string MachineKey() {
+  char buf[64] = {0};
+  if (FILE* f = std::fopen("/proc/sys/kernel/random/boot_id", "r")) {
+    const size_t got = std::fread(buf, 1, sizeof(buf) - 1, f);
+    std::fclose(f);
+    std::string id(buf, got);
+    while (!id.empty() && (id.back() == '\n' || id.back() == ' ')) id.pop_back();
+    if (!id.empty()) return id;
+  }
+  if (gethostname(buf, sizeof(buf) - 1) == 0) return std::string(buf);
+  return "unknown";
+}
+
+std::string GpuOf(const GpuRecord& r) {
+  return std::string(r.gpu, strnlen(r.gpu, sizeof(r.gpu)));
+}
+
 }  // namespace
+
+StatusOr<GpuRecord> GpuComm::OwnRecord() const {
+  GpuRecord rec;
+  std::memset(&rec, 0, sizeof(rec));
+  JR_ASSIGN_OR_RETURN(std::string bus, DeviceBusId());
+  JR_ASSIGN_OR_RETURN(DeviceCapacity cap, QueryDeviceCapacity());
+  const std::string gpu = MachineKey() + "/" + bus;
+  std::memcpy(rec.gpu, gpu.data(), std::min(gpu.size(), sizeof(rec.gpu) - 1));
+  rec.residentBlocks = cap.residentBlocks;
+  {
+    std::lock_guard<std::mutex> lock(SharersMu());
+    auto it = KnownSharers().find(gpu);
+    rec.knownSharers = it == KnownSharers().end() ? 1 : it->second;
+  }
+  rec.nChannels = geo_.nChannels;
+  for (int p = 0; p < kNumProtocols; ++p) rec.stepBytes[p] = geo_.stepBytes[p];
+  return rec;
+}
 
 Status GpuComm::TradeRegions(int rank, const std::string& who) {
   const int n = nRanks();
@@ -283,94 +344,86 @@ Status GpuComm::TradeRegions(int rank, const std::string& who) {
                         std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                             std::chrono::duration<double>(timeout_));
   RankState& rs = ranks_[static_cast<size_t>(rank)];
-  // This rank's record: its region's handle.
-  {
+  std::vector<GpuRecord> recs(static_cast<size_t>(n));
+  JR_ASSIGN_OR_RETURN(recs[size_t(rank)], OwnRecord());
+  if (shm_ != nullptr) {
+    // This rank's record: its region's handle and its GpuRecord.
     char* region = shm_->Region(rank);
     JR_REQUIRE(region != nullptr, Code::kInternal, "jax_rccl '", who, "': rank ", rank,
                "'s segment is not mapped");
     auto* rec = reinterpret_cast<IpcRecord*>(region + kIpcRecordOffset);
     JR_CHECK(IpcHandleOf(rs.region, rec->handle));
     rec->pid = static_cast<int32_t>(getpid());
-    JR_ASSIGN_OR_RETURN(std::string bus, DeviceBusId());
-    JR_ASSIGN_OR_RETURN(DeviceCapacity cap, QueryDeviceCapacity());
-    std::memset(rec->busId, 0, sizeof(rec->busId));
-    std::memcpy(rec->busId, bus.data(), std::min(bus.size(), sizeof(rec->busId) - 1));
-    rec->residentBlocks = cap.residentBlocks;
-    {
-      std::lock_guard<std::mutex> lock(SharersMu());
-      auto it = KnownSharers().find(bus);
-      rec->knownSharers = it == KnownSharers().end() ? 1 : it->second;
-    }
+    rec->gpu = recs[size_t(rank)];
     rec->ready.store(1, std::memory_order_release);
-  }
-  int missing = -1;
-  Status opened = shm_->OpenRemote(deadline, &failed_, &missing);
-  if (!opened.ok()) {
-    if (missing >= 0) {
-      return Status(
-          Code::kTimeout,
-          detail::StrCat("jax_rccl '", who, "': rank ", rank, " of GPU group ", groupText_,
-                         " waited ", timeout_, " s (JAX_RCCL_TIMEOUT) for rank ", missing,
-                         " (device ", devices_[static_cast<size_t>(missing)], ", process ",
-                         placement_.process[static_cast<size_t>(missing)],
-                         ") to publish its connection region"));
-    }
-    return opened;
-  }
-  for (int r = 0; r < n; ++r) {
-    if (placement_.local[static_cast<size_t>(r)]) continue;
-    auto* rec = reinterpret_cast<IpcRecord*>(shm_->Region(r) + kIpcRecordOffset);
-    while (rec->ready.load(std::memory_order_acquire) == 0) {
-      if (std::chrono::steady_clock::now() >= deadline || shm_->AnyFailed()) {
-        return Status(
-            Code::kTimeout,
-            detail::StrCat("jax_rccl '", who, "': rank ", rank, " of GPU group ", groupText_,
-                           " waited ", timeout_, " s (JAX_RCCL_TIMEOUT) for rank ", r, " (device ",
-                           devices_[static_cast<size_t>(r)], ", process ",
-                           placement_.process[static_cast<size_t>(r)],
-                           ") to export its connection region"));
+    int missing = -1;
+    Status opened = shm_->OpenRemote(deadline, &failed_, &missing);
+    if (!opened.ok()) {
+      if (missing >= 0) {
+        return Status(Code::kTimeout,
+                      detail::StrCat("jax_rccl '", who, "': rank ", rank, " of GPU group ",
+                                     groupText_, " waited ", timeout_,
+                                     " s (JAX_RCCL_TIMEOUT) for ", RankText(missing),
+                                     " to publish its connection region"));
       }
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      return opened;
     }
-    JR_ASSIGN_OR_RETURN(void* peer, IpcOpen(rec->handle));
-    std::lock_guard<std::mutex> lock(mu_);
-    if (published_[static_cast<size_t>(r)] == nullptr) {
-      published_[static_cast<size_t>(r)] = peer;
-      ++nPublished_;
+    for (int r = 0; r < n; ++r) {
+      if (placement_.local[static_cast<size_t>(r)] || otherHost_[size_t(r)]) continue;
+      auto* peerRec = reinterpret_cast<IpcRecord*>(shm_->Region(r) + kIpcRecordOffset);
+      while (peerRec->ready.load(std::memory_order_acquire) == 0) {
+        if (std::chrono::steady_clock::now() >= deadline || shm_->AnyFailed()) {
+          return Status(Code::kTimeout,
+                        detail::StrCat("jax_rccl '", who, "': rank ", rank, " of GPU group ",
+                                       groupText_, " waited ", timeout_,
+                                       " s (JAX_RCCL_TIMEOUT) for ", RankText(r),
+                                       " to export its connection region"));
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      recs[size_t(r)] = peerRec->gpu;
+      JR_ASSIGN_OR_RETURN(void* peer, IpcOpen(peerRec->handle));
+      std::lock_guard<std::mutex> lock(mu_);
+      if (published_[static_cast<size_t>(r)] == nullptr) {
+        published_[static_cast<size_t>(r)] = peer;
+        ++nPublished_;
+      }
     }
   }
-  // Every rank's record is in: the channels every rank's launch may use so that the blocks of one
-  // launch of all the ranks sharing each GPU are resident at once. Each process runs one launch
-  // at a time (XLA's stream), so that is what the GPU must hold; every rank computes the same
-  // count from the same records.
-  std::vector<const IpcRecord*> recs(static_cast<size_t>(n));
+  if (crossHost_) JR_CHECK(ExchangeRecords(rank, who, deadline, &recs));
+  // Every rank's record is in: one geometry, and the channels every rank's launch may use so that
+  // the blocks of one launch of all the ranks sharing each GPU are resident at once. Each process
+  // runs one launch at a time (XLA's stream), so that is what the GPU must hold; every rank
+  // computes the same count from the same records.
   for (int r = 0; r < n; ++r) {
-    recs[static_cast<size_t>(r)] =
-        reinterpret_cast<const IpcRecord*>(shm_->Region(r) + kIpcRecordOffset);
+    const GpuRecord& rec = recs[size_t(r)];
+    bool same = rec.nChannels == geo_.nChannels;
+    for (int p = 0; p < kNumProtocols; ++p) same = same && rec.stepBytes[p] == geo_.stepBytes[p];
+    JR_REQUIRE(same, Code::kInvalidArgument, "jax_rccl '", who, "': GPU group ", groupText_, ": ",
+               RankText(r), " lays its connections out for ", rec.nChannels,
+               " channels, this process for ", geo_.nChannels,
+               ": every process must run with the same JAX_RCCL_NCHANNELS and build");
   }
-  auto busOf = [&](int r) {
-    const IpcRecord* rec = recs[static_cast<size_t>(r)];
-    return std::string(rec->busId, strnlen(rec->busId, sizeof(rec->busId)));
-  };
   int channels = topo_.nChannels;
   int mySharers = 1;
   for (int r = 0; r < n; ++r) {
     int sharers = 0;
-    for (int q = 0; q < n; ++q) sharers += busOf(q) == busOf(r) ? 1 : 0;
+    for (int q = 0; q < n; ++q) sharers += GpuOf(recs[size_t(q)]) == GpuOf(recs[size_t(r)]) ? 1 : 0;
     if (r == rank) mySharers = sharers;
-    const IpcRecord* rec = recs[static_cast<size_t>(r)];
-    StatusOr<int> ch = ResidentChannels(topo_.nChannels, std::max(sharers, rec->knownSharers),
-                                        rec->residentBlocks);
+    const GpuRecord& rec = recs[static_cast<size_t>(r)];
+    StatusOr<int> ch = ResidentChannels(topo_.nChannels, std::max(sharers, rec.knownSharers),
+                                        rec.residentBlocks);
     if (!ch.ok()) {
       return Status(ch.status().code(),
-                    detail::StrCat("jax_rccl '", who, "': GPU group ", groupText_, ", rank ", r,
-                                   " (GPU ", busOf(r), "): ", ch.status().message()));
+                    detail::StrCat("jax_rccl '", who, "': GPU group ", groupText_, ", ",
+                                   RankText(r), " (GPU ", GpuOf(rec), "): ",
+                                   ch.status().message()));
     }
     channels = std::min(channels, ch.value());
   }
   {
     std::lock_guard<std::mutex> lock(SharersMu());
-    int& known = KnownSharers()[busOf(rank)];
+    int& known = KnownSharers()[GpuOf(recs[size_t(rank)])];
     known = std::max(known, mySharers);
   }
   if (channels < planTopo_.nChannels) {
@@ -380,7 +433,8 @@ Status GpuComm::TradeRegions(int rank, const std::string& who) {
     planTopo_.p2pnChannels = std::min(planTopo_.p2pnChannels, p2p);
     planTopo_.p2pnChannelsPerPeer = std::min(planTopo_.p2pnChannelsPerPeer, planTopo_.p2pnChannels);
   }
-  shm_->MaybeUnlink();
+  if (crossHost_) JR_CHECK(ConnectHosts(rank, who, deadline));
+  if (shm_ != nullptr) shm_->MaybeUnlink();
   return Status::Ok();
 }
 
@@ -476,37 +530,61 @@ StatusOr<GpuComm*> GetOrCreateComm(const std::vector<int64_t>& devices, const Pa
     if (o < 0) remote.push_back(d);
     ordinals.push_back(o);
   }
-  auto comm = std::make_unique<GpuComm>(
-      devices, ordinals, GpuTopology(static_cast<int>(devices.size()), params), params.timeout);
-  if (!remote.empty()) {
-    // Devices of other processes: the world table places them (one host only).
+  TopologyView topo = GpuTopology(static_cast<int>(devices.size()), params);
+  std::unique_ptr<GpuComm> comm;
+  if (remote.empty()) {
+    comm = std::make_unique<GpuComm>(devices, ordinals, topo, params.timeout);
+  } else {
+    // Devices of other processes: the world table places them.
     JR_ASSIGN_OR_RETURN(comm::GroupPlacement placement, comm::PlaceGroup(devices));
-    for (size_t r = 0; r < devices.size(); ++r) {
-      JR_REQUIRE(placement.host[r] == placement.thisHost, Code::kUnsupported, "jax_rccl '", who,
-                 "': the GPU group ", ListText(devices), " spans hosts (device ", devices[r],
-                 " is on ", placement.host[r], ", this process on ", placement.thisHost,
-                 "); GPU groups across hosts: not yet");
-    }
     int nLocal = 0;
     for (uint8_t l : placement.local) nLocal += l ? 1 : 0;
     JR_REQUIRE(nLocal == 1, Code::kUnsupported, "jax_rccl '", who, "': the GPU group ",
                ListText(devices), " spans processes and has ", nLocal,
                " devices in this one; across processes a group takes one device per process");
-    host::TransportGeometry g;  // the segments carry only the IPC records
-    g.nRanks = static_cast<int>(devices.size());
-    g.nChannels = 1;
-    g.slotBytes = 64;
-    for (int p = 0; p < kNumProtos; ++p) g.stepBytes[p] = 64;
-    uint64_t h = 0x13198a2e03707344ull;
-    for (int64_t d : devices) h = comm::HashMix(h, static_cast<uint64_t>(d));
-    char hex[17];
-    std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(h));
-    auto shm = std::make_unique<comm::ShmGroup>(
-        detail::StrCat("/jrccl.", placement.session, ".g", hex, ".",
-                       comm::ShmNameTag(detail::StrCat("g", hex))),
-        placement, g, std::vector<uint8_t>(devices.size(), 1));
-    JR_CHECK(shm->CreateLocal());
+    // Ranks of other hosts are reached through the network proxy, at their processes' endpoints;
+    // ranks of this host through IPC (a segment each).
+    std::vector<uint8_t> onHost(devices.size(), 0);
+    bool anyOnHost = false;
+    for (size_t r = 0; r < devices.size(); ++r) {
+      onHost[r] = placement.host[r] == placement.thisHost ? 1 : 0;
+      anyOnHost = anyOnHost || (onHost[r] && !placement.local[r]);
+      JR_REQUIRE(onHost[r] || !placement.endpoint[r].empty(), Code::kUnsupported, "jax_rccl '",
+                 who, "': the GPU group ", ListText(devices), " spans hosts, but device ",
+                 devices[r], " (host '", placement.host[r], "', process ", placement.process[r],
+                 ") has no network endpoint (the world table has no 'endpoints')");
+    }
+    const int nNodes = comm::CountNodes(placement.host);
+    if (nNodes > 1) {
+      topo.nNodes = nNodes;
+      topo.interLink = LinkKind::kNet;
+      topo.bwInter = kGpuNetBwGBs;
+    }
+    comm = std::make_unique<GpuComm>(devices, ordinals, topo, params.timeout);
+    std::unique_ptr<comm::ShmGroup> shm;
+    if (anyOnHost) {
+      host::TransportGeometry g;  // the segments carry only the IPC records
+      g.nRanks = static_cast<int>(devices.size());
+      g.nChannels = 1;
+      g.slotBytes = 64;
+      for (int p = 0; p < kNumProtos; ++p) g.stepBytes[p] = 64;
+      uint64_t h = 0x13198a2e03707344ull;
+      for (int64_t d : devices) h = comm::HashMix(h, static_cast<uint64_t>(d));
+      char hex[17];
+      std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(h));
+      shm = std::make_unique<comm::ShmGroup>(
+          detail::StrCat("/jrccl.", placement.session, ".g", hex, ".",
+                         comm::ShmNameTag(detail::StrCat("g", hex))),
+          placement, g, onHost);
+      JR_CHECK(shm->CreateLocal());
+    }
     comm->SetShared(std::move(placement), std::move(shm));
+    if (comm->crossHost()) {
+      // At exit the proxies close their connections in order, so that a peer still finishing its
+      // last steps sees the end of the data, not a failure.
+      static std::once_flag once;
+      std::call_once(once, []() { std::atexit(StopProxies); });
+    }
   }
   {
     RelaxedCapture relaxed;
@@ -516,6 +594,12 @@ StatusOr<GpuComm*> GetOrCreateComm(const std::vector<int64_t>& devices, const Pa
   reg.comms.emplace(devices, std::move(comm));
   Stats().communicators.fetch_add(1);
   return p;
+}
+
+void StopProxies() {
+  CommRegistry& reg = Registry();
+  std::lock_guard<std::mutex> lock(reg.mu);
+  for (auto& [devices, comm] : reg.comms) comm->StopProxy();
 }
 
 GpuComm* FindComm(const std::vector<int64_t>& devices) {

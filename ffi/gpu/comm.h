@@ -17,6 +17,12 @@
 // communicator fails marks the segments, and the others fail at their next call (kernels already
 // running stop at their own deadline).
 //
+// Across hosts (ranks whose processes name other hosts in the world table): each rank of another
+// host is a window in host memory the device maps (hip/device_conn.h: ProxyWindowLayout) and the
+// communicator's network proxy (ffi/comm/proxy.h) carries the steps between the windows and the
+// regions over the network interface (ffi/comm/net.h, TCP), both ways; ffi/gpu/comm_net.cc. The
+// ranks agree on channels and geometry from records every rank sends the others (GpuRecord).
+//
 // The device table maps XLA's device ordinals (the execute context's DeviceOrdinal) to JAX's
 // global device ids and back; Python sets it at registration from jax.local_devices().
 #pragma once
@@ -30,6 +36,7 @@
 #include <utility>
 #include <vector>
 
+#include "ffi/comm/proxy.h"
 #include "ffi/comm/shm.h"
 #include "ffi/comm/world.h"
 #include "ffi/core/params.h"
@@ -54,6 +61,18 @@ int OrdinalOfGlobalId(int64_t id);
 // (the protocols the device code implements).
 TopologyView GpuTopology(int nRanks, const Params& params);
 
+// What each rank of a group spanning processes tells the others at its join (through its segment
+// on this host, over the network to other hosts): its GPU, what the GPU holds, and the geometry it
+// lays its connections out with (which must be every rank's).
+struct GpuRecord {
+  char gpu[96];            // "<machine>/<PCI bus id>": one physical GPU, in every process
+  int32_t residentBlocks;  // collective blocks that GPU holds at once for the rank's process
+  int32_t knownSharers;    // ranks on that GPU in the process's earlier groups (at least 1)
+  int32_t nChannels;       // the geometry's
+  int32_t pad;
+  int64_t stepBytes[kNumProtocols];
+};
+
 class GpuComm {
  public:
   GpuComm(std::vector<int64_t> devices, std::vector<int> ordinals, TopologyView topo,
@@ -62,9 +81,14 @@ class GpuComm {
   GpuComm& operator=(const GpuComm&) = delete;
   // Allocates the status and abort words (a group of several ranks).
   Status Init();
-  // A group spanning processes: its placement and its segments (this process's created).
+  // A group spanning processes: its placement and the segments of its ranks on this host (this
+  // process's created; null when every other rank is on another host).
   void SetShared(comm::GroupPlacement placement, std::unique_ptr<comm::ShmGroup> shm);
-  bool shared() const { return shm_ != nullptr; }
+  bool shared() const { return crossProcess_; }
+  // Some rank is on another host (its steps go through the network proxy).
+  bool crossHost() const { return crossHost_; }
+  // "rank 2 (device 5, process 1, host 'b')"
+  std::string RankText(int rank) const;
 
   int nRanks() const { return topo_.nRanks; }
   // The topology plans are made with. Groups sharing a GPU across processes: after the join, its
@@ -99,6 +123,8 @@ class GpuComm {
   // Marks the communicator failed with `s` (the first failure stays), raises the abort word so
   // kernels in flight stop, wakes ranks waiting to join; returns `s`.
   Status Fail(Status s);
+  // Stops the network proxy (a group across hosts; process exit): comm_net.cc.
+  void StopProxy();
 
  private:
   struct RankState {
@@ -129,16 +155,40 @@ class GpuComm {
   Status failure_;
 
   // Across processes.
+  bool crossProcess_ = false;
+  bool crossHost_ = false;
   comm::GroupPlacement placement_;
+  std::vector<uint8_t> otherHost_;  // by rank: on another host than this process
   std::unique_ptr<comm::ShmGroup> shm_;
-  // Exports `rank`'s region, maps the other processes' regions into published_ (deadline), and
-  // lowers planTopo_'s channels to what the GPUs hold for the ranks sharing them.
+  // Across hosts (ffi/gpu/comm_net.cc): by rank, the window of a rank of another host; the proxy.
+  std::vector<Mapped> windows_;
+  std::unique_ptr<comm::ProxyMemory> proxyMemory_;
+  std::unique_ptr<comm::NetProxy> proxy_;
+  std::atomic<comm::NetProxy*> liveProxy_{nullptr};  // proxy_ once connected (Fail reads it)
+
+  // Exports `rank`'s region and maps the other processes' regions on this host into published_,
+  // trades every rank's GpuRecord (deadline), lowers planTopo_'s channels to what the GPUs hold
+  // for the ranks sharing them, and connects the windows of ranks on other hosts.
   Status TradeRegions(int rank, const std::string& who);
+  // This process's record (its GPU, what the GPU holds, the geometry).
+  StatusOr<GpuRecord> OwnRecord() const;
+  // Every rank's record from the ranks of other hosts into (*recs)[r], this rank's sent to them
+  // over the network (comm_net.cc).
+  Status ExchangeRecords(int rank, const std::string& who, comm::Clock::time_point deadline,
+                         std::vector<GpuRecord>* recs);
+  // The windows of the ranks of other hosts (published_) and the proxy serving them, connected
+  // to every such rank's proxy by `deadline` (comm_net.cc).
+  Status ConnectHosts(int rank, const std::string& who, comm::Clock::time_point deadline);
+  std::unique_ptr<comm::Net> net_;  // ExchangeRecords's, then the proxy's
 };
 
+// Stops every GPU communicator's network proxy, closing its connections in order where every step
+// is out (process exit: the peers then see an orderly end, not a failure).
+void StopProxies();
+
 // The communicator of `devices` (global ids, in rank order), created on first use. A group with
-// devices of other processes on this host needs exactly one of its devices in this process;
-// several hosts, or several local devices in such a group: kUnsupported.
+// devices of other processes (of this host or others) needs exactly one of its devices in this
+// process (several: kUnsupported); ranks of other hosts need their processes' endpoints.
 StatusOr<GpuComm*> GetOrCreateComm(const std::vector<int64_t>& devices, const Params& params,
                                    const std::string& who);
 // The communicator of `devices` if it exists, else null.

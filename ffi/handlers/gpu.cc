@@ -155,6 +155,16 @@ struct GpuBackend {
     if (tasks.empty()) return Status::Ok();
     JR_ASSIGN_OR_RETURN(Plan plan,
                         PlanSlot(st, slot, slot.comm->topo(), std::move(tasks), " (GPU)"));
+    if (slot.comm->crossHost()) {
+      // Direct reads and writes the peers' buffers in place: every rank must be on one host.
+      for (const TaskPlan& tp : plan.tasks) {
+        if (tp.algo != Algo::kDirect) continue;
+        return OnGroup(st, slot,
+                       Status(Code::kUnsupported,
+                              "algorithm Direct reads the peers' buffers in place, and this group "
+                              "spans hosts (allowed there: Ring, Tree)"));
+      }
+    }
     RaggedPlan raggedPlan;
     const bool ragged = st.kind == Kind::kRaggedAllToAll;
     if (ragged) {

@@ -24,6 +24,10 @@ constexpr int kLL128DataElems = kLL128LineElems - 1;  // NCCL_LL128_DATAELEMS
 constexpr int kLLAlignmentPerThread = 8;              // NCCL_LL_ALIGNMENT_PER_THREAD
 constexpr int kBytesAlignment = 16;                   // NCCL_BYTES_ALIGNMENT
 constexpr int kConnIdxP2pNet = 2;                     // NCCL_CONN_IDX_P2P_NET
+// A FIFO step's info word for the network proxy, which carries it with the step: the protocol
+// in the bits from here up, the bytes of the slot the step filled below (the kernels write it,
+// hip/device_conn.h: ProxyInfo; ffi/comm/proxy.h reads it).
+constexpr int kProxyInfoShift = 56;
 
 enum WorkType : uint8_t {
   kWorkTypeUnused = 0,
