@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 
 import pytest
 
@@ -302,8 +303,20 @@ def mps_env(tmp_path_factory):
 
 
 def _run_step_processes(
-    env_base: dict, nprocs: int, count: int, steps: int, cb: bool, script: str = _STEP_WORKER
+    env_base: dict,
+    nprocs: int,
+    count: int,
+    steps: int,
+    cb: bool,
+    script: str = _STEP_WORKER,
+    *,
+    env_of: Callable[[int], dict] | None = None,
+    timeout: float = 240,
 ) -> list:
+    """Runs `script` in `nprocs` processes sharing GPU 0 (argv: process, nprocs, port, count,
+    steps) and returns each process's RESULT (several RESULT lines of a process: merged, later keys
+    win). `env_of(p)`: process p's extra environment, over the defaults below; `timeout`: seconds
+    each process gets to finish (then every process is killed and the test fails)."""
     port = _free_port()
     procs = []
     for p in range(nprocs):
@@ -314,6 +327,8 @@ def _run_step_processes(
         env["PYTHONFAULTHANDLER"] = "1"
         # Off means off: XLA's default already captures custom calls in command buffers.
         env["XLA_FLAGS"] = _COMMAND_BUFFERS if cb else "--xla_gpu_enable_command_buffer="
+        if env_of is not None:
+            env.update(env_of(p))
         procs.append(
             subprocess.Popen(
                 [
@@ -333,22 +348,32 @@ def _run_step_processes(
             )
         )
     texts = []
-    for p in procs:
+    for k, p in enumerate(procs):
         try:
-            text, _ = p.communicate(timeout=240)
+            text, _ = p.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             for q in procs:
                 q.kill()
-            pytest.fail("a process did not finish within 240 s")
+            tails = []
+            for j, q in enumerate(procs[k:], start=k):
+                try:
+                    tails.append(f"--- process {j}:\n{q.communicate(timeout=10)[0][-2000:]}")
+                except subprocess.TimeoutExpired:
+                    tails.append(f"--- process {j}: no output")
+            pytest.fail(f"a process did not finish within {timeout:g} s\n" + "\n".join(tails))
         texts.append(text)
     failed = [k for k, p in enumerate(procs) if p.returncode != 0]
     assert not failed, "\n".join(
         f"--- process {k}: exit {procs[k].returncode}\n{texts[k][-3000:]}" for k in failed
     )
     out = []
-    for text in texts:
-        line = [ln for ln in text.splitlines() if ln.startswith("RESULT ")][-1]
-        out.append(json.loads(line[len("RESULT ") :]))
+    for k, text in enumerate(texts):
+        lines = [ln for ln in text.splitlines() if ln.startswith("RESULT ")]
+        assert lines, f"process {k} printed no RESULT line:\n{text[-3000:]}"
+        res: dict = {}
+        for line in lines:
+            res.update(json.loads(line[len("RESULT ") :]))
+        out.append(res)
     return out
 
 

@@ -1,0 +1,495 @@
+"""jax_rccl between two fake hosts on one GPU, next to the same processes on one host and the raw
+loopback socket, in one run.
+
+    .venv/bin/python -P benchmarks/gpu_cross_host.py [--nprocs 2|4] [--sizes 1M,4M,16M,64M,256M]
+        [--colls all_reduce,all_gather] [--paths cross,ipc] [--iters 20] [--iter-bytes 1G]
+        [--repeat 3] [--raw-sockets 1,4] [--algo Ring] [--proto Simple] [--command-buffers]
+        [--timeout 420] [--no-mps]
+
+The parent starts --nprocs JAX processes (jax.distributed on a local port) that share GPU 0 under
+MPS (a running daemon, or one this script starts as root and stops again; --no-mps: time-sliced,
+very slow), twice:
+
+- cross: processes [0, n/2) say they are on 'hostA', the rest on 'hostB' (JAX_RCCL_HOSTNAME):
+  IPC within a host, the network proxy over loopback TCP between the hosts;
+- ipc: the same processes all on 'hostA' (CUDA IPC between every pair).
+
+In the cross run, processes 0 and n/2 first measure the raw loopback socket (before any jax_rccl
+collective): S bytes each way at once over k plain TCP sockets each way, blocking sends and
+receives of 4 MiB in C++, one thread per socket (``jax_rccl._jax_rccl_testing.
+raw_socket_transfer``, as benchmarks/net_proxy.py), on connections opened once per k and warmed
+up with one transfer (the proxy's connections stay open too); time = the median of --repeat, the
+faster end's; GB/s = S / time, one direction. A ring crosses between the hosts once each way
+(n = 2; n = 4 as ranks 0, 1 | 2, 3), each crossing carrying what busbw counts.
+
+Per collective and size S per rank (float32; all_gather: S is its output per rank, as in
+nccl-tests and benchmarks/gpu_jax.py), one jitted shard_map call per iteration: `iters` calls
+back to back (min(--iters, --iter-bytes / S), at least 3), then block; time = their wall time /
+iters, the median of --repeat loops that start together (a barrier), the slowest process's.
+busbw = S / time * 2(n-1)/n (all_reduce) or (n-1)/n (all_gather). ratio = cross busbw / the best
+raw GB/s at that size (the target: 0.8 or more from 16 MB). errors: elements of the last result
+that differ from the closed form (rank r holds r + 1 everywhere), summed over the processes.
+Every child process is ended by this script: each run is bounded by --timeout seconds, after
+which the processes still running are killed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+TAG = "RESULT "
+HOSTS = ("hostA", "hostB")
+COLLS = ("all_reduce", "all_gather")
+PATHS = ("cross", "ipc")
+UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+COMMAND_BUFFERS = (
+    "--xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL --xla_gpu_graph_min_graph_size=1"
+)
+
+
+def parse_size(s: str) -> int:
+    s = s.strip().upper().rstrip("B")
+    return int(float(s[:-1]) * UNITS[s[-1]]) if s[-1] in UNITS else int(s)
+
+
+def label(size: int) -> str:
+    for unit, b in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if size >= b and size % b == 0:
+            return f"{size // b}{unit}B"
+    return f"{size}B"
+
+
+def bus_factor(coll: str, n: int) -> float:
+    return 2 * (n - 1) / n if coll == "all_reduce" else (n - 1) / n
+
+
+def iterations(size: int, iters: int, iter_bytes: int) -> int:
+    return max(3, min(iters, iter_bytes // max(1, size)))
+
+
+# --- one JAX process ---------------------------------------------------------------------------
+
+
+def _raw_sockets(client, kv, p: int, peer: int, cfg: dict) -> dict:
+    """S bytes each way between this process and `peer` over k TCP sockets each way, on
+    connections opened once per k and warmed up (as the proxy's stay open): seconds, the median
+    of --repeat, by "SxK"."""
+    from jax_rccl import _jax_rccl_testing as native
+
+    out = {}
+    for k in cfg["raw_sockets"]:
+        tag = f"bench/raw/{k}"
+        lsock = socket.socket()
+        lsock.bind(("127.0.0.1", 0))
+        lsock.listen(k)
+        lsock.settimeout(60)
+        kv.kv_set(client, f"{tag}/port/{p}", str(lsock.getsockname()[1]))
+        port = int(kv.kv_get(client, f"{tag}/port/{peer}", 60))
+        outs = [socket.create_connection(("127.0.0.1", port), timeout=60) for _ in range(k)]
+        ins = [lsock.accept()[0] for _ in range(k)]
+        for s in outs + ins:
+            s.settimeout(None)  # blocking, as raw_socket_transfer needs
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        fds = ([s.fileno() for s in outs], [s.fileno() for s in ins])
+        runs = [(max(cfg["sizes"]), "warm")] + [
+            (size, r) for size in cfg["sizes"] for r in range(cfg["repeat"])
+        ]
+        secs: dict[int, list[float]] = {}
+        for size, r in runs:
+            kv.kv_set(client, f"{tag}/go/{size}.{r}/{p}", "1")
+            kv.kv_get(client, f"{tag}/go/{size}.{r}/{peer}", 60)
+            t = native.raw_socket_transfer(*fds, size // k)
+            if r != "warm":
+                secs.setdefault(size, []).append(t)
+        for s in outs + ins + [lsock]:
+            s.close()
+        kv.kv_set(client, f"{tag}/done/{p}", "1")
+        kv.kv_get(client, f"{tag}/done/{peer}", 60)
+        for size, ts in secs.items():
+            out[f"{size}x{k}"] = statistics.median(ts)
+    return out
+
+
+def worker(cfg: dict) -> dict:
+    import jax
+
+    p, n = cfg["process"], cfg["nprocs"]
+    jax.distributed.initialize(f"127.0.0.1:{cfg['port']}", n, p, initialization_timeout=120)
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    import jax_rccl
+    from jax_rccl import _bootstrap
+    from jax_rccl import _compat as kv
+
+    client = kv.distributed_client()
+    barriers = iter(range(1 << 30))
+
+    def barrier() -> None:
+        client.wait_at_barrier(f"bench/{next(barriers)}", 600_000)
+
+    devs = jax.devices()
+    ids = [d.id for d in devs]
+    rank = ids.index(jax.local_devices()[0].id)
+    mesh = Mesh(np.array(devs), ("x",))
+    spec = NamedSharding(mesh, P("x"))
+    out: dict = {
+        "process": p,
+        "rank": rank,
+        "jax": jax.__version__,
+        "jax_rccl": jax_rccl.__version__,
+        "device": devs[0].device_kind,
+        "raw": {},
+        "times": {},
+        "errors": {},
+    }
+    if cfg["raw"] and p in (0, n // 2):
+        try:
+            out["raw"] = _raw_sockets(client, kv, p, n // 2 - p, cfg)
+        except Exception as e:  # noqa: BLE001 - the table says why the column is empty
+            out["raw_error"] = f"{type(e).__name__}: {e}"
+    barrier()  # the raw sockets are closed before jax_rccl's first collective
+
+    def make(coll: str):
+        def body(v):
+            if coll == "all_reduce":
+                return jax_rccl.psum(v, "x")
+            return jax_rccl.all_gather(v, "x", tiled=True)
+
+        return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P("x")))
+
+    def block(idx, c: int):
+        # Rank r's block (the mesh's r-th) holds r + 1 everywhere.
+        return np.full(c, (idx[0].start or 0) // c + 1, np.float32)
+
+    def measure(coll: str, size: int) -> None:
+        count = size // 4 if coll == "all_reduce" else size // 4 // n  # input per rank
+        key = f"{coll}/{size}"
+        x = jax.make_array_from_callback((n * count,), spec, lambda idx: block(idx, count))
+        fn = make(coll)
+        for _ in range(2):  # compiles, then one more
+            y = fn(x)
+            y.block_until_ready()
+        iters = iterations(size, cfg["iters"], cfg["iter_bytes"])
+        times = []
+        for _ in range(cfg["repeat"]):
+            barrier()
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                y = fn(x)
+            y.block_until_ready()
+            times.append((time.perf_counter() - t0) / iters)
+        out["times"][key] = statistics.median(times)
+        got = np.asarray(y.addressable_shards[0].data)
+        if coll == "all_reduce":
+            want = np.full(count, n * (n + 1) / 2, np.float32)
+        else:
+            want = np.repeat(np.arange(1, n + 1, dtype=np.float32), count)
+        out["errors"][key] = int(np.count_nonzero(got != want)) if got.shape == want.shape else -1
+
+    # The settings are part of jit's key: every call runs under them.
+    with jax_rccl.config(algorithm=cfg["algo"], protocol=cfg["proto"]):
+        for coll in cfg["colls"]:
+            for size in cfg["sizes"]:
+                measure(coll, size)
+    out["stats"] = {k: int(v) for k, v in jax_rccl.runtime_stats().items()}
+    w = _bootstrap.world()
+    out["hosts"] = [d["host"] for d in sorted(w["devices"], key=lambda d: ids.index(d["id"]))]
+    return out
+
+
+# --- the parent ----------------------------------------------------------------------------------
+
+
+def _mps_running() -> bool:
+    for pid in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{pid}/comm") as f:
+                if f.read().strip() == "nvidia-cuda-mps-control":
+                    return True
+        except OSError:
+            continue
+    return False
+
+
+class Mps:
+    """MPS for the children: a running daemon's environment, or a daemon this run starts (as root)
+    in a temporary folder and stops at the end (as tests/gpu/test_jax_gpu_mp.py's fixture)."""
+
+    def __init__(self) -> None:
+        self.env: dict[str, str] = {}
+        self.control: str | None = None
+        self.folder: tempfile.TemporaryDirectory | None = None
+        self.state = "off"
+
+    def start(self) -> str | None:
+        """None when MPS runs, else why not."""
+        if _mps_running():
+            self.state = "already running"
+            return None
+        control = shutil.which("nvidia-cuda-mps-control")
+        if control is None:
+            return "nvidia-cuda-mps-control is not on PATH"
+        if os.geteuid() != 0:
+            return "starting MPS needs root (nvidia-cuda-mps-control -d)"
+        self.folder = tempfile.TemporaryDirectory(prefix="jrccl_mps.")
+        env = {
+            "CUDA_MPS_PIPE_DIRECTORY": os.path.join(self.folder.name, "pipe"),
+            "CUDA_MPS_LOG_DIRECTORY": os.path.join(self.folder.name, "log"),
+        }
+        for d in env.values():
+            os.makedirs(d)
+        rc = subprocess.run([control, "-d"], env={**os.environ, **env}, timeout=30).returncode
+        if rc != 0:
+            self.folder.cleanup()
+            self.folder = None
+            return f"nvidia-cuda-mps-control -d failed (exit {rc})"
+        self.env, self.control, self.state = env, control, "started by this run"
+        return None
+
+    def stop(self) -> None:
+        if self.control is not None:
+            subprocess.run(
+                [self.control],
+                input="quit\n",
+                text=True,
+                env={**os.environ, **self.env},
+                timeout=30,
+            )
+            self.control = None
+        if self.folder is not None:
+            self.folder.cleanup()
+            self.folder = None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(args, path: str, mps_env: dict, live: list) -> tuple[list | None, str]:
+    """One run of --nprocs processes; (every process's result, "") or (None, what went wrong)."""
+    n = args.nprocs
+    port = _free_port()
+    procs = []
+    for p in range(n):
+        cfg = {
+            "process": p,
+            "nprocs": n,
+            "port": port,
+            "sizes": args.size_list,
+            "colls": args.coll_list,
+            "iters": args.iters,
+            "iter_bytes": parse_size(args.iter_bytes),
+            "repeat": args.repeat,
+            "raw": path == "cross" and bool(args.raw_socket_counts),
+            "raw_sockets": args.raw_socket_counts,
+            "algo": args.algo or None,
+            "proto": args.proto or None,
+        }
+        env = dict(os.environ)
+        env.update(mps_env)
+        env.update(
+            CUDA_VISIBLE_DEVICES="0",
+            XLA_PYTHON_CLIENT_PREALLOCATE="false",
+            JAX_RCCL_TIMEOUT=str(args.rccl_timeout),
+            JAX_RCCL_HOSTNAME=HOSTS[0] if path == "ipc" or p < n // 2 else HOSTS[1],
+            NCCL_NVLS_ENABLE="0",
+            PYTHONFAULTHANDLER="1",
+            XLA_FLAGS=COMMAND_BUFFERS
+            if args.command_buffers
+            else "--xla_gpu_enable_command_buffer=",
+        )
+        # Files, not pipes: a chatty process never blocks on a full pipe while we wait on another.
+        log = tempfile.TemporaryFile("w+")
+        cmd = [sys.executable, "-P", os.path.abspath(__file__), "--worker", json.dumps(cfg)]
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
+        procs.append((proc, log))
+        live.append(proc)
+    deadline = time.monotonic() + args.timeout
+    timed_out = False
+    for proc, _ in procs:
+        try:
+            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            break
+    texts = []
+    for proc, log in procs:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        live.remove(proc)
+        log.seek(0)
+        texts.append(log.read())
+        log.close()
+    results, problems = [], []
+    for p, ((proc, _), text) in enumerate(zip(procs, texts, strict=True)):
+        lines = [ln for ln in text.splitlines() if ln.startswith(TAG)]
+        if proc.returncode != 0 or not lines:
+            tail = "\n".join("    " + ln for ln in text.splitlines()[-15:])
+            problems.append(f"  process {p}: exit {proc.returncode}\n{tail}")
+            continue
+        results.append(json.loads(lines[-1][len(TAG) :]))
+    if timed_out:
+        problems.insert(0, f"  the run did not finish within {args.timeout} s (killed)")
+    return (None, "\n".join(problems)) if problems else (results, "")
+
+
+def _raw_best(raw: dict, size: int, counts: list[int]) -> float | None:
+    """The best raw GB/s at `size` over the socket counts, per direction."""
+    rates = [size / raw[f"{size}x{k}"] / 1e9 for k in counts if f"{size}x{k}" in raw]
+    return max(rates) if rates else None
+
+
+def report(args, res: dict[str, list | None], mps: Mps) -> None:
+    n = args.nprocs
+    first = next((r[0] for r in res.values() if r), None)
+    if first is not None:
+        print(
+            f"# jax {first['jax']}, jax_rccl {first['jax_rccl']}, device {first['device']!r}, "
+            f"{os.cpu_count()} cores"
+        )
+    half = n // 2
+    print(
+        f"# {n} processes sharing GPU 0, MPS {mps.state}; cross: processes [0, {half}) on "
+        f"{HOSTS[0]}, [{half}, {n}) on {HOSTS[1]} (network proxy, loopback TCP); ipc: all on "
+        f"{HOSTS[0]} (CUDA IPC)"
+    )
+    flags = {k: v for k, v in sorted(os.environ.items()) if k.startswith("JAX_RCCL_")}
+    print(
+        f"# command buffers {'on' if args.command_buffers else 'off'}, algo "
+        f"{args.algo or 'auto'}, proto {args.proto or 'auto'}, repeat {args.repeat}, iters "
+        f"min({args.iters}, {args.iter_bytes}/size) >= 3; env {flags}"
+    )
+    for path in PATHS:
+        if res.get(path):
+            print(f"# {path}: the world table's host by rank {res[path][0]['hosts']}")
+    raw: dict = {}
+    for r in res.get("cross") or []:
+        if r.get("raw_error"):
+            print(f"# raw sockets failed in process {r['process']}: {r['raw_error']}")
+        for k, v in r["raw"].items():  # both ends of the pair: the faster (the stricter ratio)
+            raw[k] = min(raw.get(k, v), v)
+    counts = args.raw_socket_counts
+    print(
+        f"# raw: process 0 <-> process {half}, S bytes each way at once over k TCP sockets "
+        f"each way (k = {','.join(map(str, counts)) or '-'}), GB/s per direction; busbw in GB/s,"
+        f" time the slowest process's; ratio = cross busbw / best raw (target >= 0.8 from 16 MB)"
+    )
+    raw_head = " ".join(f"{f'raw{k} GB/s':>11}" for k in counts)
+    head = (
+        f"{'size':>7} | {'cross ms':>9} {'busbw':>7} | {'ipc ms':>9} {'busbw':>7} | "
+        f"{raw_head}{' | ' if counts else ''}{'ratio':>5} | errors"
+    )
+    for coll in args.coll_list:
+        print(f"\n## {coll}, n = {n}")
+        print(head)
+        print("-" * len(head))
+        for size in args.size_list:
+            key = f"{coll}/{size}"
+            cols, bws, errs = [], {}, []
+            for path in PATHS:
+                rs = res.get(path)
+                if not rs:
+                    cols.append(f"{'-':>9} {'-':>7}")
+                    continue
+                t = max(r["times"][key] for r in rs)
+                bws[path] = size / t / 1e9 * bus_factor(coll, n)
+                cols.append(f"{t * 1e3:9.3f} {bws[path]:7.2f}")
+                e = sum(r["errors"][key] for r in rs)
+                if e:
+                    errs.append(f"{path} {e}")
+            raws = []
+            for k in counts:
+                secs = raw.get(f"{size}x{k}")
+                raws.append(f"{size / secs / 1e9:11.2f}" if secs else f"{'-':>11}")
+            best = _raw_best(raw, size, counts)
+            ratio = f"{bws['cross'] / best:5.2f}" if best and "cross" in bws else f"{'-':>5}"
+            line = f"{label(size):>7} | {' | '.join(cols)} | "
+            line += (" ".join(raws) + " | ") if counts else ""
+            line += f"{ratio} | {', '.join(errs) or '0'}"
+            print(line, flush=True)
+    for path in PATHS:
+        for r in res.get(path) or []:
+            if r["stats"].get("errors"):
+                print(f"# {path}: process {r['process']} runtime_stats {r['stats']}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--nprocs", type=int, default=2, help="processes, an even number (2 or 4)")
+    ap.add_argument("--sizes", default="1M,4M,16M,64M,256M", help="bytes per rank")
+    ap.add_argument("--colls", default=",".join(COLLS))
+    ap.add_argument("--paths", default=",".join(PATHS), help="cross (two hosts), ipc (one host)")
+    ap.add_argument("--iters", type=int, default=20, help="calls per timed loop, at most")
+    ap.add_argument("--iter-bytes", default="1G", help="calls per timed loop: at most this / size")
+    ap.add_argument("--repeat", type=int, default=3, help="timed loops (the median)")
+    ap.add_argument("--raw-sockets", default="1,4", help="socket counts for raw ('' for none)")
+    ap.add_argument("--algo", default="", help="jax_rccl.config(algorithm=...), e.g. Ring")
+    ap.add_argument("--proto", default="", help="jax_rccl.config(protocol=...), e.g. Simple")
+    ap.add_argument("--command-buffers", action="store_true", help="XLA command buffers on")
+    ap.add_argument("--timeout", type=float, default=420, help="seconds per run of processes")
+    ap.add_argument("--rccl-timeout", type=float, default=60, help="JAX_RCCL_TIMEOUT")
+    ap.add_argument("--no-mps", action="store_true", help="do not start MPS (time-sliced)")
+    args = ap.parse_args(argv)
+    if args.nprocs < 2 or args.nprocs % 2:
+        ap.error("--nprocs: an even number, at least 2")
+    args.size_list = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
+    args.coll_list = [c for c in args.colls.split(",") if c]
+    paths = [p for p in args.paths.split(",") if p]
+    args.raw_socket_counts = [int(k) for k in args.raw_sockets.split(",") if k.strip()]
+    for c in args.coll_list:
+        if c not in COLLS:
+            ap.error(f"--colls: {c!r} is not one of {COLLS}")
+    for p in paths:
+        if p not in PATHS:
+            ap.error(f"--paths: {p!r} is not one of {PATHS}")
+    for s in args.size_list:
+        if s % (4 * args.nprocs):
+            ap.error(f"--sizes: {s} is not a multiple of 4 x {args.nprocs} bytes")
+    if args.iters < 1 or args.repeat < 1 or any(k < 1 for k in args.raw_socket_counts):
+        ap.error("--iters, --repeat and --raw-sockets must be >= 1")
+
+    mps = Mps()
+    live: list[subprocess.Popen] = []
+    res: dict[str, list | None] = {}
+    t0 = time.monotonic()
+    try:
+        if not args.no_mps:
+            why = mps.start()
+            if why is not None:
+                print(f"MPS is not running and cannot be started here: {why} (--no-mps: go on)")
+                return 2
+        for path in paths:
+            print(f"# {path}: starting {args.nprocs} processes", flush=True)
+            res[path], problem = launch(args, path, mps.env, live)
+            if problem:
+                print(f"# {path}: FAILED\n{problem}", flush=True)
+        report(args, res, mps)
+    finally:
+        for proc in live:  # an interrupted run: its processes go too
+            proc.kill()
+            proc.wait()
+        mps.stop()
+    print(f"\n# total {time.monotonic() - t0:.0f} s")
+    return 0 if all(res.get(p) for p in paths) else 1
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 2 and sys.argv[1] == "--worker":
+        result = worker(json.loads(sys.argv[2]))
+        print(TAG + json.dumps(result), flush=True)
+    else:
+        raise SystemExit(main())

@@ -1,0 +1,404 @@
+"""GPU groups across hosts: JAX processes sharing one GPU under MPS, split into two fake hosts.
+
+Processes [0, n/2) say they run on 'hostA', the rest on 'hostB' (JAX_RCCL_HOSTNAME): ranks of one
+host trade IPC handles, ranks of the other host are reached through the network proxy (TCP over
+loopback). 2 and 4 processes, XLA command buffers on and off: every collective under Ring and
+Tree, LL and Simple (and LL128 where the build has it) at 1, 1001, 65537 and 2^20 elements per
+rank against NumPy; the six-collective jitted step at 4 and 16 MB per rank with every
+connection's counters in step at the end; 1,000 steps checked on the device; a process of hostB
+that exits before its second step (the survivors raise, naming a rank, within the timeout).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import textwrap
+
+import pytest
+from test_jax_gpu_mp import (  # noqa: F401 - mps_env: the fixture, visible to pytest here
+    _LOOP_WORKER,
+    _STEP_WORKER,
+    _run_step_processes,
+    mps_env,
+)
+
+pytestmark = pytest.mark.gpu
+
+HOSTS = ["hostA", "hostB"]
+
+
+def _two_hosts(nprocs: int, extra: dict | None = None):
+    """env_of for _run_step_processes: processes [0, n/2) on hostA, the rest on hostB."""
+
+    def env_of(p: int) -> dict:
+        return {"JAX_RCCL_HOSTNAME": HOSTS[0] if p < nprocs // 2 else HOSTS[1], **(extra or {})}
+
+    return env_of
+
+
+# Appended to a worker that ends with its RESULT line: what the world table says about hosts (the
+# helper merges a process's RESULT lines).
+_WORLD_SUFFIX = textwrap.dedent(
+    """
+    from jax_rccl import _bootstrap as _b
+    _w = _b.world()
+    _host_of_id = {d["id"]: d["host"] for d in _w["devices"]}
+    print("RESULT " + json.dumps({
+        "process": jax.process_index(), "host": _b.hostname(), "session": _w["session"],
+        "host_of_rank": [_host_of_id[d.id] for d in jax.devices()],
+    }), flush=True)
+    """
+)
+
+
+def _check_world(results: list, nprocs: int) -> None:
+    """Each process claimed the host it was given, and every world table has both hosts."""
+    assert [r["process"] for r in results] == list(range(nprocs))
+    for p, r in enumerate(results):
+        want = HOSTS[0] if p < nprocs // 2 else HOSTS[1]
+        assert r["host"] == want, (p, r["host"], want)
+        assert r["host_of_rank"] == results[0]["host_of_rank"], (p, r["host_of_rank"])
+    hosts = results[0]["host_of_rank"]
+    assert sorted(set(hosts)) == HOSTS, hosts
+    assert hosts == sorted(hosts), f"the ranks of a host must be consecutive: {hosts}"
+
+
+def _check_counters(results: list) -> dict:
+    """Every connection ends in step: the steps a sender posted (its own region's copy of its send
+    tail, kept there also for a receiver on another host) are the receiver's tail (posted by the
+    network proxy for a sender on another host) and head. Returns the steps moved, by whether the
+    connection crosses hosts."""
+    hosts = results[0]["host_of_rank"]
+    by_rank = {
+        r["rank"]: {(c, p): (t, h, st) for c, p, t, h, st, _ in r["counters"]} for r in results
+    }
+    assert sorted(by_rank) == list(range(len(results)))
+    moved = {"across hosts": 0, "same host": 0}
+    for s, conns in by_rank.items():
+        for (c, p), (_, _, sent) in conns.items():
+            if p == s:
+                continue
+            across = hosts[s] != hosts[p]
+            kind = "across hosts (network proxy)" if across else "on one host (IPC)"
+            assert (c, s) in by_rank[p], (
+                f"rank {p} reports no connection from rank {s} on channel {c} ({kind})"
+            )
+            tail, head, _ = by_rank[p][(c, s)]
+            assert sent == head == tail, (
+                f"connection rank {s} -> rank {p}, channel {c}, {kind}: the sender's own region "
+                f"says {sent} steps sent, the receiver's region has tail {tail} and head {head}; "
+                "all three must be equal once every rank finished"
+            )
+            moved["across hosts" if across else "same host"] += sent
+    return moved
+
+
+def _no_segments(results: list) -> None:
+    sessions = {r["session"] for r in results}
+    left = [f for f in os.listdir("/dev/shm") for s in sessions if f.startswith(f"jrccl.{s}.")]
+    assert not left, left
+
+
+# --- every collective against NumPy -----------------------------------------------------------
+
+_COLLECTIVES_WORKER = textwrap.dedent(
+    """
+    import json, sys
+    import numpy as np
+    import jax
+    process, nprocs, port, count, steps = (int(a) for a in sys.argv[1:6])
+    jax.distributed.initialize(f"127.0.0.1:{port}", nprocs, process, initialization_timeout=120)
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    import jax_rccl
+    from jax_rccl import _bootstrap, _jax_rccl
+
+    devs = jax.devices()
+    n = len(devs)
+    ids = [d.id for d in devs]
+    mine = ids.index(jax.local_devices()[0].id)  # this process's rank: its block of the mesh
+    mesh = Mesh(np.array(devs), ("i",))
+    spec = NamedSharding(mesh, P("i"))
+    out = {"process": process, "rank": mine, "n": n, "checks": 0}
+
+    def global_array(c, fn):
+        return jax.make_array_from_callback(
+            (n * c,), spec, lambda idx: np.asarray(fn(np.arange(n * c)[idx]), np.float32)
+        )
+
+    def run(f, x):
+        g = jax.jit(jax.shard_map(f, mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+        y = g(x)
+        return np.concatenate([np.asarray(s.data) for s in y.addressable_shards])
+
+    # all_reduce (psum, pmax) under Ring and Tree x LL and Simple (and LL128 where the build has
+    # it); the others under Ring (point-to-point picks LL or Simple by size: both sizes are here).
+    CONFIGS = [(None, None), ("Ring", "LL"), ("Ring", "Simple"), ("Tree", "LL"), ("Tree", "Simple")]
+    if _jax_rccl.gpu.has_ll128():
+        CONFIGS += [("Ring", "LL128"), ("Tree", "LL128")]
+    out["configs"] = CONFIGS
+    out["counts"] = counts = [1, 1001, 65537, count]
+    for c in counts:
+        x = global_array(c, lambda i: (i % 7) - 3)
+        full = (np.arange(n * c) % 7 - 3).astype(np.float32).reshape(n, c)
+        for algo, proto in CONFIGS:
+            where = f"count {c}, {algo or 'auto'}/{proto or 'auto'}"
+            with jax_rccl.config(algorithm=algo, protocol=proto):
+                print(f"{where}: psum", flush=True)  # where a crash happened, in the output
+                got = run(lambda v: jax_rccl.psum(v, "i"), x)
+                np.testing.assert_array_equal(got, full.sum(0), err_msg=where + ": psum")
+                print(f"{where}: pmax", flush=True)
+                got = run(lambda v: jax_rccl.pmax(v, "i"), x)
+                np.testing.assert_array_equal(got, full.max(0), err_msg=where + ": pmax")
+                out["checks"] += 2
+                if algo == "Tree":
+                    continue
+                print(f"{where}: all_gather", flush=True)
+                got = run(lambda v: jax_rccl.all_gather(v, "i", tiled=True), x)
+                np.testing.assert_array_equal(got, full.reshape(-1), err_msg=where + ": all_gather")
+                print(f"{where}: psum_scatter", flush=True)
+                got = run(lambda v: jax_rccl.psum_scatter(v, "i", tiled=True), global_array(
+                    c * n, lambda i: (i % 5) - 2))
+                rs = (np.arange(n * n * c) % 5 - 2).astype(np.float32).reshape(n, n * c).sum(0)
+                np.testing.assert_array_equal(
+                    got, rs[mine * c:(mine + 1) * c], err_msg=where + ": psum_scatter")
+                print(f"{where}: pbroadcast", flush=True)
+                got = run(lambda v: jax_rccl.pbroadcast(v, "i", n - 1), x)
+                np.testing.assert_array_equal(got, full[n - 1], err_msg=where + ": pbroadcast")
+                perm = [(k, (k + 1) % n) for k in range(n)]
+                print(f"{where}: ppermute", flush=True)
+                got = run(lambda v: jax_rccl.ppermute(v, "i", perm), x)
+                np.testing.assert_array_equal(
+                    got, full[(mine - 1) % n], err_msg=where + ": ppermute")
+                print(f"{where}: all_to_all", flush=True)
+                got = run(lambda v: jax_rccl.all_to_all(v, "i", 0, 0, tiled=True),
+                          global_array(c * n, lambda i: i % 11))
+                blocks = (np.arange(n * n * c) % 11).astype(np.float32).reshape(n, n, c)
+                np.testing.assert_array_equal(
+                    got, blocks[:, mine].reshape(-1), err_msg=where + ": all_to_all")
+                out["checks"] += 5
+    out["errors"] = int(jax_rccl.runtime_stats()["errors"])
+    out["counters"] = [list(r) for r in _jax_rccl.gpu.connection_counters(ids, mine)]
+    w = _bootstrap.world()
+    host_of_id = {d["id"]: d["host"] for d in w["devices"]}
+    out.update(host=_bootstrap.hostname(), session=w["session"],
+               host_of_rank=[host_of_id[i] for i in ids])
+    print("RESULT " + json.dumps(out), flush=True)
+    """
+)
+
+
+@pytest.mark.parametrize("cb", [False, True], ids=["plain", "command_buffers"])
+@pytest.mark.parametrize("nprocs", [2, 4])
+def test_every_collective_across_two_hosts(mps_env, nprocs, cb):  # noqa: F811
+    """psum, pmax (Ring and Tree), all_gather, psum_scatter, pbroadcast, ppermute and all_to_all
+    (Ring) under every protocol at 1, 1001, 65537 and 2^20 float32 elements (4 MB) per rank,
+    each result against NumPy; the connections end in step and some steps crossed hosts."""
+    count = 1 << 20
+    results = _run_step_processes(
+        mps_env,
+        nprocs,
+        count,
+        1,
+        cb,
+        script=_COLLECTIVES_WORKER,
+        env_of=_two_hosts(nprocs),
+        timeout=480,
+    )
+    _check_world(results, nprocs)
+    for r in results:
+        assert r["n"] == nprocs, r["n"]
+        per_count = sum(2 if algo == "Tree" else 7 for algo, _ in r["configs"])
+        assert r["checks"] == len(r["counts"]) * per_count, (r["checks"], r["configs"])
+        assert r["errors"] == 0, r["errors"]
+    moved = _check_counters(results)
+    assert moved["across hosts"] > 0, moved
+    _no_segments(results)
+
+
+# --- the six-collective step at large sizes ---------------------------------------------------
+
+
+@pytest.mark.parametrize("cb", [False, True], ids=["plain", "command_buffers"])
+@pytest.mark.parametrize(
+    "nprocs, count",
+    [
+        (2, 1 << 20),  # 4 MB per rank
+        (2, 1 << 22),  # 16 MB per rank
+        (4, 1 << 20),
+        (4, 1 << 22),
+    ],
+)
+def test_step_of_every_collective_across_two_hosts(mps_env, nprocs, count, cb):  # noqa: F811
+    """psum (int32, float32), all_gather, psum_scatter, ppermute and all_to_all in one jitted
+    step (test_jax_gpu_mp's worker), three steps, every result against its closed form; at the
+    end every connection's counters are in step, those across hosts included."""
+    results = _run_step_processes(
+        mps_env,
+        nprocs,
+        count,
+        3,
+        cb,
+        script=_STEP_WORKER + _WORLD_SUFFIX,
+        env_of=_two_hosts(nprocs),
+    )
+    _check_world(results, nprocs)
+    for r in results:
+        assert r["bad"] == {}, r["bad"]
+        assert r["errors"] == 0, r["errors"]
+    moved = _check_counters(results)
+    assert moved["across hosts"] > 0, moved
+    _no_segments(results)
+
+
+# --- a thousand steps --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cb", [False, True], ids=["plain", "command_buffers"])
+@pytest.mark.parametrize("nprocs", [2, 4])
+def test_a_thousand_steps_across_two_hosts(mps_env, nprocs, cb):  # noqa: F811
+    """1,000 jitted steps of psum (int32, float32), all_gather, psum_scatter, ppermute and
+    all_to_all on 2^16 int32 (256 KB) per rank (test_jax_gpu_mp's loop worker): every result of
+    every step equals its closed form, compared on the device."""
+    steps = 1000
+    results = _run_step_processes(
+        mps_env,
+        nprocs,
+        1 << 16,
+        steps,
+        cb,
+        script=_LOOP_WORKER + _WORLD_SUFFIX,
+        env_of=_two_hosts(nprocs),
+    )
+    _check_world(results, nprocs)
+    assert sorted(r["rank"] for r in results) == list(range(nprocs))
+    for r in results:
+        assert r["steps"] == steps, r
+        assert r["bad"] == {}, r
+        assert r["errors"] == 0, r
+    _no_segments(results)
+
+
+# --- a process that exits ----------------------------------------------------------------------
+
+FAULT_TIMEOUT = 10  # JAX_RCCL_TIMEOUT of the fault test's processes
+
+_FAULT_WORKER = textwrap.dedent(
+    """
+    import json, os, sys, time
+    import numpy as np
+    import jax
+    process, nprocs, port, count, steps = (int(a) for a in sys.argv[1:6])
+    victim = int(os.environ["JAX_RCCL_TEST_VICTIM"])
+    jax.distributed.initialize(f"127.0.0.1:{port}", nprocs, process, initialization_timeout=120)
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    import jax_rccl
+    from jax_rccl import _compat
+
+    devs = jax.devices()
+    n = len(devs)
+    rank = [d.id for d in devs].index(jax.local_devices()[0].id)
+    mesh = Mesh(np.array(devs), ("i",))
+    spec = NamedSharding(mesh, P("i"))
+    perm = [(k, (k + 1) % n) for k in range(n)]
+    client = _compat.distributed_client()
+    out = {"process": process, "rank": rank, "victim": process == victim, "raised": False}
+
+    def leave():
+        # JAX's shutdown would wait for the process that left: every process leaves by os._exit.
+        # Process 0 serves JAX's coordination service, whose end aborts the others: it waits (a
+        # bounded time) until every other survivor has printed its result.
+        print("RESULT " + json.dumps(out), flush=True)
+        if process != victim:
+            try:
+                _compat.kv_set(client, f"xhost_fault/done/{process}", "1")
+                if process == 0:
+                    for q in range(1, nprocs):
+                        if q != victim:
+                            _compat.kv_get(client, f"xhost_fault/done/{q}", 30.0)
+            except Exception as e:
+                print(f"meeting the survivors: {type(e).__name__}: {e}", flush=True)
+        sys.stdout.flush()
+        os._exit(0)
+
+    def body(x):
+        return (jax_rccl.ppermute(x, "i", perm), jax_rccl.psum(x, "i"),
+                jax_rccl.all_gather(x, "i", tiled=True))
+
+    step = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("i"), out_specs=(P("i"),) * 3),
+                   donate_argnums=0)
+    x0 = [((np.arange(count) + 7 * r) % 13 - 6).astype(np.int32) for r in range(n)]
+    x = jax.make_array_from_callback((n * count,), spec, lambda idx: np.concatenate(x0)[idx])
+    x, s, g = step(x)
+    got = [np.asarray(a.addressable_shards[0].data) for a in (x, s, g)]
+    want = [x0[(rank - 1) % n], np.sum(x0, axis=0), np.concatenate(x0)]
+    out["first_step_ok"] = all(np.array_equal(a, b) for a, b in zip(got, want))
+    # Every rank has all of its first step before the victim goes.
+    client.wait_at_barrier("xhost_fault/first_step", 60_000)
+    if process == victim:
+        leave()  # right before its second step
+    t0 = time.monotonic()
+    for k in range(1, steps):
+        try:
+            x, s, g = step(x)
+            jax.block_until_ready((x, s, g))
+        except Exception as e:
+            out.update(raised=True, where=f"step {k}", error=f"{type(e).__name__}: {e}")
+            break
+    if not out["raised"]:
+        # Replayed command buffers may not run the handler that checks the communicator; a new
+        # program's first call does.
+        try:
+            probe = jax.jit(jax.shard_map(lambda v: jax_rccl.psum(v, "i"), mesh=mesh,
+                                          in_specs=P("i"), out_specs=P("i")))
+            jax.block_until_ready(probe(jax.make_array_from_callback(
+                (n * 1024,), spec, lambda idx: np.ones(n * 1024, np.float32)[idx])))
+        except Exception as e:
+            out.update(raised=True, where="a new program", error=f"{type(e).__name__}: {e}")
+    out["seconds"] = time.monotonic() - t0
+    out["errors"] = int(jax_rccl.runtime_stats()["errors"])
+    leave()
+    """
+)
+
+
+@pytest.mark.parametrize(
+    "victim, cb",
+    [(3, False), (2, False), (3, True)],
+    ids=["last_of_hostB-plain", "first_of_hostB-plain", "last_of_hostB-command_buffers"],
+)
+def test_process_that_exits_is_an_error_not_a_hang(mps_env, victim, cb):  # noqa: F811
+    """4 processes over two fake hosts; after one good step, process `victim` (on hostB) exits
+    (os._exit) right before its second. Every survivor raises a Python exception that names a
+    rank or another process, within JAX_RCCL_TIMEOUT (plus slack) of the step it was in."""
+    nprocs, steps = 4, 6
+    results = _run_step_processes(
+        dict(mps_env, JAX_RCCL_TEST_VICTIM=str(victim)),
+        nprocs,
+        1 << 16,
+        steps,
+        cb,
+        script=_FAULT_WORKER,
+        env_of=_two_hosts(nprocs, {"JAX_RCCL_TIMEOUT": str(FAULT_TIMEOUT)}),
+        timeout=150,
+    )
+    assert [r["process"] for r in results] == list(range(nprocs))
+    for r in results:
+        assert r["first_step_ok"], f"process {r['process']}: the step before the fault was wrong"
+    assert results[victim]["victim"], results[victim]
+    for p, r in enumerate(results):
+        if p == victim:
+            continue
+        assert r["raised"], (
+            f"process {p} (a survivor) raised nothing: {steps - 1} steps after process {victim} "
+            "exited, and a new program, returned"
+        )
+        if not cb:  # every plain execute checks the communicator
+            assert r["where"].startswith("step "), (p, r["where"], r["error"])
+        assert re.search(r"\brank \d|\bprocess \d|another process", r["error"]), (
+            f"process {p}: the error names no rank and no other process: {r['error']}"
+        )
+        assert r["seconds"] < FAULT_TIMEOUT + 10, (
+            f"process {p}: raised {r['seconds']:.1f} s after its second step began, "
+            f"JAX_RCCL_TIMEOUT={FAULT_TIMEOUT}: {r['error']}"
+        )
