@@ -74,37 +74,46 @@ struct RegionLayout {
 };
 
 // A rank of another host, as the kernels of this host see it: a window in host memory that the
-// device maps (ffi/gpu/comm_net.cc), served by the network proxy (ffi/comm/proxy.h). It holds, per
-// channel, only this process's rank's side of its connections with that rank: the header (tail
-// and the per-slot info words of the steps this rank sends; pad1[kSendPad], the head this rank
-// reports as that rank's receiver) and this rank's send slots, laid out as a region of one rank
-// (`ConnIndex` = channel). The kernels tell such a peer by bit 0 of its entry in the region table
-// (KernelArgs::regions; regions are 4096-byte aligned), and then:
-//   sending     write the step's info word (pad0[step % kSteps]: protocol and bytes, ProxyInfo)
-//               and fence at system scope before posting tail, whatever the protocol;
-//   receiving   wait for tail whatever the protocol: the proxy copies a step into the slot and
-//               then posts tail, and a copy orders no LL or LL128 flag after its line's data.
+// device maps (ffi/gpu/comm_net.cc), which the network proxy (ffi/comm/proxy.h) serves. It holds,
+// per channel, both connections between this process's rank and that rank: direction 0 (this rank
+// sends) and 1 (this rank receives), each a header and kSteps slots. A slot holds a step of any
+// protocol (slotBytes: the largest step), so that the proxy receives a step in place before it
+// knows its protocol. The headers keep the counters as a region's do (hip/kernel_piece.h), with the
+// sender's words of direction 0 in direction 1's header, as for any peer. The kernels tell such a
+// peer by bit 0 of its entry in the region table (KernelArgs::regions; regions are 4096-byte
+// aligned), and then:
+//   sending     write the step's info word (direction 0's pad0[step % kSteps]: protocol and
+//               bytes, ProxyInfo) and fence at system scope before posting tail, whatever the
+//               protocol;
+//   receiving   wait for tail whatever the protocol: the proxy posts tail once the step's bytes
+//               are in, and the network orders no LL or LL128 flag after its line's data.
 constexpr uintptr_t kProxiedPeer = 1;
 JR_REGION_FN uint64_t ProxyInfo(int proto, uint64_t bytes) {
   return (uint64_t(proto) << kProxyInfoShift) | bytes;
 }
 
 struct ProxyWindowLayout {
-  JR_REGION_FN static Geometry One(const Geometry& g) {
-    Geometry w = g;
-    w.nRanks = 1;
-    return w;
+  JR_REGION_FN static int64_t SlotBytes(const Geometry& g) {
+    int64_t b = 0;
+    for (int p = 0; p < kNumProtocols; ++p) b = g.stepBytes[p] > b ? g.stepBytes[p] : b;
+    return b;
   }
-  JR_REGION_FN static int64_t HeaderOffset(const Geometry& g, int channel) {
-    return RegionLayout::HeaderOffset(One(g), channel, 0);
+  // Direction `dir` of `channel`: its header.
+  JR_REGION_FN static int64_t HeaderOffset(int channel, int dir) {
+    return (int64_t(channel) * 2 + dir) * int64_t(sizeof(ConnHeader));
   }
-  JR_REGION_FN static int64_t SlotOffset(const Geometry& g, int channel, int proto, uint64_t step) {
-    return RegionLayout::SlotOffset(One(g), channel, 0, proto, step);
+  JR_REGION_FN static int64_t DataStart(const Geometry& g) {
+    return (int64_t(g.nChannels) * 2 * int64_t(sizeof(ConnHeader)) + 4095) / 4096 * 4096;
+  }
+  // Slot `step % kSteps` of direction `dir` of `channel`.
+  JR_REGION_FN static int64_t SlotOffset(const Geometry& g, int channel, int dir, uint64_t step) {
+    return DataStart(g) +
+           ((int64_t(channel) * 2 + dir) * kSteps + int64_t(step % kSteps)) * SlotBytes(g);
   }
   // The bytes of a window whose first `channels` channels are used (the geometry's count keeps
-  // the layout of every channel's offsets).
+  // every channel's offsets).
   JR_REGION_FN static int64_t Bytes(const Geometry& g, int channels) {
-    return RegionLayout::DataStart(One(g)) + int64_t(channels) * RegionLayout::ConnDataBytes(g);
+    return DataStart(g) + int64_t(channels) * 2 * kSteps * SlotBytes(g);
   }
 };
 

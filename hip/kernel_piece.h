@@ -33,10 +33,6 @@ __device__ inline uint64_t TaskOpArg(const DevTask& t, const SlotPtrs& sp) {
   return bits;
 }
 
-__device__ inline ConnHeader* RecvConn(const KernelArgs& a, int ch, int peer) {
-  return reinterpret_cast<ConnHeader*>(a.regions[a.rank] +
-                                       RegionLayout::HeaderOffset(a.geo, ch, peer));
-}
 // Whether `peer` is a rank of another host (its entry is a window the network proxy serves,
 // hip/device_conn.h: ProxyWindowLayout), and the entry without that bit.
 __device__ inline bool PeerProxied(const KernelArgs& a, int peer) {
@@ -45,26 +41,36 @@ __device__ inline bool PeerProxied(const KernelArgs& a, int peer) {
 __device__ inline char* PeerBase(const KernelArgs& a, int peer) {
   return reinterpret_cast<char*>(uintptr_t(a.regions[peer]) & ~kProxiedPeer);
 }
+
+__device__ inline ConnHeader* RecvConn(const KernelArgs& a, int ch, int peer) {
+  if (PeerProxied(a, peer)) {
+    return reinterpret_cast<ConnHeader*>(PeerBase(a, peer) + ProxyWindowLayout::HeaderOffset(ch, 1));
+  }
+  return reinterpret_cast<ConnHeader*>(a.regions[a.rank] +
+                                       RegionLayout::HeaderOffset(a.geo, ch, peer));
+}
 __device__ inline ConnHeader* SendConn(const KernelArgs& a, int ch, int peer) {
-  const int64_t off = PeerProxied(a, peer) ? ProxyWindowLayout::HeaderOffset(a.geo, ch)
-                                           : RegionLayout::HeaderOffset(a.geo, ch, a.rank);
-  return reinterpret_cast<ConnHeader*>(PeerBase(a, peer) + off);
+  if (PeerProxied(a, peer)) {
+    return reinterpret_cast<ConnHeader*>(PeerBase(a, peer) + ProxyWindowLayout::HeaderOffset(ch, 0));
+  }
+  return reinterpret_cast<ConnHeader*>(a.regions[peer] +
+                                       RegionLayout::HeaderOffset(a.geo, ch, a.rank));
 }
 __device__ inline char* RecvSlot(const KernelArgs& a, int ch, int peer, int proto, uint64_t s) {
+  if (PeerProxied(a, peer)) return PeerBase(a, peer) + ProxyWindowLayout::SlotOffset(a.geo, ch, 1, s);
   return a.regions[a.rank] + RegionLayout::SlotOffset(a.geo, ch, peer, proto, s);
 }
 __device__ inline char* SendSlot(const KernelArgs& a, int ch, int peer, int proto, uint64_t s) {
-  const int64_t off = PeerProxied(a, peer)
-                          ? ProxyWindowLayout::SlotOffset(a.geo, ch, proto, s)
-                          : RegionLayout::SlotOffset(a.geo, ch, a.rank, proto, s);
-  return PeerBase(a, peer) + off;
+  if (PeerProxied(a, peer)) return PeerBase(a, peer) + ProxyWindowLayout::SlotOffset(a.geo, ch, 0, s);
+  return a.regions[peer] + RegionLayout::SlotOffset(a.geo, ch, a.rank, proto, s);
 }
 
 // The sender's side of connection (ch, this rank -> peer) lives in this rank's own region, in the
 // header of the reverse connection (ch, peer -> this rank), whose pads are otherwise unused (Direct
 // uses the pads of the header from a rank to itself, indices below 8): its own copy of the tail it
 // sent, and the head the peer consumed, which the peer writes there. Every counter a rank polls or
-// reloads is then in its own memory; across GPUs only stores cross the link.
+// reloads is then in its own memory; across GPUs only stores cross the link. (A rank of another
+// host: both headers are in its window, where the network proxy reads and writes them.)
 __device__ inline uint64_t* SendTailMine(const KernelArgs& a, int ch, int peer) {
   return &RecvConn(a, ch, peer)->pad0[kSendPad];
 }

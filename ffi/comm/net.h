@@ -19,6 +19,7 @@
 // more. The planner and the kernels do not change.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -84,11 +85,11 @@ class NetComm {
   virtual Status Poll() = 0;
   // Bytes this end moved so far (headers included): a caller that polls sees a message advance
   // before it completes.
-  uint64_t bytesMoved() const { return bytesMoved_; }
+  uint64_t bytesMoved() const { return bytesMoved_.load(std::memory_order_relaxed); }
   static constexpr int kMaxRequests = 8;
 
  protected:
-  uint64_t bytesMoved_ = 0;
+  std::atomic<uint64_t> bytesMoved_{0};
 };
 
 class Net {
@@ -108,8 +109,9 @@ class Net {
 };
 
 // The TCP backend (net_socket.cc). `session` and `process` as the socket transport's handshake
-// takes them (socket_listen.h: ClientHandshake).
-std::unique_ptr<Net> MakeSocketNet(std::string session, int process);
+// takes them (socket_listen.h: ClientHandshake); `threads` helper threads move the connections'
+// bytes (0: the caller's Test does).
+std::unique_ptr<Net> MakeSocketNet(std::string session, int process, int threads);
 
 }  // namespace comm
 }  // namespace jax_rccl

@@ -4,20 +4,30 @@
 // sender through the socket transport's listener and its authenticated handshake (the key names
 // the group, channel | kNetChannelFlag, sender and receiver, so it never meets the host
 // executor's links). A message is a 24-byte header (magic, bytes, info) and its bytes. Requests
-// progress, in order, inside Test: non-blocking writes of the oldest unfinished send, or reads
-// into the oldest posted receive. A sending end that closes in order sends a close header after
-// its messages: its receiver then knows nothing more comes (receives posted ahead stay pending,
-// no error). A stream that ends without one (the sender's process died) or is reset (Abort, or an
-// end destroyed without closing in order) is an error naming the sender.
+// progress in order: non-blocking writes of the oldest unfinished send, or reads into the oldest
+// posted receive. Helper threads move the bytes (NCCL's socket transport, NCCL_SOCKET_NTHREADS):
+// each connection belongs to one of the network's helpers (JAX_RCCL_NET_THREADS, round robin),
+// which pumps its connections and sleeps in poll() on their sockets and an eventfd that a new
+// request rings; the proxy's Test then only looks. Without helpers, Test pumps. A sending end that
+// closes in order sends a close header after its messages: its receiver then knows nothing more
+// comes (receives posted ahead stay pending, no error). A stream that ends without one (the
+// sender's process died) or is reset (Abort, or an end destroyed without closing in order) is an
+// error naming the sender.
 #include <errno.h>
+#include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
 #include <array>
+#include <atomic>
 #include <cstring>
 #include <deque>
+#include <mutex>
+#include <thread>
 #include <utility>
+#include <vector>
 
 #include "ffi/comm/net.h"
 
@@ -51,13 +61,83 @@ struct SocketRequest final : NetRequest {
   bool complete = false;
 };
 
+class SocketComm;
+
+// A thread that moves the bytes of its connections (see the top of the file).
+class Helper {
+ public:
+  Helper() : wake_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {
+    thread_ = std::thread([this]() { Loop(); });
+  }
+  ~Helper() {
+    stop_.store(true);
+    Wake();
+    thread_.join();
+    if (wake_ >= 0) close(wake_);
+  }
+  Helper(const Helper&) = delete;
+  Helper& operator=(const Helper&) = delete;
+  void Add(SocketComm* c) {
+    std::lock_guard<std::mutex> lock(mu_);
+    comms_.push_back(c);
+  }
+  // Once it returns, the helper no longer touches `c`.
+  void Remove(SocketComm* c) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t i = 0; i < comms_.size(); ++i) {
+      if (comms_[i] != c) continue;
+      comms_.erase(comms_.begin() + long(i));
+      break;
+    }
+  }
+  void Wake() {
+    const uint64_t one = 1;
+    if (wake_ >= 0) (void)!write(wake_, &one, sizeof(one));
+  }
+
+ private:
+  void Loop();
+
+  int wake_;
+  std::mutex mu_;  // guards comms_; held while the helper pumps them
+  std::vector<SocketComm*> comms_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
 class SocketComm final : public NetComm {
  public:
-  SocketComm(int fd, bool send, std::string peer) : fd_(fd), send_(send), peer_(std::move(peer)) {}
+  SocketComm(int fd, bool send, std::string peer, std::shared_ptr<Helper> helper)
+      : fd_(fd), send_(send), peer_(std::move(peer)), helper_(std::move(helper)) {
+    if (helper_ != nullptr) helper_->Add(this);
+  }
   // Not closed in order: the peer sees the connection reset (an error naming this end).
-  ~SocketComm() override { Abort(); }
+  ~SocketComm() override {
+    if (helper_ != nullptr) helper_->Remove(this);
+    Abort();
+  }
+
+  // The helper's turn: moves what the socket takes or holds. Whether bytes moved; *events: what
+  // to poll the socket for (0: nothing pending), *fd: the socket.
+  bool Pump(short* events, int* fd) {
+    std::lock_guard<std::mutex> lock(mu_);
+    *events = 0;
+    *fd = fd_;
+    if (fd_ < 0 || !failed_.ok() || closed_) return false;
+    const uint64_t before = bytesMoved_.load(std::memory_order_relaxed);
+    Status s = send_ ? PumpSend() : PumpRecv();
+    if (!s.ok()) {
+      failed_ = s;
+      return true;
+    }
+    for (const auto& r : queue_) {
+      if (!r->complete) *events = send_ ? POLLOUT : POLLIN;
+    }
+    return bytesMoved_.load(std::memory_order_relaxed) != before;
+  }
 
   bool CloseInOrder() override {
+    std::lock_guard<std::mutex> lock(mu_);
     if (fd_ < 0) return true;
     if (!send_) {
       close(fd_);
@@ -81,6 +161,7 @@ class SocketComm final : public NetComm {
   }
 
   Status Poll() override {
+    std::lock_guard<std::mutex> lock(mu_);
     JR_REQUIRE(failed_.ok(), failed_.code(), failed_.message());
     if (fd_ < 0 || closed_) return Status::Ok();
     char c;
@@ -104,6 +185,7 @@ class SocketComm final : public NetComm {
   }
 
   void Abort() override {
+    std::lock_guard<std::mutex> lock(mu_);
     if (fd_ < 0) return;
     const struct linger reset = {1, 0};
     setsockopt(fd_, SOL_SOCKET, SO_LINGER, &reset, sizeof(reset));
@@ -127,8 +209,9 @@ class SocketComm final : public NetComm {
   }
 
   Status Test(NetRequest* request, bool* done, size_t* bytes, uint64_t* info) override {
+    std::lock_guard<std::mutex> lock(mu_);
     *done = false;
-    if (failed_.ok() && !closed_ && fd_ >= 0) {
+    if (helper_ == nullptr && failed_.ok() && !closed_ && fd_ >= 0) {
       Status s = send_ ? PumpSend() : PumpRecv();
       if (!s.ok()) failed_ = s;
     }
@@ -150,15 +233,19 @@ class SocketComm final : public NetComm {
 
  private:
   Status Post(char* data, size_t bytes, uint64_t info, NetRequest** request) {
-    *request = nullptr;
-    JR_REQUIRE(failed_.ok(), failed_.code(), failed_.message());
-    if (int(queue_.size()) >= kMaxRequests) return Status::Ok();
-    auto r = std::make_unique<SocketRequest>();
-    r->data = data;
-    r->bytes = bytes;
-    r->header = MessageHeader{kNetMagic, 0, uint64_t(bytes), info};
-    *request = r.get();
-    queue_.push_back(std::move(r));
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      *request = nullptr;
+      JR_REQUIRE(failed_.ok(), failed_.code(), failed_.message());
+      if (int(queue_.size()) >= kMaxRequests) return Status::Ok();
+      auto r = std::make_unique<SocketRequest>();
+      r->data = data;
+      r->bytes = bytes;
+      r->header = MessageHeader{kNetMagic, 0, uint64_t(bytes), info};
+      *request = r.get();
+      queue_.push_back(std::move(r));
+    }
+    if (helper_ != nullptr) helper_->Wake();
     return Status::Ok();
   }
 
@@ -246,18 +333,46 @@ class SocketComm final : public NetComm {
     return Status::Ok();
   }
 
+  std::mutex mu_;  // guards what follows: the proxy posts, tests and closes, the helper pumps
   int fd_;
   bool send_;
   std::string peer_;
+  std::shared_ptr<Helper> helper_;  // null: Test pumps
   std::deque<std::unique_ptr<SocketRequest>> queue_;
   Status failed_;
   bool closed_ = false;   // receiving end: the sender closed in order
   size_t closeSent_ = 0;  // sending end: bytes of the close header written
 };
 
+void Helper::Loop() {
+  std::vector<pollfd> fds;
+  while (!stop_.load()) {
+    bool moved = false;
+    fds.clear();
+    fds.push_back(pollfd{wake_, POLLIN, 0});
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (SocketComm* c : comms_) {
+        short events = 0;
+        int fd = -1;
+        moved = c->Pump(&events, &fd) || moved;
+        if (events != 0) fds.push_back(pollfd{fd, events, 0});
+      }
+    }
+    if (moved) continue;
+    // Nothing moved: sleep until a socket can move bytes or a new request rings.
+    (void)poll(fds.data(), nfds_t(fds.size()), 100);
+    if (fds[0].revents & POLLIN) {
+      uint64_t v;
+      (void)!read(wake_, &v, sizeof(v));
+    }
+  }
+}
+
 class SocketNet final : public Net {
  public:
-  SocketNet(std::string session, int process) : session_(std::move(session)), process_(process) {}
+  SocketNet(std::string session, int process, int threads)
+      : session_(std::move(session)), process_(process), threads_(threads) {}
   const char* name() const override { return "socket"; }
 
   Status Listen(const NetKey&) override {
@@ -285,21 +400,33 @@ class SocketNet final : public Net {
   }
 
  private:
-  static StatusOr<std::unique_ptr<NetComm>> Finish(int fd, bool send, const std::string& peer) {
+  StatusOr<std::unique_ptr<NetComm>> Finish(int fd, bool send, const std::string& peer) {
     Status ready = PrepareStream(fd);
     if (!ready.ok()) close(fd);
     JR_CHECK(ready);
-    return std::unique_ptr<NetComm>(std::make_unique<SocketComm>(fd, send, peer));
+    std::shared_ptr<Helper> helper;
+    if (threads_ > 0) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (helpers_.empty()) {
+        for (int t = 0; t < threads_; ++t) helpers_.push_back(std::make_shared<Helper>());
+      }
+      helper = helpers_[next_++ % helpers_.size()];
+    }
+    return std::unique_ptr<NetComm>(std::make_unique<SocketComm>(fd, send, peer, helper));
   }
 
   std::string session_;
   int process_;
+  int threads_;
+  std::mutex mu_;  // guards helpers_, next_
+  std::vector<std::shared_ptr<Helper>> helpers_;
+  size_t next_ = 0;
 };
 
 }  // namespace
 
-std::unique_ptr<Net> MakeSocketNet(std::string session, int process) {
-  return std::make_unique<SocketNet>(std::move(session), process);
+std::unique_ptr<Net> MakeSocketNet(std::string session, int process, int threads) {
+  return std::make_unique<SocketNet>(std::move(session), process, threads);
 }
 
 }  // namespace comm

@@ -17,49 +17,28 @@ uint64_t LoadAcquire(const uint64_t* p) {
   return __atomic_load_n(p, __ATOMIC_ACQUIRE);
 }
 
-class HostMemory final : public ProxyMemory {
- public:
-  Status Write(char* dst, const char* src, size_t bytes) override {
-    std::memcpy(dst, src, bytes);
-    return Status::Ok();
-  }
-  Status Post(uint64_t* counter, uint64_t value) override {
-    __atomic_store_n(counter, value, __ATOMIC_RELEASE);
-    return Status::Ok();
-  }
-  StatusOr<uint64_t> Read(const uint64_t* counter) override { return LoadAcquire(counter); }
-  StatusOr<char*> AllocStaging(size_t bytes) override { return new char[bytes]; }
-  void FreeStaging(char* p) override { delete[] p; }
-};
+void StoreRelease(uint64_t* p, uint64_t v) {
+  __atomic_store_n(p, v, __ATOMIC_RELEASE);
+}
 
 }  // namespace
-
-ProxyMemory* HostProxyMemory() {
-  static HostMemory memory;
-  return &memory;
-}
 
 struct NetProxy::Link {
   ProxyConnection c;
   std::unique_ptr<NetComm> comm;
   std::string peer;                   // the remote rank, for messages
   uint64_t posted = 0;                // requests posted (steps)
-  uint64_t done = 0;                  // requests completed (send: head posted for them)
-  uint64_t delivered = 0;             // recv: steps written into the FIFO (tail)
+  uint64_t done = 0;                  // requests completed (send: head posted; recv: tail posted)
   NetRequest* requests[kSteps] = {};  // by step % kSteps
-  uint64_t infos[kSteps] = {};        // recv: the info word of each arrived step
-  char* staging = nullptr;            // recv: kSteps buffers of maxStep bytes (ProxyMemory's)
-  int64_t maxStep = 0;
-  Clock::time_point since;  // send: when the oldest unfinished request was posted
+  Clock::time_point since;            // send: when the oldest unfinished request was posted
   std::atomic<uint64_t> moved{0};
 };
 
-NetProxy::NetProxy(std::unique_ptr<Net> net, ProxyMemory* memory, uint64_t group,
+NetProxy::NetProxy(std::unique_ptr<Net> net, uint64_t group,
                    std::vector<ProxyConnection> connections, std::vector<std::string> endpoints,
                    std::function<std::string(int)> rankString, double timeoutSeconds,
                    std::function<void(const std::string&)> onFailure)
     : net_(std::move(net)),
-      mem_(memory),
       group_(group),
       endpoints_(std::move(endpoints)),
       rankString_(std::move(rankString)),
@@ -69,16 +48,12 @@ NetProxy::NetProxy(std::unique_ptr<Net> net, ProxyMemory* memory, uint64_t group
     auto link = std::make_unique<Link>();
     link->c = c;
     link->peer = rankString_(c.remote);
-    for (int p = 0; p < kProxyProtocols; ++p) {
-      link->maxStep = std::max(link->maxStep, c.fifo.stepBytes[p]);
-    }
     links_.push_back(std::move(link));
   }
 }
 
 NetProxy::~NetProxy() {
   Stop();
-  for (auto& lk : links_) mem_->FreeStaging(lk->staging);
 }
 
 Status NetProxy::Connect(Clock::time_point deadline) {
@@ -86,14 +61,7 @@ Status NetProxy::Connect(Clock::time_point deadline) {
   Status opened = Open(deadline);
   // The counters persist across launches: start where the FIFOs stand.
   for (auto& lk : links_) {
-    if (!opened.ok()) break;
-    StatusOr<uint64_t> at = mem_->Read(lk->c.send ? lk->c.fifo.head : lk->c.fifo.tail);
-    if (!at.ok()) {
-      opened = at.status();
-      break;
-    }
-    lk->posted = lk->done = at.value();
-    if (!lk->c.send) lk->delivered = at.value();
+    lk->posted = lk->done = LoadAcquire(lk->c.send ? lk->c.fifo.head : lk->c.fifo.tail);
   }
   if (!opened.ok()) {
     // The connections made so far are reset, so their peers fail too instead of taking an
@@ -114,10 +82,8 @@ Status NetProxy::Open(Clock::time_point deadline) {
     const ProxyConnection& c = lk->c;
     JR_REQUIRE(c.fifo.tail != nullptr && c.fifo.head != nullptr && (!c.send || c.fifo.info),
                Code::kInternal, "jax_rccl: network proxy connection without its FIFO");
-    for (int p = 0; p < kProxyProtocols; ++p) {
-      JR_REQUIRE(c.fifo.stepBytes[p] == 0 || c.fifo.slots[p] != nullptr, Code::kInternal,
-                 "jax_rccl: network proxy connection without its slots");
-    }
+    JR_REQUIRE(c.fifo.slots != nullptr && c.fifo.slotBytes > 0, Code::kInternal,
+               "jax_rccl: network proxy connection without its slots");
     JR_REQUIRE(c.remote >= 0 && size_t(c.remote) < endpoints_.size(), Code::kInternal,
                "jax_rccl: network proxy connection to rank ", c.remote, " without an endpoint");
     JR_CHECK(net_->Listen(NetKey{group_, c.channel, c.remote, c.local}));
@@ -146,7 +112,6 @@ Status NetProxy::Open(Clock::time_point deadline) {
               "; to rank ", lk->c.local, ")");
     }
     JR_ASSIGN_OR_RETURN(lk->comm, std::move(comm));
-    JR_ASSIGN_OR_RETURN(lk->staging, mem_->AllocStaging(size_t(lk->maxStep) * kSteps));
   }
   return Status::Ok();
 }
@@ -222,14 +187,14 @@ bool NetProxy::ProgressSend(Link& lk, Clock::time_point now) {
     const uint64_t info = LoadAcquire(&c.fifo.info[slot]);
     const int p = ProxyStepProtocol(info);
     const uint64_t bytes = ProxyStepBytes(info);
-    if (p >= kProxyProtocols || bytes > uint64_t(c.fifo.stepBytes[p])) {
+    if (p >= kProxyProtocols || bytes > uint64_t(c.fifo.slotBytes)) {
       return FailLink(lk, detail::StrCat("jax_rccl: rank ", c.local, " posted step ", lk.posted,
                                          " with protocol ", p, " and ", bytes,
                                          " bytes, which its FIFO cannot hold"));
     }
     NetRequest* r = nullptr;
-    Status s = lk.comm->Isend(c.fifo.slots[p] + int64_t(slot) * c.fifo.stepBytes[p], size_t(bytes),
-                              info, nullptr, &r);
+    Status s = lk.comm->Isend(c.fifo.slots + int64_t(slot) * c.fifo.slotBytes, size_t(bytes), info,
+                              nullptr, &r);
     if (!s.ok()) return FailLink(lk, s.message());
     if (r == nullptr) break;
     if (lk.posted == lk.done) lk.since = now;
@@ -247,8 +212,7 @@ bool NetProxy::ProgressSend(Link& lk, Clock::time_point now) {
     lk.since = now;
     bytesMoved_.fetch_add(int64_t(bytes));
     lk.moved.store(lk.done);
-    s = mem_->Post(c.fifo.head, lk.done);
-    if (!s.ok()) return FailLink(lk, s.message());
+    StoreRelease(c.fifo.head, lk.done);
     progressed = true;
   }
   if (lk.done < lk.posted && std::chrono::duration<double>(now - lk.since).count() > timeout_) {
@@ -259,18 +223,23 @@ bool NetProxy::ProgressSend(Link& lk, Clock::time_point now) {
   return progressed;
 }
 
-// One round of a receiving link: keep receives posted into free staging buffers, take the steps
-// that arrived, write them into the slots the kernel freed and post tail. Whether anything moved;
-// false after failing the proxy.
+// One round of a receiving link: keep receives posted into the slots the kernel freed, and post
+// tail for the steps that arrived, in order. Whether anything moved; false after failing the proxy.
 bool NetProxy::ProgressRecv(Link& lk) {
   const ProxyConnection& c = lk.c;
   bool progressed = false;
-  while (lk.posted - lk.delivered < uint64_t(kSteps) &&
+  const uint64_t head = LoadAcquire(c.fifo.head);
+  if (head > lk.done) {
+    return FailLink(lk, detail::StrCat("jax_rccl: rank ", c.local, " consumed ", head,
+                                       " steps of a FIFO the proxy filled with ", lk.done,
+                                       ": was the connection reset?"));
+  }
+  while (lk.posted < head + uint64_t(kSteps) &&
          lk.posted - lk.done < uint64_t(NetComm::kMaxRequests)) {
     const int slot = int(lk.posted % kSteps);
     NetRequest* r = nullptr;
-    Status s = lk.comm->Irecv(lk.staging + int64_t(slot) * lk.maxStep, size_t(lk.maxStep),
-                              nullptr, &r);
+    Status s = lk.comm->Irecv(c.fifo.slots + int64_t(slot) * c.fifo.slotBytes,
+                              size_t(c.fifo.slotBytes), nullptr, &r);
     if (!s.ok()) return FailLink(lk, s.message());
     if (r == nullptr) break;
     lk.requests[slot] = r;
@@ -285,34 +254,16 @@ bool NetProxy::ProgressRecv(Link& lk) {
     if (!complete) break;
     const int p = ProxyStepProtocol(info);
     if (p >= kProxyProtocols || ProxyStepBytes(info) != bytes ||
-        bytes > uint64_t(c.fifo.stepBytes[p])) {
+        bytes > uint64_t(c.fifo.slotBytes)) {
       return FailLink(lk, detail::StrCat("jax_rccl: step ", lk.done, " from ", lk.peer,
                                          " has protocol ", p, " and ", bytes,
                                          " bytes, which this rank's FIFO cannot hold (do the "
                                          "processes run the same build and buffer sizes?)"));
     }
-    lk.infos[lk.done % kSteps] = info;
     ++lk.done;
-    progressed = true;
-  }
-  const uint64_t head = LoadAcquire(c.fifo.head);
-  if (head > lk.delivered) {
-    return FailLink(lk, detail::StrCat("jax_rccl: rank ", c.local, " consumed ", head,
-                                       " steps of a FIFO the proxy filled with ", lk.delivered,
-                                       ": was the connection reset?"));
-  }
-  while (lk.delivered < lk.done && lk.delivered - head < uint64_t(kSteps)) {
-    const int slot = int(lk.delivered % kSteps);
-    const uint64_t info = lk.infos[slot];
-    const int p = ProxyStepProtocol(info);
-    const size_t bytes = size_t(ProxyStepBytes(info));
-    Status s = mem_->Write(c.fifo.slots[p] + int64_t(slot) * c.fifo.stepBytes[p],
-                           lk.staging + int64_t(slot) * lk.maxStep, bytes);
-    if (s.ok()) s = mem_->Post(c.fifo.tail, lk.delivered + 1);
-    if (!s.ok()) return FailLink(lk, s.message());
-    ++lk.delivered;
+    StoreRelease(c.fifo.tail, lk.done);
     bytesMoved_.fetch_add(int64_t(bytes));
-    lk.moved.store(lk.delivered);
+    lk.moved.store(lk.done);
     progressed = true;
   }
   return progressed;

@@ -2,21 +2,21 @@
 // (NCCL's proxy thread, src/proxy.cc, with its net transport's send and receive progress,
 // src/transport/net.cc).
 //
-// The kernel of a rank talks to a rank of another host through FIFOs the proxy serves, laid out
-// as any connection (tail: steps filled; head: steps consumed; kSteps slots per protocol):
-//   send side   the kernel fills the connection's slots in memory the host can read (host-pinned
-//               and mapped into the device), writes the step's protocol and size into the slot's
-//               info word, then posts `tail`. The proxy ships each filled step through the network
+// The kernel of a rank talks to a rank of another host through FIFOs in host memory that the
+// device maps (hip/device_conn.h: ProxyWindowLayout), which the proxy serves (tail: steps filled;
+// head: steps consumed; kSteps slots, each holding a step of any protocol):
+//   send side   the kernel fills a slot, writes the step's protocol and size into the slot's info
+//               word, then posts `tail`. The proxy ships each filled step through the network
 //               interface (net.h) and, once the interface no longer needs the slot, posts `head`
 //               for the kernel, which may then fill the slot again;
-//   recv side   the proxy receives each step (into a staging buffer of its own), waits until the
-//               receiving kernel has freed the step's slot (`head`), writes the step into it and
-//               posts `tail`. The receiving kernel waits for `tail` whatever the protocol: a
-//               copy does not write an LL or LL128 line's flag after its data, so the flags
-//               that a kernel-to-kernel connection relies on say nothing here.
-// Steps of every protocol share the connection's counters; a step's protocol and size travel
-// with it (the message's info word), so the proxy needs no plan: it follows the counters alone,
-// and a graph that replays a launch is served like the launch itself. The plan's proxy ops
+//   recv side   the proxy posts a receive into each slot the receiving kernel has freed (`head`)
+//               and, once the step is in, posts `tail`. The receiving kernel waits for `tail`
+//               whatever the protocol: the network does not write an LL or LL128 line's flag after
+//               its data, so the flags that a kernel-to-kernel connection relies on say nothing
+//               here.
+// Steps of every protocol share the connection's counters and slots; a step's protocol and size
+// travel with it (the message's info word), so the proxy needs no plan: it follows the counters
+// alone, and a graph that replays a launch is served like the launch itself. The plan's proxy ops
 // (planner.h: ProxyOp) say which connections cross hosts and how many steps each launch moves
 // over them; the proxy moves exactly what the kernels post.
 //
@@ -26,10 +26,6 @@
 // runs once, every connection is reset so the peers fail at once naming this rank, and the kernels
 // waiting on the proxy's counters stop with their own timeout or abort. Stop closes in order only
 // connections whose posted steps are all out (the receivers then know nothing more comes).
-//
-// Memory: the proxy reads the send side and the receivers' `head` directly (host-visible memory);
-// it writes slots and counters through ProxyMemory, so that a receive FIFO may live in device
-// memory (the GPU runtime copies into it) or in host memory (HostProxyMemory).
 #pragma once
 
 #include <atomic>
@@ -61,14 +57,13 @@ inline uint64_t ProxyStepBytes(uint64_t info) {
   return info & ((uint64_t(1) << kProxyInfoShift) - 1);
 }
 
-// One direction of a connection as the proxy sees it. `slots[p]`: slot 0 of protocol p, whose
-// kSteps slots of `stepBytes[p]` follow one another.
+// One direction of a connection as the proxy sees it: kSteps slots of `slotBytes` from `slots`.
 struct ProxyFifo {
   uint64_t* tail = nullptr;
   uint64_t* head = nullptr;
   uint64_t* info = nullptr;  // send side: kSteps info words, one per slot (written before tail)
-  char* slots[kProxyProtocols] = {nullptr, nullptr, nullptr};
-  int64_t stepBytes[kProxyProtocols] = {0, 0, 0};
+  char* slots = nullptr;
+  int64_t slotBytes = 0;
 };
 
 // One connection between a local rank and a rank on another host, on one channel.
@@ -80,28 +75,11 @@ struct ProxyConnection {
   ProxyFifo fifo;
 };
 
-// How the proxy writes a receiving FIFO: the data of a step, then the counter that publishes it
-// (a reader that sees the counter sees the data; Write may only start the copy, whose source stays
-// untouched until the Post after it returns).
-class ProxyMemory {
- public:
-  virtual ~ProxyMemory() = default;
-  virtual Status Write(char* dst, const char* src, size_t bytes) = 0;
-  virtual Status Post(uint64_t* counter, uint64_t value) = 0;
-  // The buffers the proxy receives steps into before it writes them (page-locked for a device).
-  virtual StatusOr<char*> AllocStaging(size_t bytes) = 0;
-  virtual void FreeStaging(char* p) = 0;
-  // A counter the proxy posts (Post), read when it connects: the FIFOs persist across launches.
-  virtual StatusOr<uint64_t> Read(const uint64_t* counter) = 0;
-};
-// Host memory: memcpy, then a release store.
-ProxyMemory* HostProxyMemory();
-
 class NetProxy {
  public:
   // `endpoints[r]`: the "host:port" of rank r's process; `rankString` names a rank in messages;
   // `onFailure` runs once, on the proxy's thread, when the proxy fails.
-  NetProxy(std::unique_ptr<Net> net, ProxyMemory* memory, uint64_t group,
+  NetProxy(std::unique_ptr<Net> net, uint64_t group,
            std::vector<ProxyConnection> connections, std::vector<std::string> endpoints,
            std::function<std::string(int)> rankString, double timeoutSeconds,
            std::function<void(const std::string&)> onFailure = nullptr);
@@ -134,7 +112,6 @@ class NetProxy {
   void Fail(const std::string& reason);
 
   std::unique_ptr<Net> net_;
-  ProxyMemory* mem_;
   uint64_t group_;
   std::vector<std::string> endpoints_;
   std::function<std::string(int)> rankString_;

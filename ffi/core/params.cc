@@ -80,6 +80,9 @@ StatusOr<Params> LoadValidParams() {
   }
   if (p.p2p_ll_threshold < 0) return bad("JAX_RCCL_P2P_LL_THRESHOLD", "an integer >= 0");
   if (p.huge_pages != 0 && p.huge_pages != 1) return bad("JAX_RCCL_HUGE_PAGES", "0 or 1");
+  if (p.net_threads < 0 || p.net_threads > 64) {
+    return bad("JAX_RCCL_NET_THREADS", "an integer 0..64 (0: the proxy's own thread)");
+  }
   if (p.check_calls != 0 && p.check_calls != 1) return bad("JAX_RCCL_CHECK_CALLS", "0 or 1");
   for (char& c : p.debug) c = char(std::toupper(static_cast<unsigned char>(c)));
   if (p.debug != "WARN" && p.debug != "INFO" && p.debug != "TRACE") {

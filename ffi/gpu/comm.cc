@@ -153,9 +153,11 @@ Status GpuComm::Init() {
   return Status::Ok();
 }
 
-void GpuComm::SetShared(comm::GroupPlacement placement, std::unique_ptr<comm::ShmGroup> shm) {
+void GpuComm::SetShared(comm::GroupPlacement placement, std::unique_ptr<comm::ShmGroup> shm,
+                        int netThreads) {
   placement_ = std::move(placement);
   shm_ = std::move(shm);
+  netThreads_ = netThreads;
   crossProcess_ = true;
   systemFence_ = true;
   otherHost_.assign(size_t(nRanks()), 0);
@@ -495,7 +497,13 @@ StatusOr<std::vector<std::array<int64_t, 6>>> GpuComm::Counters(int rank) const 
   JR_CHECK(CopyToHost(h.data(), rs.region, bytes));
   for (int c = 0; c < geo_.nChannels; ++c) {
     for (int p = 0; p < nRanks(); ++p) {
-      const ConnHeader& x = h[static_cast<size_t>(RegionLayout::ConnIndex(geo_, c, p))];
+      ConnHeader x = h[static_cast<size_t>(RegionLayout::ConnIndex(geo_, c, p))];
+      if (p < int(windows_.size()) && windows_[size_t(p)].host != nullptr) {
+        // A rank of another host: its connection's counters are in its window.
+        if (c >= planTopo_.nChannels) continue;
+        const char* win = static_cast<const char*>(windows_[size_t(p)].host);
+        std::memcpy(&x, win + ProxyWindowLayout::HeaderOffset(c, 1), sizeof(x));
+      }
       out.push_back({c, p, int64_t(x.tail), int64_t(x.head), int64_t(x.pad0[kSendPad]),
                      int64_t(x.pad1[kSendPad])});
     }
@@ -578,7 +586,7 @@ StatusOr<GpuComm*> GetOrCreateComm(const std::vector<int64_t>& devices, const Pa
           placement, g, onHost);
       JR_CHECK(shm->CreateLocal());
     }
-    comm->SetShared(std::move(placement), std::move(shm));
+    comm->SetShared(std::move(placement), std::move(shm), int(params.net_threads));
     if (comm->crossHost()) {
       // At exit the proxies close their connections in order, so that a peer still finishing its
       // last steps sees the end of the data, not a failure.

@@ -83,7 +83,9 @@ class GpuComm {
   Status Init();
   // A group spanning processes: its placement and the segments of its ranks on this host (this
   // process's created; null when every other rank is on another host).
-  void SetShared(comm::GroupPlacement placement, std::unique_ptr<comm::ShmGroup> shm);
+  // `netThreads`: the network interface's helper threads (ranks on other hosts).
+  void SetShared(comm::GroupPlacement placement, std::unique_ptr<comm::ShmGroup> shm,
+                 int netThreads);
   bool shared() const { return crossProcess_; }
   // Some rank is on another host (its steps go through the network proxy).
   bool crossHost() const { return crossHost_; }
@@ -161,8 +163,8 @@ class GpuComm {
   std::vector<uint8_t> otherHost_;  // by rank: on another host than this process
   std::unique_ptr<comm::ShmGroup> shm_;
   // Across hosts (ffi/gpu/comm_net.cc): by rank, the window of a rank of another host; the proxy.
+  int netThreads_ = 0;
   std::vector<Mapped> windows_;
-  std::unique_ptr<comm::ProxyMemory> proxyMemory_;
   std::unique_ptr<comm::NetProxy> proxy_;
   std::atomic<comm::NetProxy*> liveProxy_{nullptr};  // proxy_ once connected (Fail reads it)
 

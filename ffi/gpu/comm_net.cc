@@ -1,16 +1,15 @@
 // GPU communicators across hosts (ffi/gpu/comm.h): the records the ranks trade over the network,
 // the windows of the ranks of other hosts and the network proxy that serves them.
 //
-// For rank `me` of this process and a rank `r` of another host, on every channel c the plan may
+// For rank `me` of this process and a rank `r` of another host, r's window (host memory the device
+// maps, hip/device_conn.h: ProxyWindowLayout) holds both directions of every channel the plan may
 // use (the agreed count):
-//   me -> r   the kernel fills its send slots in r's window (host memory the device maps), writes
-//             each step's info word and posts tail there; the proxy ships the step and posts the
-//             head it freed into me's region (SendHeadMine, device memory, by a copy);
-//   r -> me   the proxy receives r's step, waits until me's kernel freed the slot (the head the
-//             kernel reports in r's window), copies the step into me's region (the connection
-//             r -> me, device memory) and posts tail there.
-// hip/device_conn.h: ProxyWindowLayout lays the window out; hip/kernel_piece.h reads the bit that
-// marks r's entry of the region table.
+//   me -> r   the kernel fills a slot of direction 0, writes the step's info word and posts tail;
+//             the proxy ships the step and posts the head it freed (direction 1's pad1[kSendPad],
+//             where the kernel looks for room, as in its own region for a peer of this host);
+//   r -> me   the proxy receives r's step into a slot of direction 1 the kernel freed (the head the
+//             kernel reports in direction 0's pad1[kSendPad]) and posts tail there.
+// The proxy never touches device memory.
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -28,40 +27,6 @@ namespace {
 // channels, all below it).
 constexpr int kRecordChannel = (1 << 24) - 1;
 
-// The proxy writes the receiving FIFOs and the senders' heads in device memory by copies on a
-// stream of its own: a step's data, then its counter from a page-locked word, waited for.
-class DeviceProxyMemory final : public comm::ProxyMemory {
- public:
-  explicit DeviceProxyMemory(int ordinal) : copies_(ordinal) {}
-  ~DeviceProxyMemory() override { PinnedFree(word_); }
-  Status Write(char* dst, const char* src, size_t bytes) override {
-    return copies_.ToDevice(dst, src, int64_t(bytes));
-  }
-  Status Post(uint64_t* counter, uint64_t value) override {
-    if (word_ == nullptr) {
-      JR_ASSIGN_OR_RETURN(void* w, PinnedAlloc(sizeof(uint64_t)));
-      word_ = static_cast<uint64_t*>(w);
-    }
-    *word_ = value;  // the last copy from it was waited for
-    JR_CHECK(copies_.ToDevice(counter, word_, sizeof(uint64_t)));
-    return copies_.Wait();
-  }
-  StatusOr<uint64_t> Read(const uint64_t* counter) override {
-    uint64_t v = 0;
-    JR_CHECK(copies_.ToHost(&v, counter, sizeof(v)));
-    return v;
-  }
-  StatusOr<char*> AllocStaging(size_t bytes) override {
-    JR_ASSIGN_OR_RETURN(void* p, PinnedAlloc(int64_t(bytes)));
-    return static_cast<char*>(p);
-  }
-  void FreeStaging(char* p) override { PinnedFree(p); }
-
- private:
-  CopyStream copies_;
-  uint64_t* word_ = nullptr;
-};
-
 uint64_t NetGroup(const std::vector<int64_t>& devices) {
   uint64_t h = 0x452821e638d01377ull;
   for (int64_t d : devices) h = comm::HashMix(h, static_cast<uint64_t>(d));
@@ -74,7 +39,7 @@ Status GpuComm::ExchangeRecords(int rank, const std::string& who, comm::Clock::t
                                 std::vector<GpuRecord>* recs) {
   const int n = nRanks();
   const uint64_t group = NetGroup(devices_);
-  if (net_ == nullptr) net_ = comm::MakeSocketNet(placement_.session, placement_.thisProcess);
+  if (net_ == nullptr) net_ = comm::MakeSocketNet(placement_.session, placement_.thisProcess, netThreads_);
   struct Peer {
     int rank;
     std::unique_ptr<comm::NetComm> send, recv;
@@ -148,7 +113,7 @@ Status GpuComm::ExchangeRecords(int rank, const std::string& who, comm::Clock::t
 Status GpuComm::ConnectHosts(int rank, const std::string& who, comm::Clock::time_point deadline) {
   const int n = nRanks();
   const int channels = planTopo_.nChannels;
-  char* region = static_cast<char*>(ranks_[size_t(rank)].region);
+  const int64_t slotBytes = ProxyWindowLayout::SlotBytes(geo_);
   windows_.resize(size_t(n));
   std::vector<comm::ProxyConnection> conns;
   for (int r = 0; r < n; ++r) {
@@ -165,36 +130,35 @@ Status GpuComm::ConnectHosts(int rank, const std::string& who, comm::Clock::time
     }
     char* win = static_cast<char*>(windows_[size_t(r)].host);
     for (int c = 0; c < channels; ++c) {
-      auto* wh = reinterpret_cast<ConnHeader*>(win + ProxyWindowLayout::HeaderOffset(geo_, c));
-      auto* own = reinterpret_cast<ConnHeader*>(region + RegionLayout::HeaderOffset(geo_, c, r));
+      auto* out = reinterpret_cast<ConnHeader*>(win + ProxyWindowLayout::HeaderOffset(c, 0));
+      auto* in = reinterpret_cast<ConnHeader*>(win + ProxyWindowLayout::HeaderOffset(c, 1));
       comm::ProxyConnection send;
       send.channel = c;
       send.local = rank;
       send.remote = r;
       send.send = true;
-      send.fifo.tail = &wh->tail;
-      send.fifo.info = &wh->pad0[0];
-      send.fifo.head = &own->pad1[kSendPad];  // SendHeadMine, device memory
+      send.fifo.tail = &out->tail;
+      send.fifo.info = &out->pad0[0];
+      send.fifo.head = &in->pad1[kSendPad];  // where the kernel looks for room (SendHeadMine)
+      send.fifo.slots = win + ProxyWindowLayout::SlotOffset(geo_, c, 0, 0);
+      send.fifo.slotBytes = slotBytes;
       comm::ProxyConnection recv = send;
       recv.send = false;
       recv.fifo.info = nullptr;
-      recv.fifo.tail = &own->tail;  // device memory
-      recv.fifo.head = &wh->pad1[kSendPad];
-      for (int p = 0; p < kNumProtocols; ++p) {
-        send.fifo.slots[p] = win + ProxyWindowLayout::SlotOffset(geo_, c, p, 0);
-        recv.fifo.slots[p] = region + RegionLayout::SlotOffset(geo_, c, r, p, 0);
-        send.fifo.stepBytes[p] = recv.fifo.stepBytes[p] = geo_.stepBytes[p];
-      }
+      recv.fifo.tail = &in->tail;
+      recv.fifo.head = &out->pad1[kSendPad];  // where the kernel reports it (HeadAtSender)
+      recv.fifo.slots = win + ProxyWindowLayout::SlotOffset(geo_, c, 1, 0);
       conns.push_back(send);
       conns.push_back(recv);
     }
   }
-  if (net_ == nullptr) net_ = comm::MakeSocketNet(placement_.session, placement_.thisProcess);
-  proxyMemory_ = std::make_unique<DeviceProxyMemory>(ordinal(rank));
+  if (net_ == nullptr) {
+    net_ = comm::MakeSocketNet(placement_.session, placement_.thisProcess, netThreads_);
+  }
   auto rankText = [this](int r) { return RankText(r); };
   proxy_ = std::make_unique<comm::NetProxy>(
-      std::move(net_), proxyMemory_.get(), NetGroup(devices_), std::move(conns),
-      placement_.endpoint, rankText, timeout_, [this, who](const std::string& reason) {
+      std::move(net_), NetGroup(devices_), std::move(conns), placement_.endpoint, rankText, timeout_,
+      [this, who](const std::string& reason) {
         (void)Fail(Status(Code::kTimeout,
                           detail::StrCat("jax_rccl '", who, "': GPU group ", groupText_, ": ",
                                          reason, "; the communicator is unusable from now on")));

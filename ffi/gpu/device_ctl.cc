@@ -100,61 +100,6 @@ Status CopyAsync(void* dst, const void* src, int64_t bytes, void* stream) {
   return Status::Ok();
 }
 
-CopyStream::~CopyStream() {
-  if (stream_ != nullptr) (void)hipStreamDestroy(static_cast<hipStream_t>(stream_));
-}
-
-Status CopyStream::Issue(void* dst, const void* src, int64_t bytes, bool toDevice) {
-  // A capture XLA runs on another thread must not forbid these copies (they are on no stream it
-  // records).
-  RelaxedCapture relaxed;
-  JR_CHECK(EnsureDevice(ordinal_));
-  if (stream_ == nullptr) {
-    hipStream_t s = nullptr;
-    const hipError_t err = hipStreamCreateWithFlags(&s, hipStreamNonBlocking);
-    JR_REQUIRE(err == hipSuccess, Code::kSystem, "creating a copy stream on GPU ", ordinal_, ": ",
-               hipGetErrorString(err));
-    stream_ = s;
-  }
-  const hipError_t err =
-      hipMemcpyAsync(dst, src, size_t(bytes),
-                     toDevice ? hipMemcpyHostToDevice : hipMemcpyDeviceToHost,
-                     static_cast<hipStream_t>(stream_));
-  JR_REQUIRE(err == hipSuccess, Code::kSystem, "copying ", bytes, " bytes ",
-             toDevice ? "to" : "from", " GPU ", ordinal_, ": ", hipGetErrorString(err));
-  return Status::Ok();
-}
-
-Status CopyStream::Wait() {
-  if (stream_ == nullptr) return Status::Ok();
-  RelaxedCapture relaxed;
-  const hipError_t err = hipStreamSynchronize(static_cast<hipStream_t>(stream_));
-  JR_REQUIRE(err == hipSuccess, Code::kSystem, "copies to and from GPU ", ordinal_, ": ",
-             hipGetErrorString(err));
-  return Status::Ok();
-}
-
-Status CopyStream::ToDevice(void* dst, const void* src, int64_t bytes) {
-  return Issue(dst, src, bytes, true);
-}
-
-Status CopyStream::ToHost(void* dst, const void* src, int64_t bytes) {
-  JR_CHECK(Issue(dst, src, bytes, false));
-  return Wait();
-}
-
-StatusOr<void*> PinnedAlloc(int64_t bytes) {
-  void* p = nullptr;
-  const hipError_t err = hipHostMalloc(&p, size_t(bytes), 0);
-  JR_REQUIRE(err == hipSuccess, Code::kSystem, "allocating ", bytes,
-             " bytes of page-locked host memory: ", hipGetErrorString(err));
-  return p;
-}
-
-void PinnedFree(void* p) {
-  if (p != nullptr) (void)hipHostFree(p);
-}
-
 StatusOr<int> DeviceCount() {
   int n = 0;
   const hipError_t err = hipGetDeviceCount(&n);

@@ -54,31 +54,6 @@ Status MemsetAsync(void* dst, int64_t bytes, void* stream);
 // stream operation).
 Status CopyAsync(void* dst, const void* src, int64_t bytes, void* stream);
 
-// Copies between host memory and device `ordinal` in the order they are issued, on a
-// non-blocking stream of its own: for a host thread (the network proxy) that must neither wait for
-// nor be ordered behind the kernels on XLA's streams. Not thread-safe: one thread uses it.
-class CopyStream {
- public:
-  explicit CopyStream(int ordinal) : ordinal_(ordinal) {}
-  ~CopyStream();
-  CopyStream(const CopyStream&) = delete;
-  CopyStream& operator=(const CopyStream&) = delete;
-  // Issued, not waited for: `src` must stay as it is until the next Wait.
-  Status ToDevice(void* dst, const void* src, int64_t bytes);
-  // Issued and waited for, with every copy before it.
-  Status ToHost(void* dst, const void* src, int64_t bytes);
-  Status Wait();
-
- private:
-  Status Issue(void* dst, const void* src, int64_t bytes, bool toDevice);
-  int ordinal_;
-  void* stream_ = nullptr;
-};
-
-// Page-locked host memory (a copy from it to a device runs without staging).
-StatusOr<void*> PinnedAlloc(int64_t bytes);
-void PinnedFree(void* p);
-
 // How many devices this process sees.
 StatusOr<int> DeviceCount();
 

@@ -39,7 +39,7 @@ struct StandInFifo {
   alignas(64) uint64_t tail = 0;
   alignas(64) uint64_t head = 0;
   uint64_t info[kSteps] = {};
-  std::vector<char> data;  // kSteps slots of each protocol, protocol after protocol
+  std::vector<char> data;  // kSteps slots of the largest step, for steps of any protocol
 };
 
 // A connection's steps, in order: the protocol of each.
@@ -48,8 +48,7 @@ struct StandInConn {
   bool send = false;
   std::vector<int> protocols;
   StandInFifo fifo;
-  char* slots[kProxyProtocols] = {};  // slot 0 of each protocol in fifo.data
-  uint64_t next = 0;                  // the stand-in's next step
+  uint64_t next = 0;  // the stand-in's next step
 };
 
 uint64_t Word(int channel, int from, int to, uint64_t step, int64_t i) {
@@ -71,10 +70,11 @@ nb::dict RunNetProxy(const std::string& session, int process, uint64_t group,
                      const std::vector<std::string>& endpoints,
                      const std::vector<int>& host_of_rank, const std::vector<int>& local_ranks,
                      const nb::list& program, const std::vector<int64_t>& step_bytes,
-                     double timeout_s, int64_t stop_after, bool verify) {
+                     double timeout_s, int64_t stop_after, bool verify, int net_threads) {
   Check(step_bytes.size() == size_t(kProxyProtocols), "step_bytes: 3 sizes");
   Check(nb::len(program) == local_ranks.size(), "program: one list per local rank");
   const int nRanks = int(endpoints.size());
+  const int64_t slotBytes = *std::max_element(step_bytes.begin(), step_bytes.end());
   auto rankString = [&](int r) {
     return detail::StrCat("rank ", r, " (host ", host_of_rank[size_t(r)], ")");
   };
@@ -91,9 +91,7 @@ nb::dict RunNetProxy(const std::string& session, int process, uint64_t group,
       slot->local = local;
       slot->remote = remote;
       slot->send = send;
-      int64_t total = 0;
-      for (int64_t b : step_bytes) total += b * kSteps;
-      slot->fifo.data.assign(size_t(total), 0);
+      slot->fifo.data.assign(size_t(slotBytes * kSteps), 0);
     }
     return *slot;
   };
@@ -125,19 +123,13 @@ nb::dict RunNetProxy(const std::string& session, int process, uint64_t group,
     pc.fifo.tail = &c->fifo.tail;
     pc.fifo.head = &c->fifo.head;
     pc.fifo.info = c->fifo.info;
-    char* base = c->fifo.data.data();
-    for (int p = 0; p < kProxyProtocols; ++p) {
-      c->slots[p] = base;
-      pc.fifo.slots[p] = base;
-      pc.fifo.stepBytes[p] = step_bytes[size_t(p)];
-      base += step_bytes[size_t(p)] * kSteps;
-    }
+    pc.fifo.slots = c->fifo.data.data();
+    pc.fifo.slotBytes = slotBytes;
     pcs.push_back(pc);
     order.push_back(c.get());
   }
-  auto proxy = std::make_unique<comm::NetProxy>(comm::MakeSocketNet(session, process),
-                                                comm::HostProxyMemory(), group, pcs, endpoints,
-                                                rankString, timeout_s);
+  auto proxy = std::make_unique<comm::NetProxy>(comm::MakeSocketNet(session, process, net_threads),
+                                                group, pcs, endpoints, rankString, timeout_s);
   const Clock::time_point deadline =
       Clock::now() + std::chrono::microseconds(int64_t(timeout_s * 1e6));
   {
@@ -172,7 +164,7 @@ nb::dict RunNetProxy(const std::string& session, int process, uint64_t group,
               const uint64_t s = c->next;
               const int p = c->protocols[s];
               const int64_t sb = step_bytes[size_t(p)];
-              char* slotPtr = c->slots[p] + int64_t(s % kSteps) * sb;
+              char* slotPtr = f.data.data() + int64_t(s % kSteps) * slotBytes;
               const int from = c->send ? c->local : c->remote, to = c->send ? c->remote : c->local;
               const int64_t n = StepBytes(sb, c->channel, from, s);
               // Data checks off: only the step's first and last words.
@@ -327,7 +319,7 @@ void BindProxy(nb::module_& m) {
   m.def("run_net_proxy", &RunNetProxy, nb::arg("session"), nb::arg("process"), nb::arg("group"),
         nb::arg("endpoints"), nb::arg("host_of_rank"), nb::arg("local_ranks"), nb::arg("program"),
         nb::arg("step_bytes"), nb::arg("timeout_s") = 10.0, nb::arg("stop_after") = -1,
-        nb::arg("verify") = true,
+        nb::arg("verify") = true, nb::arg("net_threads") = 2,
         "Runs the network proxy for this process's ranks `local_ranks` with a host-memory "
         "stand-in for their kernels: `program[i]` lists local rank i's proxy ops (the planner's "
         "dicts: channel, protocol, nsteps, recv_peers, send_peers); every send step carries "
@@ -339,7 +331,8 @@ void BindProxy(nb::module_& m) {
         "stand-in's time from its first step to its last, 'bytes': bytes the proxy moved}. "
         "`stop_after` >= 0: the stand-in stops after that many steps and the call returns {} "
         "with the connections left open (fault tests). `verify` False: only each step's first "
-        "and last words are written and checked (benchmarks).");
+        "and last words are written and checked (benchmarks). `net_threads`: the TCP backend's "
+        "helper threads (JAX_RCCL_NET_THREADS).");
 }
 
 }  // namespace jax_rccl
