@@ -143,6 +143,7 @@ def test_processes_with_one_gpu_each(nprocs, share):
         env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
         env["JAX_RCCL_TIMEOUT"] = "60"
         env["PYTHONFAULTHANDLER"] = "1"  # a crash prints every thread's Python stack
+        env["PYTHONSAFEPATH"] = "1"  # a checkout's source folder never shadows the package
         env.pop("XLA_FLAGS", None)
         procs.append(
             subprocess.Popen(
@@ -325,6 +326,7 @@ def _run_step_processes(
         env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
         env["JAX_RCCL_TIMEOUT"] = "30"
         env["PYTHONFAULTHANDLER"] = "1"
+        env["PYTHONSAFEPATH"] = "1"  # a checkout's source folder never shadows the package
         # Off means off: XLA's default already captures custom calls in command buffers.
         env["XLA_FLAGS"] = _COMMAND_BUFFERS if cb else "--xla_gpu_enable_command_buffer="
         if env_of is not None:
