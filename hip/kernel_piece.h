@@ -44,24 +44,28 @@ __device__ inline char* PeerBase(const KernelArgs& a, int peer) {
 
 __device__ inline ConnHeader* RecvConn(const KernelArgs& a, int ch, int peer) {
   if (PeerProxied(a, peer)) {
-    return reinterpret_cast<ConnHeader*>(PeerBase(a, peer) + ProxyWindowLayout::HeaderOffset(ch, 1));
+    return reinterpret_cast<ConnHeader*>(PeerBase(a, peer) +
+                                         ProxyWindowLayout::HeaderOffset(ch, 1));
   }
   return reinterpret_cast<ConnHeader*>(a.regions[a.rank] +
                                        RegionLayout::HeaderOffset(a.geo, ch, peer));
 }
 __device__ inline ConnHeader* SendConn(const KernelArgs& a, int ch, int peer) {
   if (PeerProxied(a, peer)) {
-    return reinterpret_cast<ConnHeader*>(PeerBase(a, peer) + ProxyWindowLayout::HeaderOffset(ch, 0));
+    return reinterpret_cast<ConnHeader*>(PeerBase(a, peer) +
+                                         ProxyWindowLayout::HeaderOffset(ch, 0));
   }
   return reinterpret_cast<ConnHeader*>(a.regions[peer] +
                                        RegionLayout::HeaderOffset(a.geo, ch, a.rank));
 }
 __device__ inline char* RecvSlot(const KernelArgs& a, int ch, int peer, int proto, uint64_t s) {
-  if (PeerProxied(a, peer)) return PeerBase(a, peer) + ProxyWindowLayout::SlotOffset(a.geo, ch, 1, s);
+  if (PeerProxied(a, peer))
+    return PeerBase(a, peer) + ProxyWindowLayout::SlotOffset(a.geo, ch, 1, s);
   return a.regions[a.rank] + RegionLayout::SlotOffset(a.geo, ch, peer, proto, s);
 }
 __device__ inline char* SendSlot(const KernelArgs& a, int ch, int peer, int proto, uint64_t s) {
-  if (PeerProxied(a, peer)) return PeerBase(a, peer) + ProxyWindowLayout::SlotOffset(a.geo, ch, 0, s);
+  if (PeerProxied(a, peer))
+    return PeerBase(a, peer) + ProxyWindowLayout::SlotOffset(a.geo, ch, 0, s);
   return a.regions[peer] + RegionLayout::SlotOffset(a.geo, ch, a.rank, proto, s);
 }
 

@@ -79,10 +79,9 @@ class NetProxy {
  public:
   // `endpoints[r]`: the "host:port" of rank r's process; `rankString` names a rank in messages;
   // `onFailure` runs once, on the proxy's thread, when the proxy fails.
-  NetProxy(std::unique_ptr<Net> net, uint64_t group,
-           std::vector<ProxyConnection> connections, std::vector<std::string> endpoints,
-           std::function<std::string(int)> rankString, double timeoutSeconds,
-           std::function<void(const std::string&)> onFailure = nullptr);
+  NetProxy(std::unique_ptr<Net> net, uint64_t group, std::vector<ProxyConnection> connections,
+           std::vector<std::string> endpoints, std::function<std::string(int)> rankString,
+           double timeoutSeconds, std::function<void(const std::string&)> onFailure = nullptr);
   ~NetProxy();
   NetProxy(const NetProxy&) = delete;
   NetProxy& operator=(const NetProxy&) = delete;

@@ -43,8 +43,8 @@ namespace jax_rccl {
     "Interfaces the socket listener may bind to, NCCL syntax: prefixes 'eth,ib', '^docker' "      \
     "(exclude), '=eth0' (exact); the first match's address")                                      \
   X(net_threads, "JAX_RCCL_NET_THREADS", Int, 4,                                                  \
-    "Helper threads per GPU communicator across hosts that move its TCP connections' bytes "       \
-    "(NCCL_SOCKET_NTHREADS); 0: the network proxy's thread moves them itself")                     \
+    "Helper threads per GPU communicator across hosts that move its TCP connections' bytes "      \
+    "(NCCL_SOCKET_NTHREADS); 0: the network proxy's thread moves them itself")                    \
   X(hostname, "JAX_RCCL_HOSTNAME", String, "",                                                    \
     "Host name this process gives its peers (processes with the same one share memory); empty: "  \
     "the machine's host name. Tests set it to run one machine's processes as several hosts")

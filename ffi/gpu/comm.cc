@@ -168,10 +168,11 @@ void GpuComm::SetShared(comm::GroupPlacement placement, std::unique_ptr<comm::Sh
 }
 
 std::string GpuComm::RankText(int rank) const {
-  if (!crossProcess_) return detail::StrCat("rank ", rank, " (device ", devices_[size_t(rank)], ")");
+  if (!crossProcess_)
+    return detail::StrCat("rank ", rank, " (device ", devices_[size_t(rank)], ")");
   return detail::StrCat("rank ", rank, " (device ", devices_[size_t(rank)], ", process ",
-                        placement_.process[size_t(rank)], ", host '",
-                        placement_.host[size_t(rank)], "')");
+                        placement_.process[size_t(rank)], ", host '", placement_.host[size_t(rank)],
+                        "')");
 }
 
 Status GpuComm::Fail(Status s) {
@@ -289,9 +290,9 @@ static_assert(kIpcRecordOffset + int64_t(sizeof(IpcRecord)) <= host::RankRegion:
 
 namespace {
 
-// Per physical GPU (GpuRecord::gpu): the most ranks on it any group of this process has seen. A group
-// counts only its own ranks; a later group of fewer ranks on the GPU (one axis of a mesh) still
-// plans for the processes an earlier one saw there.
+// Per physical GPU (GpuRecord::gpu): the most ranks on it any group of this process has seen. A
+// group counts only its own ranks; a later group of fewer ranks on the GPU (one axis of a mesh)
+// still plans for the processes an earlier one saw there.
 std::mutex& SharersMu() {
   static std::mutex* mu = new std::mutex();
   return *mu;
@@ -364,9 +365,8 @@ Status GpuComm::TradeRegions(int rank, const std::string& who) {
       if (missing >= 0) {
         return Status(Code::kTimeout,
                       detail::StrCat("jax_rccl '", who, "': rank ", rank, " of GPU group ",
-                                     groupText_, " waited ", timeout_,
-                                     " s (JAX_RCCL_TIMEOUT) for ", RankText(missing),
-                                     " to publish its connection region"));
+                                     groupText_, " waited ", timeout_, " s (JAX_RCCL_TIMEOUT) for ",
+                                     RankText(missing), " to publish its connection region"));
       }
       return opened;
     }
@@ -375,11 +375,11 @@ Status GpuComm::TradeRegions(int rank, const std::string& who) {
       auto* peerRec = reinterpret_cast<IpcRecord*>(shm_->Region(r) + kIpcRecordOffset);
       while (peerRec->ready.load(std::memory_order_acquire) == 0) {
         if (std::chrono::steady_clock::now() >= deadline || shm_->AnyFailed()) {
-          return Status(Code::kTimeout,
-                        detail::StrCat("jax_rccl '", who, "': rank ", rank, " of GPU group ",
-                                       groupText_, " waited ", timeout_,
-                                       " s (JAX_RCCL_TIMEOUT) for ", RankText(r),
-                                       " to export its connection region"));
+          return Status(
+              Code::kTimeout,
+              detail::StrCat("jax_rccl '", who, "': rank ", rank, " of GPU group ", groupText_,
+                             " waited ", timeout_, " s (JAX_RCCL_TIMEOUT) for ", RankText(r),
+                             " to export its connection region"));
         }
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
       }
@@ -413,13 +413,12 @@ Status GpuComm::TradeRegions(int rank, const std::string& who) {
     for (int q = 0; q < n; ++q) sharers += GpuOf(recs[size_t(q)]) == GpuOf(recs[size_t(r)]) ? 1 : 0;
     if (r == rank) mySharers = sharers;
     const GpuRecord& rec = recs[static_cast<size_t>(r)];
-    StatusOr<int> ch = ResidentChannels(topo_.nChannels, std::max(sharers, rec.knownSharers),
-                                        rec.residentBlocks);
+    StatusOr<int> ch =
+        ResidentChannels(topo_.nChannels, std::max(sharers, rec.knownSharers), rec.residentBlocks);
     if (!ch.ok()) {
-      return Status(ch.status().code(),
-                    detail::StrCat("jax_rccl '", who, "': GPU group ", groupText_, ", ",
-                                   RankText(r), " (GPU ", GpuOf(rec), "): ",
-                                   ch.status().message()));
+      return Status(ch.status().code(), detail::StrCat("jax_rccl '", who, "': GPU group ",
+                                                       groupText_, ", ", RankText(r), " (GPU ",
+                                                       GpuOf(rec), "): ", ch.status().message()));
     }
     channels = std::min(channels, ch.value());
   }
@@ -557,9 +556,9 @@ StatusOr<GpuComm*> GetOrCreateComm(const std::vector<int64_t>& devices, const Pa
     for (size_t r = 0; r < devices.size(); ++r) {
       onHost[r] = placement.host[r] == placement.thisHost ? 1 : 0;
       anyOnHost = anyOnHost || (onHost[r] && !placement.local[r]);
-      JR_REQUIRE(onHost[r] || !placement.endpoint[r].empty(), Code::kUnsupported, "jax_rccl '",
-                 who, "': the GPU group ", ListText(devices), " spans hosts, but device ",
-                 devices[r], " (host '", placement.host[r], "', process ", placement.process[r],
+      JR_REQUIRE(onHost[r] || !placement.endpoint[r].empty(), Code::kUnsupported, "jax_rccl '", who,
+                 "': the GPU group ", ListText(devices), " spans hosts, but device ", devices[r],
+                 " (host '", placement.host[r], "', process ", placement.process[r],
                  ") has no network endpoint (the world table has no 'endpoints')");
     }
     const int nNodes = comm::CountNodes(placement.host);

@@ -39,7 +39,8 @@ Status GpuComm::ExchangeRecords(int rank, const std::string& who, comm::Clock::t
                                 std::vector<GpuRecord>* recs) {
   const int n = nRanks();
   const uint64_t group = NetGroup(devices_);
-  if (net_ == nullptr) net_ = comm::MakeSocketNet(placement_.session, placement_.thisProcess, netThreads_);
+  if (net_ == nullptr)
+    net_ = comm::MakeSocketNet(placement_.session, placement_.thisProcess, netThreads_);
   struct Peer {
     int rank;
     std::unique_ptr<comm::NetComm> send, recv;
@@ -65,18 +66,22 @@ Status GpuComm::ExchangeRecords(int rank, const std::string& who, comm::Clock::t
     StatusOr<std::unique_ptr<comm::NetComm>> c =
         net_->Connect(comm::NetKey{group, kRecordChannel, rank, p.rank},
                       placement_.endpoint[size_t(p.rank)], deadline, RankText(p.rank));
-    if (!c.ok()) return c.status().code() == Code::kTimeout ? timedOut(p.rank, c.status()) : c.status();
+    if (!c.ok())
+      return c.status().code() == Code::kTimeout ? timedOut(p.rank, c.status()) : c.status();
     p.send = c.take();
     JR_CHECK(p.send->Isend(&mine, sizeof(mine), 0, nullptr, &p.sent));
-    JR_REQUIRE(p.sent != nullptr, Code::kInternal, "jax_rccl: a fresh network connection took no send");
+    JR_REQUIRE(p.sent != nullptr, Code::kInternal,
+               "jax_rccl: a fresh network connection took no send");
   }
   for (Peer& p : peers) {
-    StatusOr<std::unique_ptr<comm::NetComm>> c = net_->Accept(
-        comm::NetKey{group, kRecordChannel, p.rank, rank}, deadline, RankText(p.rank));
-    if (!c.ok()) return c.status().code() == Code::kTimeout ? timedOut(p.rank, c.status()) : c.status();
+    StatusOr<std::unique_ptr<comm::NetComm>> c =
+        net_->Accept(comm::NetKey{group, kRecordChannel, p.rank, rank}, deadline, RankText(p.rank));
+    if (!c.ok())
+      return c.status().code() == Code::kTimeout ? timedOut(p.rank, c.status()) : c.status();
     p.recv = c.take();
     JR_CHECK(p.recv->Irecv(&(*recs)[size_t(p.rank)], sizeof(GpuRecord), nullptr, &p.got));
-    JR_REQUIRE(p.got != nullptr, Code::kInternal, "jax_rccl: a fresh network connection took no receive");
+    JR_REQUIRE(p.got != nullptr, Code::kInternal,
+               "jax_rccl: a fresh network connection took no receive");
   }
   for (bool all = false; !all;) {
     all = true;
@@ -157,8 +162,8 @@ Status GpuComm::ConnectHosts(int rank, const std::string& who, comm::Clock::time
   }
   auto rankText = [this](int r) { return RankText(r); };
   proxy_ = std::make_unique<comm::NetProxy>(
-      std::move(net_), NetGroup(devices_), std::move(conns), placement_.endpoint, rankText, timeout_,
-      [this, who](const std::string& reason) {
+      std::move(net_), NetGroup(devices_), std::move(conns), placement_.endpoint, rankText,
+      timeout_, [this, who](const std::string& reason) {
         (void)Fail(Status(Code::kTimeout,
                           detail::StrCat("jax_rccl '", who, "': GPU group ", groupText_, ": ",
                                          reason, "; the communicator is unusable from now on")));
@@ -168,8 +173,8 @@ Status GpuComm::ConnectHosts(int rank, const std::string& who, comm::Clock::time
   std::lock_guard<std::mutex> lock(mu_);
   for (int r = 0; r < n; ++r) {
     if (!otherHost_[size_t(r)] || published_[size_t(r)] != nullptr) continue;
-    published_[size_t(r)] =
-        reinterpret_cast<void*>(reinterpret_cast<uintptr_t>(windows_[size_t(r)].dev) | kProxiedPeer);
+    published_[size_t(r)] = reinterpret_cast<void*>(
+        reinterpret_cast<uintptr_t>(windows_[size_t(r)].dev) | kProxiedPeer);
     ++nPublished_;
   }
   return Status::Ok();
