@@ -662,7 +662,14 @@ __device__ bool DoPiece(const F& fn, const KernelArgs& a, uint64_t deadline, int
                          &sh->cSeen[j]);
       }
     }
-    if (recvTail) __threadfence();
+    if (recvTail) {
+      // A proxied step was written by the host: acquire at system scope.
+      if (P::kTailSignals && !PeerProxied(a, p.recvPeer)) {
+        __threadfence();
+      } else {
+        __threadfence_system();
+      }
+    }
     Trace(a, sh, kTraceReady);
     sh->rs = rs;
     sh->ss = ss;
