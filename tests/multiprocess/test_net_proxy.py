@@ -61,6 +61,7 @@ def worker(args: dict) -> dict:
                 rd["step_bytes"],
                 args["timeout"],
                 args["stop_after"] if p == args.get("faulty", -1) else -1,
+                net_threads=args.get("net_threads", 2),
             )
             out["rounds"].append([list(c) for c in res.get("conns", [])])
         out["seconds"] = time.monotonic() - t0
@@ -209,15 +210,17 @@ def test_one_process_two_fake_hosts_and_several_tasks():
     _check(results, programs)
 
 
-def test_four_hosts_of_one_rank():
-    """Four processes, each its own host: every ring connection crosses hosts."""
+@pytest.mark.parametrize("net_threads", [0, 2], ids=["proxy_pumps", "helper_threads"])
+def test_four_hosts_of_one_rank(net_threads):
+    """Four processes, each its own host: every ring connection crosses hosts; the TCP bytes
+    moved by the proxy's own thread or by helper threads."""
     from jax_rccl.planner import Task
 
     topo = _topology(4, 4)
     programs = _plan_programs(
         [Task("all_reduce", 1 << 18, "float32")], topo, algorithm="ring", protocol="simple"
     )
-    results = _run(topo, programs, [0, 1, 2, 3])
+    results = _run(topo, programs, [0, 1, 2, 3], net_threads=net_threads)
     _check(results, programs)
 
 
