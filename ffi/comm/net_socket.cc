@@ -144,7 +144,13 @@ class SocketComm final : public NetComm {
       fd_ = -1;
       return true;
     }
-    if (!failed_.ok() || !PumpSend().ok()) return false;
+    if (failed_.ok()) {
+      if (Status s = PumpSend(); !s.ok()) failed_ = s;
+    }
+    if (!failed_.ok()) {
+      ResetLocked();  // a failed end cannot close in order: the peer sees it reset
+      return true;
+    }
     for (const auto& r : queue_) {
       if (!r->complete) return false;
     }
@@ -186,11 +192,7 @@ class SocketComm final : public NetComm {
 
   void Abort() override {
     std::lock_guard<std::mutex> lock(mu_);
-    if (fd_ < 0) return;
-    const struct linger reset = {1, 0};
-    setsockopt(fd_, SOL_SOCKET, SO_LINGER, &reset, sizeof(reset));
-    close(fd_);
-    fd_ = -1;
+    ResetLocked();
   }
 
   StatusOr<NetMemory*> RegMr(void*, size_t, NetMemoryType) override {
@@ -232,6 +234,15 @@ class SocketComm final : public NetComm {
   }
 
  private:
+  // Closes the socket so that the peer sees it reset (an error naming this end).
+  void ResetLocked() {
+    if (fd_ < 0) return;
+    const struct linger reset = {1, 0};
+    setsockopt(fd_, SOL_SOCKET, SO_LINGER, &reset, sizeof(reset));
+    close(fd_);
+    fd_ = -1;
+  }
+
   Status Post(char* data, size_t bytes, uint64_t info, NetRequest** request) {
     {
       std::lock_guard<std::mutex> lock(mu_);

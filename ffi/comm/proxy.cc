@@ -133,12 +133,24 @@ void NetProxy::Fail(const std::string& reason) {
   if (onFailure_) onFailure_(reason);
 }
 
+bool NetProxy::SendsDrained() const {
+  for (const auto& lk : links_) {
+    if (lk->c.send && LoadAcquire(lk->c.fifo.tail) != lk->done) return false;
+  }
+  return true;
+}
+
 void NetProxy::Stop() {
+  // The thread first ships every step the kernels posted (a peer may still need them: this
+  // process may be exiting with its last steps in its send slots), within the drain limit.
+  drainUntil_ = Clock::now() +
+                std::chrono::microseconds(int64_t(std::min(timeout_, kStopDrainSeconds) * 1e6));
   stop_.store(true);
   if (thread_.joinable()) thread_.join();
   // In order where every step the kernel posted is out (so the receivers know nothing more
-  // comes), within one shared second; else reset, which the peers report naming this rank.
-  const Clock::time_point until = Clock::now() + std::chrono::seconds(1);
+  // comes: a close header after the data), within the same limit (at least a second); else
+  // reset, which the peers report naming this rank.
+  const Clock::time_point until = std::max(drainUntil_, Clock::now() + std::chrono::seconds(1));
   bool pending = true;
   while (pending) {
     pending = false;
@@ -272,8 +284,9 @@ bool NetProxy::ProgressRecv(Link& lk) {
 void NetProxy::Loop() {
   int idle = 0;
   Clock::time_point lastPoll = Clock::now();
-  while (!stop_.load() && !failed_.load()) {
+  while (!failed_.load()) {
     const Clock::time_point now = Clock::now();
+    if (stop_.load() && (SendsDrained() || now > drainUntil_)) return;
     bool progressed = false;
     for (auto& lk : links_) {
       const uint64_t before = lk->comm->bytesMoved();

@@ -94,7 +94,8 @@ class NetProxy {
   // Fails the proxy from outside (its communicator failed): every connection is reset, so the
   // peers fail at once naming this rank. onFailure runs as for a failure of the proxy's own.
   void Abort(const std::string& reason) { Fail(reason); }
-  // Stops the thread and closes the connections.
+  // Stops the thread once every step the kernels posted is out (within the timeout, at most 10 s)
+  // and closes the connections: in order where every step is out, else reset.
   void Stop();
 
   // Steps each connection moved (in the order given), for tests and statistics.
@@ -108,6 +109,8 @@ class NetProxy {
   bool ProgressSend(Link& link, Clock::time_point now);
   bool ProgressRecv(Link& link);
   bool FailLink(const Link& link, const std::string& what);
+  // Every step the kernels posted on the sending links is out (tested done).
+  bool SendsDrained() const;
   void Fail(const std::string& reason);
 
   std::unique_ptr<Net> net_;
@@ -119,6 +122,8 @@ class NetProxy {
   std::vector<std::unique_ptr<Link>> links_;
   std::thread thread_;
   std::atomic<bool> stop_{false};
+  Clock::time_point drainUntil_;  // written before stop_
+  static constexpr double kStopDrainSeconds = 10.0;
   std::atomic<bool> failed_{false};
   mutable std::mutex mu_;
   std::string reason_;

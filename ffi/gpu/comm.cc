@@ -215,6 +215,13 @@ Status GpuComm::Join(int rank, const std::string& who) {
     rs.joined.store(true, std::memory_order_release);
     return Status::Ok();
   }
+  if (failed_.load(std::memory_order_acquire)) {
+    // A join that failed before (its peers will not trade again): its error, at once.
+    std::lock_guard<std::mutex> lock(mu_);
+    Status s = failure_;
+    JR_STATUS_FRAME_(s);
+    return s;
+  }
   if (rs.region == nullptr) {
     StatusOr<void*> region = AllocRegion(geo_);
     if (!region.ok()) return Fail(region.status());

@@ -165,6 +165,8 @@ class GpuComm {
   // Across hosts (ffi/gpu/comm_net.cc): by rank, the window of a rank of another host; the proxy.
   int netThreads_ = 0;
   std::vector<Mapped> windows_;
+  std::mutex proxyMu_;  // guards proxy_'s assignment against StopProxy (process exit)
+  bool proxiesStopped_ = false;
   std::unique_ptr<comm::NetProxy> proxy_;
   std::atomic<comm::NetProxy*> liveProxy_{nullptr};  // proxy_ once connected (Fail reads it)
 

@@ -96,6 +96,10 @@ Status GpuComm::ExchangeRecords(int rank, const std::string& who, comm::Clock::t
                    sizeof(GpuRecord), " (do the processes run the same build?)");
       }
       all = all && p.sendDone && p.recvDone;
+      if (failed_.load(std::memory_order_acquire)) {
+        std::lock_guard<std::mutex> lock(mu_);
+        return failure_;
+      }
       if (!p.recvDone && comm::Clock::now() > deadline) {
         return timedOut(p.rank, Status(Code::kTimeout, "its record never came"));
       }
@@ -161,15 +165,31 @@ Status GpuComm::ConnectHosts(int rank, const std::string& who, comm::Clock::time
     net_ = comm::MakeSocketNet(placement_.session, placement_.thisProcess, netThreads_);
   }
   auto rankText = [this](int r) { return RankText(r); };
-  proxy_ = std::make_unique<comm::NetProxy>(
+  std::unique_ptr<comm::NetProxy> proxy = std::make_unique<comm::NetProxy>(
       std::move(net_), NetGroup(devices_), std::move(conns), placement_.endpoint, rankText,
       timeout_, [this, who](const std::string& reason) {
         (void)Fail(Status(Code::kTimeout,
                           detail::StrCat("jax_rccl '", who, "': GPU group ", groupText_, ": ",
                                          reason, "; the communicator is unusable from now on")));
       });
-  JR_CHECK(proxy_->Connect(deadline));
-  liveProxy_.store(proxy_.get(), std::memory_order_release);
+  {
+    // Held while connecting: a process that exits meanwhile stops the proxy after it connected.
+    std::lock_guard<std::mutex> lock(proxyMu_);
+    JR_REQUIRE(!proxiesStopped_, Code::kInvalidUsage, "jax_rccl '", who,
+               "': the process is exiting (its network proxies were stopped)");
+    proxy_ = std::move(proxy);
+    JR_CHECK(proxy_->Connect(deadline));
+    liveProxy_.store(proxy_.get(), std::memory_order_release);
+  }
+  if (failed_.load(std::memory_order_acquire)) {
+    // Failed while connecting: the ranks of other hosts learn it from their connections.
+    std::string why;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      why = failure_.message();
+    }
+    proxy_->Abort(why);
+  }
   std::lock_guard<std::mutex> lock(mu_);
   for (int r = 0; r < n; ++r) {
     if (!otherHost_[size_t(r)] || published_[size_t(r)] != nullptr) continue;
@@ -181,6 +201,8 @@ Status GpuComm::ConnectHosts(int rank, const std::string& who, comm::Clock::time
 }
 
 void GpuComm::StopProxy() {
+  std::lock_guard<std::mutex> lock(proxyMu_);
+  proxiesStopped_ = true;
   if (proxy_ != nullptr) proxy_->Stop();
 }
 

@@ -70,7 +70,8 @@ nb::dict RunNetProxy(const std::string& session, int process, uint64_t group,
                      const std::vector<std::string>& endpoints,
                      const std::vector<int>& host_of_rank, const std::vector<int>& local_ranks,
                      const nb::list& program, const std::vector<int64_t>& step_bytes,
-                     double timeout_s, int64_t stop_after, bool verify, int net_threads) {
+                     double timeout_s, int64_t stop_after, bool verify, int net_threads,
+                     bool drain_wait, int64_t recv_delay_us) {
   Check(step_bytes.size() == size_t(kProxyProtocols), "step_bytes: 3 sizes");
   Check(nb::len(program) == local_ranks.size(), "program: one list per local rank");
   const int nRanks = int(endpoints.size());
@@ -190,6 +191,9 @@ nb::dict RunNetProxy(const std::string& session, int process, uint64_t group,
                     return;
                   }
                 }
+                if (recv_delay_us > 0) {
+                  std::this_thread::sleep_for(std::chrono::microseconds(recv_delay_us));
+                }
                 __atomic_store_n(&f.head, s + 1, __ATOMIC_RELEASE);
               }
               ++c->next;
@@ -239,7 +243,7 @@ nb::dict RunNetProxy(const std::string& session, int process, uint64_t group,
     nb::gil_scoped_release release;
     const Clock::time_point drainBy =
         Clock::now() + std::chrono::microseconds(int64_t(timeout_s * 1e6));
-    while (Clock::now() < drainBy) {
+    while (drain_wait && Clock::now() < drainBy) {
       bool drained = true;
       const std::vector<uint64_t> m = proxy->StepsMoved();
       for (size_t k = 0; k < order.size(); ++k) {
@@ -252,8 +256,8 @@ nb::dict RunNetProxy(const std::string& session, int process, uint64_t group,
   }
   std::string reason;
   if (proxy->Failed(&reason)) ThrowIfError(Status(Code::kSystem, reason));
+  proxy->Stop();  // without drain_wait: Stop itself ships what is still in the slots
   const std::vector<uint64_t> final = proxy->StepsMoved();
-  proxy->Stop();
   nb::list connList;
   for (size_t k = 0; k < order.size(); ++k) {
     const StandInConn& c = *order[k];
@@ -319,7 +323,8 @@ void BindProxy(nb::module_& m) {
   m.def("run_net_proxy", &RunNetProxy, nb::arg("session"), nb::arg("process"), nb::arg("group"),
         nb::arg("endpoints"), nb::arg("host_of_rank"), nb::arg("local_ranks"), nb::arg("program"),
         nb::arg("step_bytes"), nb::arg("timeout_s") = 10.0, nb::arg("stop_after") = -1,
-        nb::arg("verify") = true, nb::arg("net_threads") = 2,
+        nb::arg("verify") = true, nb::arg("net_threads") = 2, nb::arg("drain_wait") = true,
+        nb::arg("recv_delay_us") = 0,
         "Runs the network proxy for this process's ranks `local_ranks` with a host-memory "
         "stand-in for their kernels: `program[i]` lists local rank i's proxy ops (the planner's "
         "dicts: channel, protocol, nsteps, recv_peers, send_peers); every send step carries "
@@ -332,7 +337,9 @@ void BindProxy(nb::module_& m) {
         "`stop_after` >= 0: the stand-in stops after that many steps and the call returns {} "
         "with the connections left open (fault tests). `verify` False: only each step's first "
         "and last words are written and checked (benchmarks). `net_threads`: the TCP backend's "
-        "helper threads (JAX_RCCL_NET_THREADS).");
+        "helper threads (JAX_RCCL_NET_THREADS). `drain_wait` False: stop the proxy as soon as the "
+        "stand-in posted its last step (Stop must ship the rest); `recv_delay_us`: the stand-in "
+        "waits that long before it frees each received step (a slow receiver).");
 }
 
 }  // namespace jax_rccl

@@ -62,6 +62,8 @@ def worker(args: dict) -> dict:
                 args["timeout"],
                 args["stop_after"] if p == args.get("faulty", -1) else -1,
                 net_threads=args.get("net_threads", 2),
+                drain_wait=args.get("drain_wait", True),
+                recv_delay_us=args.get("recv_delay_us", 0),
             )
             out["rounds"].append([list(c) for c in res.get("conns", [])])
         out["seconds"] = time.monotonic() - t0
@@ -221,6 +223,20 @@ def test_four_hosts_of_one_rank(net_threads):
         [Task("all_reduce", 1 << 18, "float32")], topo, algorithm="ring", protocol="simple"
     )
     results = _run(topo, programs, [0, 1, 2, 3], net_threads=net_threads)
+    _check(results, programs)
+
+
+def test_a_sender_that_stops_at_once_still_ships_its_last_steps():
+    """The sending process stops its proxy as soon as its stand-in posted the last step (as at
+    process exit, with steps still in its slots) while the receiver frees each step only after
+    5 ms: Stop ships the rest and closes in order, and the receiver gets every step."""
+    from jax_rccl.planner import Task
+
+    topo = _topology(2, 2)
+    programs = _plan_programs(
+        [Task("broadcast", 1 << 20, "int8", root=0)], topo, algorithm="ring", protocol="simple"
+    )
+    results = _run(topo, programs, [0, 1], drain_wait=False, recv_delay_us=5000)
     _check(results, programs)
 
 
