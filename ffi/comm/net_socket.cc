@@ -7,12 +7,12 @@
 // progress in order: non-blocking writes of the oldest unfinished send, or reads into the oldest
 // posted receive. Helper threads move the bytes (NCCL's socket transport, NCCL_SOCKET_NTHREADS):
 // each connection belongs to one of the network's helpers (JAX_RCCL_NET_THREADS, round robin),
-// which pumps its connections and sleeps in poll() on their sockets and an eventfd that a new
-// request rings; the proxy's Test then only looks. Without helpers, Test pumps. A sending end that
-// closes in order sends a close header after its messages: its receiver then knows nothing more
-// comes (receives posted ahead stay pending, no error). A stream that ends without one (the
-// sender's process died) or is reset (Abort, or an end destroyed without closing in order) is an
-// error naming the sender.
+// which polls the sockets of its connections with requests pending (and an eventfd that a new
+// request rings) and pumps those that are ready; the proxy's Test then only looks. Without helpers,
+// Test pumps. A sending end that closes in order sends a close header after its messages: its
+// receiver then knows nothing more comes (receives posted ahead stay pending, no error). A stream
+// that ends without one (the sender's process died) or is reset (Abort, or an end destroyed without
+// closing in order) is an error naming the sender.
 #include <errno.h>
 #include <poll.h>
 #include <sys/eventfd.h>
@@ -20,6 +20,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstring>
@@ -117,23 +118,22 @@ class SocketComm final : public NetComm {
     Abort();
   }
 
-  // The helper's turn: moves what the socket takes or holds. Whether bytes moved; *events: what
-  // to poll the socket for (0: nothing pending), *fd: the socket.
-  bool Pump(short* events, int* fd) {
+  // What the helper polls this connection's socket for (0: nothing pending), and the socket.
+  short Wants(int* fd) {
     std::lock_guard<std::mutex> lock(mu_);
-    *events = 0;
     *fd = fd_;
-    if (fd_ < 0 || !failed_.ok() || closed_) return false;
-    const uint64_t before = bytesMoved_.load(std::memory_order_relaxed);
-    Status s = send_ ? PumpSend() : PumpRecv();
-    if (!s.ok()) {
-      failed_ = s;
-      return true;
-    }
+    if (fd_ < 0 || !failed_.ok() || closed_) return 0;
     for (const auto& r : queue_) {
-      if (!r->complete) *events = send_ ? POLLOUT : POLLIN;
+      if (!r->complete) return send_ ? POLLOUT : POLLIN;
     }
-    return bytesMoved_.load(std::memory_order_relaxed) != before;
+    return 0;
+  }
+  // The helper's turn, once poll() said the socket is ready: moves what it takes or holds.
+  void Pump() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (fd_ < 0 || !failed_.ok() || closed_) return;
+    Status s = send_ ? PumpSend() : PumpRecv();
+    if (!s.ok()) failed_ = s;
   }
 
   bool CloseInOrder() override {
@@ -356,26 +356,34 @@ class SocketComm final : public NetComm {
 };
 
 void Helper::Loop() {
+  // One poll() over the sockets with requests pending and the eventfd a new request rings, then a
+  // pump of each socket that is ready: no read or write is tried on a socket that is not.
   std::vector<pollfd> fds;
+  std::vector<SocketComm*> who;
   while (!stop_.load()) {
-    bool moved = false;
-    fds.clear();
-    fds.push_back(pollfd{wake_, POLLIN, 0});
+    fds.assign(1, pollfd{wake_, POLLIN, 0});
+    who.assign(1, nullptr);
     {
       std::lock_guard<std::mutex> lock(mu_);
       for (SocketComm* c : comms_) {
-        short events = 0;
         int fd = -1;
-        moved = c->Pump(&events, &fd) || moved;
-        if (events != 0) fds.push_back(pollfd{fd, events, 0});
+        const short events = c->Wants(&fd);
+        if (events == 0) continue;
+        fds.push_back(pollfd{fd, events, 0});
+        who.push_back(c);
       }
     }
-    if (moved) continue;
-    // Nothing moved: sleep until a socket can move bytes or a new request rings.
-    (void)poll(fds.data(), nfds_t(fds.size()), 100);
+    if (poll(fds.data(), nfds_t(fds.size()), 100) <= 0) continue;
     if (fds[0].revents & POLLIN) {
       uint64_t v;
       (void)!read(wake_, &v, sizeof(v));
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t i = 1; i < fds.size(); ++i) {
+      if (fds[i].revents == 0) continue;
+      // Removed while this thread polled: no longer this helper's to touch.
+      if (std::find(comms_.begin(), comms_.end(), who[i]) == comms_.end()) continue;
+      who[i]->Pump();
     }
   }
 }
