@@ -157,7 +157,7 @@ void GpuComm::SetShared(comm::GroupPlacement placement, std::unique_ptr<comm::Sh
                         int netThreads) {
   placement_ = std::move(placement);
   shm_ = std::move(shm);
-  netThreads_ = netThreads;
+
   crossProcess_ = true;
   systemFence_ = true;
   otherHost_.assign(size_t(nRanks()), 0);
@@ -165,6 +165,16 @@ void GpuComm::SetShared(comm::GroupPlacement placement, std::unique_ptr<comm::Sh
     otherHost_[size_t(r)] = placement_.host[size_t(r)] != placement_.thisHost ? 1 : 0;
     crossHost_ = crossHost_ || otherHost_[size_t(r)];
   }
+  // The records' exchange, then the proxy, use it (comm_net.cc).
+  if (crossHost_)
+    net_ = comm::MakeSocketNet(placement_.session, placement_.thisProcess, netThreads);
+}
+
+Status GpuComm::Failure() {
+  std::lock_guard<std::mutex> lock(mu_);
+  Status s = failure_;
+  JR_STATUS_FRAME_(s);
+  return s;
 }
 
 std::string GpuComm::RankText(int rank) const {
@@ -215,13 +225,8 @@ Status GpuComm::Join(int rank, const std::string& who) {
     rs.joined.store(true, std::memory_order_release);
     return Status::Ok();
   }
-  if (failed_.load(std::memory_order_acquire)) {
-    // A join that failed before (its peers will not trade again): its error, at once.
-    std::lock_guard<std::mutex> lock(mu_);
-    Status s = failure_;
-    JR_STATUS_FRAME_(s);
-    return s;
-  }
+  // A join that failed before (its peers will not trade again): its error, at once.
+  if (failed_.load(std::memory_order_acquire)) return Failure();
   if (rs.region == nullptr) {
     StatusOr<void*> region = AllocRegion(geo_);
     if (!region.ok()) return Fail(region.status());
@@ -452,12 +457,7 @@ Status GpuComm::Check(int rank, const std::string& who) {
         Status(Code::kTimeout, detail::StrCat("jax_rccl '", who, "': another process of GPU group ",
                                               groupText_, " reported its communicator failed")));
   }
-  if (failed_.load(std::memory_order_acquire)) {
-    std::lock_guard<std::mutex> lock(mu_);
-    Status s = failure_;
-    JR_STATUS_FRAME_(s);
-    return s;
-  }
+  if (failed_.load(std::memory_order_acquire)) return Failure();
   const volatile DevStatus* st = static_cast<const volatile DevStatus*>(status_.host);
   if (st[rank].code == kDevFine) return Status::Ok();
   // The root cause first: a rank that timed out, else any failed rank.

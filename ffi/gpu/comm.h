@@ -163,7 +163,6 @@ class GpuComm {
   std::vector<uint8_t> otherHost_;  // by rank: on another host than this process
   std::unique_ptr<comm::ShmGroup> shm_;
   // Across hosts (ffi/gpu/comm_net.cc): by rank, the window of a rank of another host; the proxy.
-  int netThreads_ = 0;
   std::vector<Mapped> windows_;
   std::mutex proxyMu_;  // guards proxy_'s assignment against StopProxy (process exit)
   bool proxiesStopped_ = false;
@@ -183,7 +182,9 @@ class GpuComm {
   // The windows of the ranks of other hosts (published_) and the proxy serving them, connected
   // to every such rank's proxy by `deadline` (comm_net.cc).
   Status ConnectHosts(int rank, const std::string& who, comm::Clock::time_point deadline);
-  std::unique_ptr<comm::Net> net_;  // ExchangeRecords's, then the proxy's
+  std::unique_ptr<comm::Net> net_;  // across hosts (SetShared): ExchangeRecords's, then the proxy's
+  // The failure the communicator keeps (after failed_ is set).
+  Status Failure();
 };
 
 // Stops every GPU communicator's network proxy, closing its connections in order where every step

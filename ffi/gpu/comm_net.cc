@@ -39,8 +39,6 @@ Status GpuComm::ExchangeRecords(int rank, const std::string& who, comm::Clock::t
                                 std::vector<GpuRecord>* recs) {
   const int n = nRanks();
   const uint64_t group = NetGroup(devices_);
-  if (net_ == nullptr)
-    net_ = comm::MakeSocketNet(placement_.session, placement_.thisProcess, netThreads_);
   struct Peer {
     int rank;
     std::unique_ptr<comm::NetComm> send, recv;
@@ -96,10 +94,7 @@ Status GpuComm::ExchangeRecords(int rank, const std::string& who, comm::Clock::t
                    sizeof(GpuRecord), " (do the processes run the same build?)");
       }
       all = all && p.sendDone && p.recvDone;
-      if (failed_.load(std::memory_order_acquire)) {
-        std::lock_guard<std::mutex> lock(mu_);
-        return failure_;
-      }
+      if (failed_.load(std::memory_order_acquire)) return Failure();
       if (!p.recvDone && comm::Clock::now() > deadline) {
         return timedOut(p.rank, Status(Code::kTimeout, "its record never came"));
       }
@@ -161,9 +156,6 @@ Status GpuComm::ConnectHosts(int rank, const std::string& who, comm::Clock::time
       conns.push_back(recv);
     }
   }
-  if (net_ == nullptr) {
-    net_ = comm::MakeSocketNet(placement_.session, placement_.thisProcess, netThreads_);
-  }
   auto rankText = [this](int r) { return RankText(r); };
   std::unique_ptr<comm::NetProxy> proxy = std::make_unique<comm::NetProxy>(
       std::move(net_), NetGroup(devices_), std::move(conns), placement_.endpoint, rankText,
@@ -183,12 +175,7 @@ Status GpuComm::ConnectHosts(int rank, const std::string& who, comm::Clock::time
   }
   if (failed_.load(std::memory_order_acquire)) {
     // Failed while connecting: the ranks of other hosts learn it from their connections.
-    std::string why;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      why = failure_.message();
-    }
-    proxy_->Abort(why);
+    proxy_->Abort(Failure().message());
   }
   std::lock_guard<std::mutex> lock(mu_);
   for (int r = 0; r < n; ++r) {
