@@ -123,6 +123,44 @@ __device__ inline void DirectPointers(const WorkElemColl& e, const DevTask& t, c
   }
 }
 
+// kU packs of this thread at pack indices i0, i0 + nt, ...: every one in range (no predicated
+// load or store; see SimplePacks), reduced over the sources into every destination.
+template <int kU, typename F>
+__device__ __forceinline__ void DirectReducePacks(const F& fn, const DirectShared& ds,
+                                                  const DirectShape& s, int64_t i0, int nt) {
+  using T = typename F::Elem;
+  using Tr = ElemTraits<T>;
+  using Acc = typename F::Acc;
+  constexpr int kEpp = 16 / sizeof(T);
+  Acc acc[kU][kEpp];
+  for (int k = 0; k < s.nsrc; ++k) {
+    const uint4* src4 = reinterpret_cast<const uint4*>(ds.src[k]);
+    Pack16<T> v[kU];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) v[u].v = LoadCG(src4 + i0 + int64_t(u) * nt);
+    const F fk(ds.arg[k]);
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+#pragma unroll
+      for (int e = 0; e < kEpp; ++e) {
+        Acc x = Tr::Load(v[u].e[e]);
+        if (F::kHasPreOp) x = fk.PreOp(x);
+        acc[u][e] = k == 0 ? x : fn.Reduce(acc[u][e], x);
+      }
+    }
+  }
+#pragma unroll
+  for (int u = 0; u < kU; ++u) {
+    Pack16<T> r;
+#pragma unroll
+    for (int e = 0; e < kEpp; ++e) {
+      r.e[e] = Tr::Store(F::kHasPostOp ? fn.PostOp(acc[u][e]) : acc[u][e]);
+    }
+    const int64_t i = i0 + int64_t(u) * nt;
+    for (int j = 0; j < s.ndst; ++j) reinterpret_cast<uint4*>(ds.dst[s.d0 + j])[i] = r.v;
+  }
+}
+
 // Reduces sources [0, nsrc) (source k through PreOp with its owner's argument) into destinations
 // [d0, d0 + ndst) (through PostOp); 16-byte packs when every pointer allows.
 template <typename F>
@@ -137,40 +175,14 @@ __device__ void DirectReduceLoop(const F& fn, const DirectShared& ds, const Dire
   for (int j = 0; j < s.ndst; ++j) mis |= uintptr_t(ds.dst[s.d0 + j]);
   const int64_t n = s.n;
   const int64_t nPacks = (mis & 15) == 0 ? n / kEpp : 0;
-  // kUnroll packs per thread: each source's kUnroll loads are in flight together.
-  for (int64_t base = tid; base < nPacks; base += int64_t(kUnroll) * nt) {
-    Acc acc[kUnroll][kEpp];
-    for (int k = 0; k < s.nsrc; ++k) {
-      const uint4* src4 = reinterpret_cast<const uint4*>(ds.src[k]);
-      Pack16<T> v[kUnroll];
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int64_t i = base + int64_t(u) * nt;
-        v[u].v = i < nPacks ? LoadCG(src4 + i) : make_uint4(0, 0, 0, 0);
-      }
-      const F fk(ds.arg[k]);
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-#pragma unroll
-        for (int e = 0; e < kEpp; ++e) {
-          Acc x = Tr::Load(v[u].e[e]);
-          if (F::kHasPreOp) x = fk.PreOp(x);
-          acc[u][e] = k == 0 ? x : fn.Reduce(acc[u][e], x);
-        }
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t i = base + int64_t(u) * nt;
-      if (i >= nPacks) continue;
-      Pack16<T> r;
-#pragma unroll
-      for (int e = 0; e < kEpp; ++e) {
-        r.e[e] = Tr::Store(F::kHasPostOp ? fn.PostOp(acc[u][e]) : acc[u][e]);
-      }
-      for (int j = 0; j < s.ndst; ++j) reinterpret_cast<uint4*>(ds.dst[s.d0 + j])[i] = r.v;
-    }
+  // Whole groups of kUnroll packs (each source's kUnroll loads in flight together), then one
+  // pack at a time.
+  const int64_t fullEnd = nPacks - int64_t(kUnroll - 1) * nt;
+  int64_t base = tid;
+  for (; base < fullEnd; base += int64_t(kUnroll) * nt) {
+    DirectReducePacks<kUnroll>(fn, ds, s, base, nt);
   }
+  for (; base < nPacks; base += nt) DirectReducePacks<1>(fn, ds, s, base, nt);
   for (int64_t i = nPacks * kEpp + tid; i < n; i += nt) {
     Acc acc = Acc();
     for (int k = 0; k < s.nsrc; ++k) {

@@ -198,6 +198,44 @@ struct PieceIo {
 // instance); Direct's copies inline the body instead: sharing the call with the FIFO programs,
 // ptxas saved more registers around its loop (sm_90: 96 bytes of spills instead of 32) and
 // Direct's all_gather fell from 41-47% to 27-30% of the HBM floor on one H200.
+
+// kU packs of this thread, at pack indices i0, i0 + nt, ...: every one in range, so no load or
+// store is predicated. (A bounds test per pack left the registers of a pack not loaded holding
+// whatever the last group left there: ptxas kept them live across the loop and, in Direct's
+// function, spilled them, one local load and store per pack.)
+template <int kU, typename F, bool kIn, bool kSrc>
+__device__ __forceinline__ void SimplePacks(const F& fn, const PieceIo& io, bool plain, int64_t i0,
+                                            int nt) {
+  using T = typename F::Elem;
+  constexpr int kEpp = 16 / sizeof(T);
+  const uint4* in4 = reinterpret_cast<const uint4*>(io.in);
+  const uint4* src4 = reinterpret_cast<const uint4*>(io.src);
+  uint4* dst4 = reinterpret_cast<uint4*>(io.dst);
+  uint4* out4 = reinterpret_cast<uint4*>(io.out);
+  Pack16<T> a[kU], b[kU];
+#pragma unroll
+  for (int u = 0; u < kU; ++u) {
+    const int64_t i = i0 + int64_t(u) * nt;
+    if (kIn) a[u].v = LoadCG(in4 + i);
+    if (kSrc) b[u].v = LoadCG(src4 + i);
+  }
+#pragma unroll
+  for (int u = 0; u < kU; ++u) {
+    const int64_t i = i0 + int64_t(u) * nt;
+    Pack16<T> r;
+    if (plain) {
+      r.v = kIn ? a[u].v : b[u].v;
+    } else {
+#pragma unroll
+      for (int k = 0; k < kEpp; ++k) {
+        r.e[k] = Combine<F, kIn, kSrc>(fn, a[u].e[k], b[u].e[k], io.pre, io.post);
+      }
+    }
+    if (dst4 != nullptr) dst4[i] = r.v;
+    if (out4 != nullptr) out4[i] = r.v;
+  }
+}
+
 template <typename F, bool kIn, bool kSrc>
 __device__ __forceinline__ void SimpleLoopBody(const F& fn, const PieceIo& io, int64_t n) {
   using T = typename F::Elem;
@@ -208,37 +246,13 @@ __device__ __forceinline__ void SimpleLoopBody(const F& fn, const PieceIo& io, i
   const int64_t nPacks = (mis & 15) == 0 ? n / kEpp : 0;
   const bool plain =
       !(kIn && kSrc) && !(F::kHasPreOp && io.pre && kSrc) && !(F::kHasPostOp && io.post);
-  const uint4* in4 = reinterpret_cast<const uint4*>(io.in);
-  const uint4* src4 = reinterpret_cast<const uint4*>(io.src);
-  uint4* dst4 = reinterpret_cast<uint4*>(io.dst);
-  uint4* out4 = reinterpret_cast<uint4*>(io.out);
-  for (int64_t base = tid; base < nPacks; base += int64_t(kUnroll) * nt) {
-    Pack16<T> a[kUnroll], b[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t i = base + int64_t(u) * nt;
-      if (i < nPacks) {
-        if (kIn) a[u].v = LoadCG(in4 + i);
-        if (kSrc) b[u].v = LoadCG(src4 + i);
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t i = base + int64_t(u) * nt;
-      if (i >= nPacks) continue;
-      Pack16<T> r;
-      if (plain) {
-        r.v = kIn ? a[u].v : b[u].v;
-      } else {
-#pragma unroll
-        for (int k = 0; k < kEpp; ++k) {
-          r.e[k] = Combine<F, kIn, kSrc>(fn, a[u].e[k], b[u].e[k], io.pre, io.post);
-        }
-      }
-      if (dst4 != nullptr) dst4[i] = r.v;
-      if (out4 != nullptr) out4[i] = r.v;
-    }
+  // Whole groups of kUnroll packs (the last pack of a group below nPacks), then one at a time.
+  const int64_t fullEnd = nPacks - int64_t(kUnroll - 1) * nt;
+  int64_t base = tid;
+  for (; base < fullEnd; base += int64_t(kUnroll) * nt) {
+    SimplePacks<kUnroll, F, kIn, kSrc>(fn, io, plain, base, nt);
   }
+  for (; base < nPacks; base += nt) SimplePacks<1, F, kIn, kSrc>(fn, io, plain, base, nt);
   const T* inT = reinterpret_cast<const T*>(io.in);
   const T* srcT = reinterpret_cast<const T*>(io.src);
   T* dstT = reinterpret_cast<T*>(io.dst);
