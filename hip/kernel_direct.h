@@ -132,8 +132,24 @@ __device__ __forceinline__ void DirectReducePacks(const F& fn, const DirectShare
   using Tr = ElemTraits<T>;
   using Acc = typename F::Acc;
   constexpr int kEpp = 16 / sizeof(T);
+  // Source 0 starts the sums (every group has one: nsrc >= 1); the others reduce into them.
   Acc acc[kU][kEpp];
-  for (int k = 0; k < s.nsrc; ++k) {
+  {
+    const uint4* src4 = reinterpret_cast<const uint4*>(ds.src[0]);
+    Pack16<T> v[kU];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) v[u].v = LoadCG(src4 + i0 + int64_t(u) * nt);
+    const F f0(ds.arg[0]);
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+#pragma unroll
+      for (int e = 0; e < kEpp; ++e) {
+        acc[u][e] = Tr::Load(v[u].e[e]);
+        if (F::kHasPreOp) acc[u][e] = f0.PreOp(acc[u][e]);
+      }
+    }
+  }
+  for (int k = 1; k < s.nsrc; ++k) {
     const uint4* src4 = reinterpret_cast<const uint4*>(ds.src[k]);
     Pack16<T> v[kU];
 #pragma unroll
@@ -145,7 +161,7 @@ __device__ __forceinline__ void DirectReducePacks(const F& fn, const DirectShare
       for (int e = 0; e < kEpp; ++e) {
         Acc x = Tr::Load(v[u].e[e]);
         if (F::kHasPreOp) x = fk.PreOp(x);
-        acc[u][e] = k == 0 ? x : fn.Reduce(acc[u][e], x);
+        acc[u][e] = fn.Reduce(acc[u][e], x);
       }
     }
   }
