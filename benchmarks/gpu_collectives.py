@@ -5,8 +5,10 @@ launch of every rank (a host loop, synchronized at the end), algbw and busbw (nc
 definitions), errors (the result checked once against the known answer), and the HBM floor
 measured in the same run: N ranks on one GPU must at least read N·S and write N·S bytes (S the
 per-rank buffer), so floor time = 2·N·S / copy bandwidth; "%floor" = floor time / our time.
-Small sizes are also timed in captured graphs: one collective per graph replayed (``graph us``,
-next to an empty kernel launch and an empty graph replay), and one collective among 20 in one
+Sizes up to --graph-max-bytes are also timed in captured graphs: one collective per graph replayed
+(``graph us``, next to an empty kernel launch and an empty graph replay; ``%floor g`` the floor
+over it: the N launches of one process's host loop stand in for N processes' one launch each, so
+from a few MB the replay is the kernels' own time), and one collective among 20 in one
 graph (``in-graph us``, the latency of a collective inside a program, next to an empty kernel
 among 20 in one graph).
 
@@ -109,8 +111,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"\n## {coll}, {n} ranks on one GPU, float32 sum")
             print(
                 f"{'size(B)':>12} {'count':>11} {'algo':>5} {'proto':>6} {'ch':>3} {'time us':>10} "
-                f"{'algbw':>8} {'busbw':>8} {'%floor':>7} {'graph us':>9} {'in-graph':>9} "
-                f"{'errors':>6}"
+                f"{'algbw':>8} {'busbw':>8} {'%floor':>7} {'graph us':>9} {'%floor g':>8} "
+                f"{'in-graph':>9} {'errors':>6}"
             )
             for size in sizes(parse_size(args.min_bytes), parse_size(args.max_bytes)):
                 # nccl-tests: size is the whole buffer (all_gather: output, reduce_scatter: input).
@@ -135,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
                     f"{nbytes:>12} {count:>11} {summary['algorithm']:>5} "
                     f"{summary['protocol']:>6} {summary['nchannels']:>3} {t:>10.2f} "
                     f"{algbw:>8.2f} {busbw:>8.2f} "
-                    f"{100 * floor_us / t:>6.1f}% {g:>9.2f} {g20:>9.2f} {errors:>6}"
+                    f"{100 * floor_us / t:>6.1f}% {g:>9.2f} {100 * floor_us / g:>7.1f}% "
+                    f"{g20:>9.2f} {errors:>6}"
                 )
                 sys.stdout.flush()
         del h
