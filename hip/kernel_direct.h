@@ -243,6 +243,10 @@ __device__ inline uint64_t PreWord(const F& fn, uint64_t u) {
   return v.u;
 }
 
+// The one-hop path's words of every rank, one per thread (one buffer for every reduction type:
+// a static in the template would take its room once per type).
+__shared__ uint64_t gDirectWords[kMaxLaunchThreads];
+
 template <typename F>
 __device__ __noinline__ bool RunDirectLL(const KernelArgs& a, uint64_t deadline, int ch,
                                          const WorkElemColl& e, const DevTask& t, BlockShared* sh) {
@@ -282,8 +286,11 @@ __device__ __noinline__ bool RunDirectLL(const KernelArgs& a, uint64_t deadline,
   if (tid < n) {
     const int k = tid;
     if (sendTo(k)) {
+      // The tail and the head loaded together (one round trip, not two: the head only grows, so
+      // an early read can only make this wait).
       const uint64_t ss = LoadVolatile64(SendTailMine(a, ch, k));
-      if (ss + 1 > uint64_t(kSteps)) {
+      const uint64_t head = LoadVolatile64(SendHeadMine(a, ch, k));
+      if (ss + 1 > uint64_t(kSteps) && head < ss + 1 - kSteps) {
         uint64_t seen;
         ok = WaitAtLeast(SendHeadMine(a, ch, k), ss + 1 - kSteps, a, deadline, ch, k, false, &seen);
       }
@@ -310,7 +317,40 @@ __device__ __noinline__ bool RunDirectLL(const KernelArgs& a, uint64_t deadline,
   // 3. take the peers' words: reduce them with this rank's own, or copy them into place (after
   // every thread's sends: an in-place output overwrites what they read).
   __syncthreads();
-  if (recvs && reduction) {
+  if (recvs && reduction && int64_t(n) * nWords <= nt) {
+    // Every (rank, word) in a thread of its own: the peers' lines polled at once (one round trip;
+    // polling one peer after another cost one each), then each word reduced in rank order.
+    if (tid < int64_t(n) * nWords) {
+      const int k = int(tid / nWords);
+      const int64_t w = tid - int64_t(k) * nWords;
+      if (k == r) {
+        gDirectWords[tid] = PreWord(fn, LoadWord(srcFor(r) + 8 * w, WordBytes(bytes, w)));
+      } else {  // a reduction's receiver hears from every other rank
+        const uint4* line =
+            reinterpret_cast<const uint4*>(RecvSlot(a, ch, k, ProtoLL::kId, recvStep[k])) + w;
+        ok = PollLine(line, ProtoLL::Flag(recvStep[k]), a, deadline, ch, k, recvStep[k],
+                      &gDirectWords[tid]);
+      }
+    }
+    if (__syncthreads_or(ok ? 0 : 1)) return false;
+    if (tid < nWords) {
+      const int64_t w = tid;
+      Word8<T> v;
+      v.u = gDirectWords[w];
+      Acc acc[kEpw];
+#pragma unroll
+      for (int j = 0; j < kEpw; ++j) acc[j] = Tr::Load(v.e[j]);
+      for (int k = 1; k < n; ++k) {
+        v.u = gDirectWords[int64_t(k) * nWords + w];
+#pragma unroll
+        for (int j = 0; j < kEpw; ++j) acc[j] = fn.Reduce(acc[j], Tr::Load(v.e[j]));
+      }
+      Word8<T> o;
+#pragma unroll
+      for (int j = 0; j < kEpw; ++j) o.e[j] = Tr::Store(F::kHasPostOp ? fn.PostOp(acc[j]) : acc[j]);
+      StoreWord(dstFor(r) + 8 * w, o.u, WordBytes(bytes, w));
+    }
+  } else if (recvs && reduction) {
     for (int64_t w = tid; w < nWords && ok; w += nt) {
       const int wb = WordBytes(bytes, w);
       Acc acc[kEpw];
