@@ -381,7 +381,9 @@ def test_direct(nranks, coll, dtype):
     if not has(dtype):
         pytest.skip(f"{dtype} not in this device build")
     h = get_harness(nranks)
-    for count in (1, 1001, (1 << 20) + 3):
+    # 1 and 77: the one-hop path (a thread per rank and word); 1001: its words one by one at 2
+    # ranks; (1 << 20) + 3: the barriers, whole groups of packs, single packs and an odd tail.
+    for count in (1, 77, 1001, (1 << 20) + 3):
         nin = count * nranks if coll == "reduce_scatter" else count
         xs = inputs_for(dtype, nranks, nin, seed=11)
         task = {"coll": coll, "count": count, "dtype": dtype, "op": "sum", "root": 1}
