@@ -123,11 +123,12 @@ __device__ inline void DirectPointers(const WorkElemColl& e, const DevTask& t, c
   }
 }
 
-// kU packs of this thread at pack indices i0, i0 + nt, ...: every one in range (no predicated
-// load or store; see SimplePacks), reduced over the sources into every destination.
-template <int kU, typename F>
+// kU packs of this thread at pack indices i0, i0 + nt, ... (kBounded: those below nPacks; see
+// SimplePacks), reduced over the sources into every destination.
+template <int kU, bool kBounded, typename F>
 __device__ __forceinline__ void DirectReducePacks(const F& fn, const DirectShared& ds,
-                                                  const DirectShape& s, int64_t i0, int nt) {
+                                                  const DirectShape& s, int64_t i0, int nt,
+                                                  int64_t nPacks) {
   using T = typename F::Elem;
   using Tr = ElemTraits<T>;
   using Acc = typename F::Acc;
@@ -138,7 +139,10 @@ __device__ __forceinline__ void DirectReducePacks(const F& fn, const DirectShare
     const uint4* src4 = reinterpret_cast<const uint4*>(ds.src[0]);
     Pack16<T> v[kU];
 #pragma unroll
-    for (int u = 0; u < kU; ++u) v[u].v = LoadCG(src4 + i0 + int64_t(u) * nt);
+    for (int u = 0; u < kU; ++u) {
+      const int64_t i = i0 + int64_t(u) * nt;
+      v[u].v = !kBounded || i < nPacks ? LoadCG(src4 + i) : make_uint4(0, 0, 0, 0);
+    }
     const F f0(ds.arg[0]);
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
@@ -153,7 +157,10 @@ __device__ __forceinline__ void DirectReducePacks(const F& fn, const DirectShare
     const uint4* src4 = reinterpret_cast<const uint4*>(ds.src[k]);
     Pack16<T> v[kU];
 #pragma unroll
-    for (int u = 0; u < kU; ++u) v[u].v = LoadCG(src4 + i0 + int64_t(u) * nt);
+    for (int u = 0; u < kU; ++u) {
+      const int64_t i = i0 + int64_t(u) * nt;
+      v[u].v = !kBounded || i < nPacks ? LoadCG(src4 + i) : make_uint4(0, 0, 0, 0);
+    }
     const F fk(ds.arg[k]);
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
@@ -173,6 +180,7 @@ __device__ __forceinline__ void DirectReducePacks(const F& fn, const DirectShare
       r.e[e] = Tr::Store(F::kHasPostOp ? fn.PostOp(acc[u][e]) : acc[u][e]);
     }
     const int64_t i = i0 + int64_t(u) * nt;
+    if (kBounded && i >= nPacks) break;
     for (int j = 0; j < s.ndst; ++j) reinterpret_cast<uint4*>(ds.dst[s.d0 + j])[i] = r.v;
   }
 }
@@ -191,14 +199,14 @@ __device__ void DirectReduceLoop(const F& fn, const DirectShared& ds, const Dire
   for (int j = 0; j < s.ndst; ++j) mis |= uintptr_t(ds.dst[s.d0 + j]);
   const int64_t n = s.n;
   const int64_t nPacks = (mis & 15) == 0 ? n / kEpp : 0;
-  // Whole groups of kUnroll packs (each source's kUnroll loads in flight together), then one
-  // pack at a time.
+  // Whole groups of kUnroll packs (each source's kUnroll loads in flight together), then the
+  // part group left.
   const int64_t fullEnd = nPacks - int64_t(kUnroll - 1) * nt;
   int64_t base = tid;
   for (; base < fullEnd; base += int64_t(kUnroll) * nt) {
-    DirectReducePacks<kUnroll>(fn, ds, s, base, nt);
+    DirectReducePacks<kUnroll, false>(fn, ds, s, base, nt, nPacks);
   }
-  for (; base < nPacks; base += nt) DirectReducePacks<1>(fn, ds, s, base, nt);
+  if (base < nPacks) DirectReducePacks<kUnroll, true>(fn, ds, s, base, nt, nPacks);
   for (int64_t i = nPacks * kEpp + tid; i < n; i += nt) {
     Acc acc = Acc();
     for (int k = 0; k < s.nsrc; ++k) {
@@ -470,7 +478,7 @@ __device__ __noinline__ bool RunDirectElem(const KernelArgs& a, uint64_t deadlin
       PieceIo io;
       io.src = ds.src[j];
       io.dst = ds.dst[j];
-      SimpleLoopBody<FuncSum<uint8_t>, false, true>(copyFn, io, s.n);
+      SimpleLoopBody<FuncSum<uint8_t>, false, true, kDirectCopyUnroll>(copyFn, io, s.n);
     }
   } else if (s.n > 0) {
     const F fn(opArg);

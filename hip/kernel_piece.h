@@ -15,7 +15,12 @@ namespace jax_rccl {
 namespace gpu {
 namespace {
 
+// 16-byte packs in flight per thread in the data loops.
 constexpr int kUnroll = 4;
+// Direct's copies (the gathers): a copy's pack needs only its own registers, so twice as many
+// are in flight; one block of 512 threads per multiprocessor then has 64 KiB of loads in flight,
+// what the device's own copy keeps at two blocks each.
+constexpr int kDirectCopyUnroll = 8;
 
 __device__ inline SlotPtrs GetSlot(const KernelArgs& a, uint32_t slot) {
   return a.nSlots <= kInlineSlots ? a.inlineSlots[slot] : a.slotTable[slot];
@@ -199,29 +204,33 @@ struct PieceIo {
 // ptxas saved more registers around its loop (sm_90: 96 bytes of spills instead of 32) and
 // Direct's all_gather fell from 41-47% to 27-30% of the HBM floor on one H200.
 
-// kU packs of this thread, at pack indices i0, i0 + nt, ...: every one in range, so no load or
-// store is predicated. (A bounds test per pack left the registers of a pack not loaded holding
-// whatever the last group left there: ptxas kept them live across the loop and, in Direct's
-// function, spilled them, one local load and store per pack.)
-template <int kU, typename F, bool kIn, bool kSrc>
+// kU packs of this thread, at pack indices i0, i0 + nt, ...; kBounded: only those below nPacks
+// (the last group of a loop; zeros stand for the others). The loops' groups are whole, so none of
+// their loads or stores is predicated: a bounds test per pack inside the loop left a pack's
+// registers holding whatever the last group put there, which ptxas kept live across the loop and,
+// in Direct's function, spilled: one local load and store per pack.
+template <int kU, bool kBounded, typename F, bool kIn, bool kSrc>
 __device__ __forceinline__ void SimplePacks(const F& fn, const PieceIo& io, bool plain, int64_t i0,
-                                            int nt) {
+                                            int nt, int64_t nPacks) {
   using T = typename F::Elem;
   constexpr int kEpp = 16 / sizeof(T);
   const uint4* in4 = reinterpret_cast<const uint4*>(io.in);
   const uint4* src4 = reinterpret_cast<const uint4*>(io.src);
   uint4* dst4 = reinterpret_cast<uint4*>(io.dst);
   uint4* out4 = reinterpret_cast<uint4*>(io.out);
+  const uint4 zero = make_uint4(0, 0, 0, 0);
   Pack16<T> a[kU], b[kU];
 #pragma unroll
   for (int u = 0; u < kU; ++u) {
     const int64_t i = i0 + int64_t(u) * nt;
-    if (kIn) a[u].v = LoadCG(in4 + i);
-    if (kSrc) b[u].v = LoadCG(src4 + i);
+    const bool here = !kBounded || i < nPacks;
+    a[u].v = kIn && here ? LoadCG(in4 + i) : zero;
+    b[u].v = kSrc && here ? LoadCG(src4 + i) : zero;
   }
 #pragma unroll
   for (int u = 0; u < kU; ++u) {
     const int64_t i = i0 + int64_t(u) * nt;
+    if (kBounded && i >= nPacks) break;
     Pack16<T> r;
     if (plain) {
       r.v = kIn ? a[u].v : b[u].v;
@@ -236,7 +245,8 @@ __device__ __forceinline__ void SimplePacks(const F& fn, const PieceIo& io, bool
   }
 }
 
-template <typename F, bool kIn, bool kSrc>
+// kU: packs in flight per thread (kUnroll; Direct's copies take more, see kDirectCopyUnroll).
+template <typename F, bool kIn, bool kSrc, int kU = kUnroll>
 __device__ __forceinline__ void SimpleLoopBody(const F& fn, const PieceIo& io, int64_t n) {
   using T = typename F::Elem;
   constexpr int kEpp = 16 / sizeof(T);
@@ -246,13 +256,13 @@ __device__ __forceinline__ void SimpleLoopBody(const F& fn, const PieceIo& io, i
   const int64_t nPacks = (mis & 15) == 0 ? n / kEpp : 0;
   const bool plain =
       !(kIn && kSrc) && !(F::kHasPreOp && io.pre && kSrc) && !(F::kHasPostOp && io.post);
-  // Whole groups of kUnroll packs (the last pack of a group below nPacks), then one at a time.
-  const int64_t fullEnd = nPacks - int64_t(kUnroll - 1) * nt;
+  // Whole groups of kU packs (the last pack of a group below nPacks), then the part group left.
+  const int64_t fullEnd = nPacks - int64_t(kU - 1) * nt;
   int64_t base = tid;
-  for (; base < fullEnd; base += int64_t(kUnroll) * nt) {
-    SimplePacks<kUnroll, F, kIn, kSrc>(fn, io, plain, base, nt);
+  for (; base < fullEnd; base += int64_t(kU) * nt) {
+    SimplePacks<kU, false, F, kIn, kSrc>(fn, io, plain, base, nt, nPacks);
   }
-  for (; base < nPacks; base += nt) SimplePacks<1, F, kIn, kSrc>(fn, io, plain, base, nt);
+  if (base < nPacks) SimplePacks<kU, true, F, kIn, kSrc>(fn, io, plain, base, nt, nPacks);
   const T* inT = reinterpret_cast<const T*>(io.in);
   const T* srcT = reinterpret_cast<const T*>(io.src);
   T* dstT = reinterpret_cast<T*>(io.dst);
