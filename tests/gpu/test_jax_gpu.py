@@ -164,6 +164,23 @@ def test_grad_through_collectives():
 PREMUL_DTYPES = [np.float32, jnp.bfloat16, np.float16, np.complex64]
 
 
+def _built(dtype) -> bool:
+    """Whether this build's device code reduces over `dtype` (complex: over its parts' type); a
+    development build (JAX_RCCL_DEVICE_QUICK) holds only a few types."""
+    from jax_rccl import _jax_rccl
+
+    d = np.dtype(dtype)
+    if np.issubdtype(d, np.complexfloating):
+        d = np.dtype(np.float32) if d == np.complex64 else np.dtype(np.float64)
+    return bool(_jax_rccl.gpu.has_dtype(d.name))
+
+
+def _skip_unless_built(*dtypes) -> None:
+    missing = [np.dtype(d).name for d in dtypes if not _built(d)]
+    if missing:
+        pytest.skip(f"{', '.join(missing)} not in this device build")
+
+
 def _premul_want(x, s):
     """x * s rounded once to x's type (PreMulSum rounds each product to the element type); s is
     exact in every premul type."""
@@ -178,6 +195,7 @@ def _premul_want(x, s):
 def test_premul_array_on_one_gpu(dtype, size):
     """A per-device premul scalar computed on the device (an array, not a Python number): the
     one-rank plan scales by the value the device holds when the kernel runs."""
+    _skip_unless_built(dtype)
     x = _inputs(dtype, size)
     if np.issubdtype(np.dtype(dtype), np.complexfloating):
         x = x + 1j * _inputs(np.float32, size, seed=1).astype(dtype)
@@ -195,6 +213,7 @@ def test_premul_array_on_one_gpu(dtype, size):
 
 
 def test_premul_array_over_a_pytree_of_mixed_leaves():
+    _skip_unless_built(np.float32, jnp.bfloat16, np.float16)
     tree = {
         "a": _inputs(np.float32, 1001),
         "b": (_inputs(jnp.bfloat16, 17), _inputs(np.float16, 1)),
@@ -461,11 +480,14 @@ _PREMUL_STEP_SCRIPT = textwrap.dedent(
     import jax_rccl
 
     STEPS = int(sys.argv[1])
+    TYPES = json.loads(sys.argv[2])  # the leaf types this build's device code reduces over
     mesh = Mesh(np.array(jax.devices()[:1]), ("i",))
     rng = np.random.default_rng(0)
     ints = lambda: rng.integers(-3, 4, 4099).astype(np.float32)
-    xs = (ints(), ints().astype(jnp.bfloat16), ints().astype(np.float16),
-          (ints() + 1j * ints()).astype(np.complex64))
+    leaf = {"float32": lambda: ints(), "bfloat16": lambda: ints().astype(jnp.bfloat16),
+            "float16": lambda: ints().astype(np.float16),
+            "complex64": lambda: (ints() + 1j * ints()).astype(np.complex64)}
+    xs = tuple(leaf[t]() for t in TYPES)
 
     # The state (step counter, mismatches) is donated, the inputs stay: every buffer keeps its
     # address from step to step, so a captured command buffer is replayed as it is. The premul
@@ -503,8 +525,9 @@ def _run_premul_steps(xla_flags: str, steps: int = 1000) -> dict:
     env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " " + xla_flags).strip()
     env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
     env.setdefault("JAX_RCCL_TIMEOUT", "60")
+    types = [np.dtype(d).name for d in PREMUL_DTYPES if _built(d)]
     proc = subprocess.run(
-        [sys.executable, "-c", _PREMUL_STEP_SCRIPT, str(steps)],
+        [sys.executable, "-c", _PREMUL_STEP_SCRIPT, str(steps), json.dumps(types)],
         env=env,
         capture_output=True,
         text=True,
