@@ -133,16 +133,15 @@ __device__ __forceinline__ void DirectReducePacks(const F& fn, const DirectShare
   using Tr = ElemTraits<T>;
   using Acc = typename F::Acc;
   constexpr int kEpp = 16 / sizeof(T);
-  // Source 0 starts the sums (every group has one: nsrc >= 1); the others reduce into them.
+  // Source 0 starts the sums (every group has one: nsrc >= 1); the others reduce into them. Kept
+  // out of the loop on purpose: a `k == 0 ? x : Reduce(acc, x)` there had ptxas keep the sums in
+  // local memory (32 spill instructions per source in the loop, sm_90).
   Acc acc[kU][kEpp];
   {
     const uint4* src4 = reinterpret_cast<const uint4*>(ds.src[0]);
     Pack16<T> v[kU];
 #pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      const int64_t i = i0 + int64_t(u) * nt;
-      v[u].v = !kBounded || i < nPacks ? LoadCG(src4 + i) : make_uint4(0, 0, 0, 0);
-    }
+    for (int u = 0; u < kU; ++u) v[u].v = LoadPack<kBounded>(src4, i0 + int64_t(u) * nt, nPacks);
     const F f0(ds.arg[0]);
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
@@ -157,10 +156,7 @@ __device__ __forceinline__ void DirectReducePacks(const F& fn, const DirectShare
     const uint4* src4 = reinterpret_cast<const uint4*>(ds.src[k]);
     Pack16<T> v[kU];
 #pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      const int64_t i = i0 + int64_t(u) * nt;
-      v[u].v = !kBounded || i < nPacks ? LoadCG(src4 + i) : make_uint4(0, 0, 0, 0);
-    }
+    for (int u = 0; u < kU; ++u) v[u].v = LoadPack<kBounded>(src4, i0 + int64_t(u) * nt, nPacks);
     const F fk(ds.arg[k]);
 #pragma unroll
     for (int u = 0; u < kU; ++u) {

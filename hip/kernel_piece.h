@@ -198,17 +198,17 @@ struct PieceIo {
   bool post = false;
 };
 
-// Simple: 16-byte packs (when every pointer is 16-byte aligned), kUnroll packs in flight per
-// thread, then the remaining elements one by one. SimpleLoop is its call (one function per
-// instance); Direct's copies inline the body instead: sharing the call with the FIFO programs,
-// ptxas saved more registers around its loop (sm_90: 96 bytes of spills instead of 32) and
-// Direct's all_gather fell from 41-47% to 27-30% of the HBM floor on one H200.
-
 // kU packs of this thread, at pack indices i0, i0 + nt, ...; kBounded: only those below nPacks
 // (the last group of a loop; zeros stand for the others). The loops' groups are whole, so none of
 // their loads or stores is predicated: a bounds test per pack inside the loop left a pack's
 // registers holding whatever the last group put there, which ptxas kept live across the loop and,
 // in Direct's function, spilled: one local load and store per pack.
+// Pack i of p, or zeros where a bounded group runs past nPacks.
+template <bool kBounded>
+__device__ __forceinline__ uint4 LoadPack(const uint4* p, int64_t i, int64_t nPacks) {
+  return !kBounded || i < nPacks ? LoadCG(p + i) : make_uint4(0, 0, 0, 0);
+}
+
 template <int kU, bool kBounded, typename F, bool kIn, bool kSrc>
 __device__ __forceinline__ void SimplePacks(const F& fn, const PieceIo& io, bool plain, int64_t i0,
                                             int nt, int64_t nPacks) {
@@ -218,14 +218,12 @@ __device__ __forceinline__ void SimplePacks(const F& fn, const PieceIo& io, bool
   const uint4* src4 = reinterpret_cast<const uint4*>(io.src);
   uint4* dst4 = reinterpret_cast<uint4*>(io.dst);
   uint4* out4 = reinterpret_cast<uint4*>(io.out);
-  const uint4 zero = make_uint4(0, 0, 0, 0);
   Pack16<T> a[kU], b[kU];
 #pragma unroll
   for (int u = 0; u < kU; ++u) {
     const int64_t i = i0 + int64_t(u) * nt;
-    const bool here = !kBounded || i < nPacks;
-    a[u].v = kIn && here ? LoadCG(in4 + i) : zero;
-    b[u].v = kSrc && here ? LoadCG(src4 + i) : zero;
+    a[u].v = kIn ? LoadPack<kBounded>(in4, i, nPacks) : make_uint4(0, 0, 0, 0);
+    b[u].v = kSrc ? LoadPack<kBounded>(src4, i, nPacks) : make_uint4(0, 0, 0, 0);
   }
 #pragma unroll
   for (int u = 0; u < kU; ++u) {
@@ -245,7 +243,12 @@ __device__ __forceinline__ void SimplePacks(const F& fn, const PieceIo& io, bool
   }
 }
 
-// kU: packs in flight per thread (kUnroll; Direct's copies take more, see kDirectCopyUnroll).
+// Simple: 16-byte packs (when every pointer is 16-byte aligned), kU packs in flight per thread
+// (kUnroll; Direct's copies take kDirectCopyUnroll), then the remaining elements one by one.
+// SimpleLoop is its call (one function per instance); Direct's copies inline the body instead:
+// sharing the call with the FIFO programs, ptxas saved more registers around its loop (sm_90: 96
+// bytes of spills instead of 32) and Direct's all_gather fell from 41-47% to 27-30% of the HBM
+// floor on one H200.
 template <typename F, bool kIn, bool kSrc, int kU = kUnroll>
 __device__ __forceinline__ void SimpleLoopBody(const F& fn, const PieceIo& io, int64_t n) {
   using T = typename F::Elem;

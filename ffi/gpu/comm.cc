@@ -157,7 +157,6 @@ void GpuComm::SetShared(comm::GroupPlacement placement, std::unique_ptr<comm::Sh
                         int netThreads) {
   placement_ = std::move(placement);
   shm_ = std::move(shm);
-
   crossProcess_ = true;
   systemFence_ = true;
   otherHost_.assign(size_t(nRanks()), 0);
