@@ -3,8 +3,11 @@
 For each of all_reduce, all_gather and reduce_scatter, ranks 2/4/8, sizes 8 B .. 1 GiB: time per
 launch of every rank (a host loop, synchronized at the end), algbw and busbw (nccl-tests'
 definitions), errors (the result checked once against the known answer), and the HBM floor
-measured in the same run: N ranks on one GPU must at least read N·S and write N·S bytes (S the
-per-rank buffer), so floor time = 2·N·S / copy bandwidth; "%floor" = floor time / our time.
+measured in the same run: the bytes N ranks on one GPU must at least move through HBM over the
+device copy's bandwidth (read+write), "%floor" = floor time / our time. all_reduce (S the buffer per
+rank): every rank reads S and writes S, 2·N·S; all_gather (S the output per rank): the N outputs
+written, N·S, and every input read once, N·(S/N); reduce_scatter (S the input per rank): the N
+inputs read, N·S, and the outputs written, N·(S/N); so (N+1)·S for either.
 Sizes up to --graph-max-bytes are also timed in captured graphs: one collective per graph replayed
 (``graph us``, next to an empty kernel launch and an empty graph replay; ``%floor g`` the floor
 over it: the N launches of one process's host loop stand in for N processes' one launch each, so
@@ -130,9 +133,10 @@ def main(argv: list[str] | None = None) -> int:
                 nbytes = count * 4 * (n if coll != "all_reduce" else 1)
                 algbw = nbytes / t / 1e3
                 busbw = algbw * BUSBW[coll](n)
-                # Bytes every rank must touch: all_reduce reads S, writes S; gathers write S.
-                per_rank = nbytes * (2 if coll == "all_reduce" else 1)
-                floor_us = n * per_rank / (copy_gbs * 1e3)
+                # Bytes the N ranks must move (module docstring): all_reduce 2·N·S; the
+                # gathers (N+1)·S (N buffers of S, N of S/N).
+                floor_bytes = nbytes * (2 * n if coll == "all_reduce" else n + 1)
+                floor_us = floor_bytes / (copy_gbs * 1e3)
                 print(
                     f"{nbytes:>12} {count:>11} {summary['algorithm']:>5} "
                     f"{summary['protocol']:>6} {summary['nchannels']:>3} {t:>10.2f} "

@@ -2,7 +2,7 @@
 socket bandwidth, measured in the same two processes.
 
     .venv/bin/python -P benchmarks/net_proxy.py [--sizes 1M,4M,16M,64M,256M] [--channels 1,2]
-        [--repeat 3]
+        [--repeat 3] [--net-threads 4]
 
 Two plain Python processes (no JAX), each one rank on its own fake host. Per size S and channel
 count C, each rank's stand-in kernel (``jax_rccl._jax_rccl_testing.run_net_proxy``, verify off:
@@ -104,6 +104,7 @@ def _proxy(native, args, eps, p: int, size: int, channels: int, group: int) -> f
         60.0,
         -1,
         False,
+        args["net_threads"],
     )
     want = {c: n for c, n in enumerate(per) if n > 0}
     for channel, _, _, stand_in, proxy in res["conns"]:
@@ -149,7 +150,12 @@ def main() -> None:
     ap.add_argument("--sizes", default="1M,4M,16M,64M,256M")
     ap.add_argument("--channels", default="1,2")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument(
+        "--net-threads", type=int, default=4, help="helper threads per proxy (JAX_RCCL_NET_THREADS)"
+    )
     a = ap.parse_args()
+    if a.net_threads < 0:
+        ap.error("--net-threads must be >= 0")
     sizes = [parse_size(s) for s in a.sizes.split(",")]
     channels = [int(c) for c in a.channels.split(",")]
     session = uuid.uuid4().hex
@@ -163,6 +169,7 @@ def main() -> None:
                 "sizes": sizes,
                 "channels": channels,
                 "repeat": a.repeat,
+                "net_threads": a.net_threads,
             }
             procs.append(
                 subprocess.Popen(
@@ -179,6 +186,7 @@ def main() -> None:
     res = outs[0]
     print(
         f"2 processes, one rank each on its own fake host, loopback TCP; {os.cpu_count()} cores;"
+        f" {a.net_threads} helper threads per proxy;"
         " GB/s = bytes per direction / time (both directions at once)"
     )
     print(

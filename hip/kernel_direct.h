@@ -16,7 +16,8 @@ namespace {
 //   1. rank r writes its buffers (send, recv, op argument) and then the element's sequence into
 //      its box in every peer k's region, and waits until every peer's box in its own region shows
 //      the same sequence (every input is ready, every output may be written);
-//   2. the block moves the data: reads the peers' inputs in place, writes the outputs;
+//   2. the block moves the data: reads the peers' inputs in place, writes the outputs (all_gather
+//      instead pushes: reads this rank's input once and writes it into every rank's output);
 //   3. rank r posts done (the sequence) into its box in every peer's region and waits for every
 //      peer's done in its own (no rank's buffers are reused while a peer still reads or writes
 //      them).
@@ -46,12 +47,14 @@ __device__ inline ConnHeader* DirectBox(const KernelArgs& a, int ch, int at, int
 
 // What the element moves, the same on every thread: `n` elements (reduce) or bytes (copy) per
 // source; sources [s0, s0 + nsrc) and destinations [d0, d0 + ndst) of DirectShared; copyPairs:
-// copy src[k] -> dst[k] for each source k instead of reducing; `lo`: this rank's first unit of
-// the element's [0, workCount) (all_reduce, reduce).
+// copy src[k] -> dst[k] for each source k instead of reducing; push: copy the one source into
+// every destination (a destination that is the source itself is left alone); `lo`: this rank's
+// first unit of the element's [0, workCount) (all_reduce, reduce).
 struct DirectShape {
   int64_t n = 0, lo = 0;
   int s0 = 0, nsrc = 0, d0 = 0, ndst = 0;
   bool copyPairs = false;
+  bool push = false;
 };
 
 __device__ inline DirectShape DirectShapeOf(const WorkElemColl& e, const DevTask& t, int r, int n) {
@@ -77,9 +80,13 @@ __device__ inline DirectShape DirectShapeOf(const WorkElemColl& e, const DevTask
       s.ndst = 1;
       break;
     case Coll::kAllGather:
+      // Pushed: this rank's input is read once and written into every rank's output (pulling,
+      // every input was read by every rank: twice the HBM traffic of the floor on one device).
       s.n = wc * us;
-      s.copyPairs = true;
-      s.nsrc = n;
+      s.push = true;
+      s.s0 = r;
+      s.nsrc = 1;
+      s.ndst = n;
       break;
     case Coll::kBroadcast:
       s.n = wc * us;
@@ -108,9 +115,9 @@ __device__ inline void DirectPointers(const WorkElemColl& e, const DevTask& t, c
       *src = sendK + (int64_t(r) * count + wo) * us;
       *dst = recvMine + wo * us;
       break;
-    case Coll::kAllGather:
+    case Coll::kAllGather:  // this rank's slice of rank k's output
       *src = sendK + wo * us;
-      *dst = recvMine + (int64_t(k) * count + wo) * us;
+      *dst = recvK + (int64_t(r) * count + wo) * us;
       break;
     case Coll::kBroadcast:
       *src = sendK + wo * us;
@@ -213,6 +220,51 @@ __device__ void DirectReduceLoop(const F& fn, const DirectShared& ds, const Dire
     }
     const T r = Tr::Store(F::kHasPostOp ? fn.PostOp(acc) : acc);
     for (int j = 0; j < s.ndst; ++j) reinterpret_cast<T*>(ds.dst[s.d0 + j])[i] = r;
+  }
+}
+
+// kU packs of this thread at pack indices i0, i0 + nt, ... (kBounded: those below nPacks) of the
+// source, stored into every destination but the source itself.
+template <int kU, bool kBounded>
+__device__ __forceinline__ void DirectPushPacks(const DirectShared& ds, const DirectShape& s,
+                                                const uint4* src4, int64_t i0, int nt,
+                                                int64_t nPacks) {
+  uint4 v[kU];
+#pragma unroll
+  for (int u = 0; u < kU; ++u) v[u] = LoadPack<kBounded>(src4, i0 + int64_t(u) * nt, nPacks);
+  for (int j = s.d0; j < s.d0 + s.ndst; ++j) {
+    uint4* d4 = reinterpret_cast<uint4*>(ds.dst[j]);
+    if (d4 == src4) continue;
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int64_t i = i0 + int64_t(u) * nt;
+      if (kBounded && i >= nPacks) break;
+      d4[i] = v[u];
+    }
+  }
+}
+
+// Copies the s.n bytes of source s0 into destinations [d0, d0 + ndst) (push); 16-byte packs when
+// every pointer allows, kDirectCopyUnroll of them in flight per thread.
+__device__ void DirectPushLoop(const DirectShared& ds, const DirectShape& s) {
+  constexpr int kU = kDirectCopyUnroll;
+  const int tid = threadIdx.x, nt = blockDim.x;
+  const char* src = ds.src[s.s0];
+  uintptr_t mis = uintptr_t(src);
+  for (int j = s.d0; j < s.d0 + s.ndst; ++j) mis |= uintptr_t(ds.dst[j]);
+  const int64_t nPacks = (mis & 15) == 0 ? s.n / 16 : 0;
+  const uint4* src4 = reinterpret_cast<const uint4*>(src);
+  const int64_t fullEnd = nPacks - int64_t(kU - 1) * nt;
+  int64_t base = tid;
+  for (; base < fullEnd; base += int64_t(kU) * nt) {
+    DirectPushPacks<kU, false>(ds, s, src4, base, nt, nPacks);
+  }
+  if (base < nPacks) DirectPushPacks<kU, true>(ds, s, src4, base, nt, nPacks);
+  for (int64_t i = nPacks * 16 + tid; i < s.n; i += nt) {
+    const char c = src[i];
+    for (int j = s.d0; j < s.d0 + s.ndst; ++j) {
+      if (ds.dst[j] != src) ds.dst[j][i] = c;
+    }
   }
 }
 
@@ -467,7 +519,9 @@ __device__ __noinline__ bool RunDirectElem(const KernelArgs& a, uint64_t deadlin
   if (__syncthreads_or(ok ? 0 : 1)) return false;
   Trace(a, sh, kTraceReady);
   // 2. move the data.
-  if (s.copyPairs) {
+  if (s.push) {
+    if (s.n > 0) DirectPushLoop(ds, s);
+  } else if (s.copyPairs) {
     const FuncSum<uint8_t> copyFn(0);
     for (int j = s.s0; j < s.s0 + s.nsrc; ++j) {
       if (ds.src[j] == ds.dst[j] || s.n == 0) continue;
