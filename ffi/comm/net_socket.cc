@@ -8,8 +8,11 @@
 // posted receive. Helper threads move the bytes (NCCL's socket transport, NCCL_SOCKET_NTHREADS):
 // each connection belongs to one of the network's helpers (JAX_RCCL_NET_THREADS, round robin),
 // which polls the sockets of its connections with requests pending (and an eventfd that a new
-// request rings) and pumps those that are ready; the proxy's Test then only looks. Without helpers,
-// Test pumps. A sending end that closes in order sends a close header after its messages: its
+// request rings) and pumps those that are ready; the proxy's Test then only looks, and never waits
+// for a copy in progress (a connection's socket calls run under a lock of their own, not the one
+// its posts and tests take: with one lock, the proxy's single thread stalled on every busy
+// connection in turn, and the steps of all the others waited with it). Without helpers, Test
+// pumps. A sending end that closes in order sends a close header after its messages: its
 // receiver then knows nothing more comes (receives posted ahead stay pending, no error). A stream
 // that ends without one (the sender's process died) or is reset (Abort, or an end destroyed without
 // closing in order) is an error naming the sender.
@@ -128,25 +131,32 @@ class SocketComm final : public NetComm {
     }
     return 0;
   }
-  // The helper's turn, once poll() said the socket is ready: moves what it takes or holds.
+  // The helper's turn once poll() said the socket is ready (or Test's, without helpers): moves
+  // what the socket takes or holds. The socket calls run under io_ only, so the proxy's posts and
+  // tests (mu_) never wait for a copy in progress.
   void Pump() {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (fd_ < 0 || !failed_.ok() || closed_) return;
+    std::lock_guard<std::mutex> io(io_);
     Status s = send_ ? PumpSend() : PumpRecv();
-    if (!s.ok()) failed_ = s;
+    if (!s.ok()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (failed_.ok()) failed_ = s;
+    }
   }
 
   bool CloseInOrder() override {
+    std::lock_guard<std::mutex> io(io_);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (fd_ < 0) return true;
+      if (!send_) {
+        close(fd_);
+        fd_ = -1;
+        return true;
+      }
+    }
+    Status pumped = PumpSend();
     std::lock_guard<std::mutex> lock(mu_);
-    if (fd_ < 0) return true;
-    if (!send_) {
-      close(fd_);
-      fd_ = -1;
-      return true;
-    }
-    if (failed_.ok()) {
-      if (Status s = PumpSend(); !s.ok()) failed_ = s;
-    }
+    if (!pumped.ok() && failed_.ok()) failed_ = pumped;
     if (!failed_.ok()) {
       ResetLocked();  // a failed end cannot close in order: the peer sees it reset
       return true;
@@ -191,6 +201,7 @@ class SocketComm final : public NetComm {
   }
 
   void Abort() override {
+    std::lock_guard<std::mutex> io(io_);
     std::lock_guard<std::mutex> lock(mu_);
     ResetLocked();
   }
@@ -211,12 +222,9 @@ class SocketComm final : public NetComm {
   }
 
   Status Test(NetRequest* request, bool* done, size_t* bytes, uint64_t* info) override {
+    if (helper_ == nullptr) Pump();
     std::lock_guard<std::mutex> lock(mu_);
     *done = false;
-    if (helper_ == nullptr && failed_.ok() && !closed_ && fd_ >= 0) {
-      Status s = send_ ? PumpSend() : PumpRecv();
-      if (!s.ok()) failed_ = s;
-    }
     for (auto it = queue_.begin(); it != queue_.end(); ++it) {
       if (it->get() != request) continue;
       // What completed before a failure is still reported.
@@ -234,7 +242,7 @@ class SocketComm final : public NetComm {
   }
 
  private:
-  // Closes the socket so that the peer sees it reset (an error naming this end).
+  // Closes the socket so that the peer sees it reset (an error naming this end). io_ and mu_ held.
   void ResetLocked() {
     if (fd_ < 0) return;
     const struct linger reset = {1, 0};
@@ -260,91 +268,107 @@ class SocketComm final : public NetComm {
     return Status::Ok();
   }
 
-  // Writes as much of the unfinished sends, oldest first, as the socket takes.
-  Status PumpSend() {
+  // The oldest request not complete (null: none, or the connection is failed, closed or gone);
+  // only the thread holding io_ moves its bytes, so it stays valid after mu_ is released.
+  SocketRequest* Pending() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (fd_ < 0 || !failed_.ok() || closed_) return nullptr;
     for (auto& r : queue_) {
-      if (r->complete) continue;
-      while (r->done < sizeof(MessageHeader) + r->bytes) {
-        struct iovec iov[2];
-        int n = 0;
-        if (r->done < sizeof(MessageHeader)) {
-          iov[n++] = {reinterpret_cast<char*>(&r->header) + r->done,
-                      sizeof(MessageHeader) - r->done};
-          if (r->bytes > 0) iov[n++] = {r->data, r->bytes};
-        } else {
-          iov[n++] = {r->data + (r->done - sizeof(MessageHeader)),
-                      r->bytes - (r->done - sizeof(MessageHeader))};
+      if (!r->complete) return r.get();
+    }
+    return nullptr;
+  }
+
+  // Bytes `n` of request r moved (complete: all of them). io_ held.
+  void Moved(SocketRequest* r, size_t n, bool complete) {
+    std::lock_guard<std::mutex> lock(mu_);
+    r->done += n;
+    bytesMoved_ += uint64_t(n);
+    r->complete = complete;
+  }
+
+  // Writes as much of the unfinished sends, oldest first, as the socket takes. io_ held.
+  Status PumpSend() {
+    while (SocketRequest* r = Pending()) {
+      const size_t total = sizeof(MessageHeader) + r->bytes;
+      struct iovec iov[2];
+      int n = 0;
+      if (r->done < sizeof(MessageHeader)) {
+        iov[n++] = {reinterpret_cast<char*>(&r->header) + r->done, sizeof(MessageHeader) - r->done};
+        if (r->bytes > 0) iov[n++] = {r->data, r->bytes};
+      } else {
+        iov[n++] = {r->data + (r->done - sizeof(MessageHeader)), total - r->done};
+      }
+      struct msghdr msg;
+      std::memset(&msg, 0, sizeof(msg));
+      msg.msg_iov = iov;
+      msg.msg_iovlen = size_t(n);
+      const ssize_t w = sendmsg(fd_, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (w < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return Status::Ok();
+        JR_FAIL(Code::kSystem, "jax_rccl: the network connection to ", peer_,
+                " failed: ", ErrnoText(errno), " (did its process exit?)");
+      }
+      Moved(r, size_t(w), r->done + size_t(w) == total);
+    }
+    return Status::Ok();
+  }
+
+  // Reads into the posted receives, oldest first, as far as data has arrived. io_ held.
+  Status PumpRecv() {
+    while (SocketRequest* r = Pending()) {
+      char* dst;
+      size_t want;
+      if (r->done < sizeof(MessageHeader)) {
+        dst = reinterpret_cast<char*>(&r->header) + r->done;
+        want = sizeof(MessageHeader) - r->done;
+      } else {
+        const size_t got = r->done - sizeof(MessageHeader);
+        dst = r->data + got;
+        want = size_t(r->header.bytes) - got;
+      }
+      size_t n = 0;
+      if (want > 0) {
+        const ssize_t got = recv(fd_, dst, want, MSG_DONTWAIT);
+        if (got == 0) {
+          JR_FAIL(Code::kSystem, "jax_rccl: ", peer_,
+                  " closed its network connection without closing it in order (its process "
+                  "exited or failed)");
         }
-        struct msghdr msg;
-        std::memset(&msg, 0, sizeof(msg));
-        msg.msg_iov = iov;
-        msg.msg_iovlen = size_t(n);
-        const ssize_t w = sendmsg(fd_, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
-        if (w < 0) {
+        if (got < 0) {
           if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return Status::Ok();
-          JR_FAIL(Code::kSystem, "jax_rccl: the network connection to ", peer_,
+          JR_FAIL(Code::kSystem, "jax_rccl: the network connection from ", peer_,
                   " failed: ", ErrnoText(errno), " (did its process exit?)");
         }
-        r->done += size_t(w);
-        bytesMoved_ += uint64_t(w);
+        n = size_t(got);
       }
-      r->complete = true;
-    }
-    return Status::Ok();
-  }
-
-  // Reads into the posted receives, oldest first, as far as data has arrived.
-  Status PumpRecv() {
-    for (auto& r : queue_) {
-      if (r->complete) continue;
-      while (!r->complete) {
-        char* dst;
-        size_t want;
-        if (r->done < sizeof(MessageHeader)) {
-          dst = reinterpret_cast<char*>(&r->header) + r->done;
-          want = sizeof(MessageHeader) - r->done;
-        } else {
-          const size_t got = r->done - sizeof(MessageHeader);
-          dst = r->data + got;
-          want = size_t(r->header.bytes) - got;
-        }
-        if (want > 0) {
-          const ssize_t n = recv(fd_, dst, want, MSG_DONTWAIT);
-          if (n == 0) {
-            JR_FAIL(Code::kSystem, "jax_rccl: ", peer_,
-                    " closed its network connection without closing it in order (its process "
-                    "exited or failed)");
-          }
-          if (n < 0) {
-            if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return Status::Ok();
-            JR_FAIL(Code::kSystem, "jax_rccl: the network connection from ", peer_,
-                    " failed: ", ErrnoText(errno), " (did its process exit?)");
-          }
-          r->done += size_t(n);
+      const size_t done = r->done + n;
+      if (done == sizeof(MessageHeader) && r->done < done) {
+        if (r->header.magic == kNetClose) {
+          // Nothing more comes; the receives posted ahead stay pending.
+          std::lock_guard<std::mutex> lock(mu_);
           bytesMoved_ += uint64_t(n);
+          closed_ = true;
+          return Status::Ok();
         }
-        if (r->done == sizeof(MessageHeader)) {
-          if (r->header.magic == kNetClose) {
-            closed_ = true;  // nothing more comes; the receives posted ahead stay pending
-            r->done = 0;
-            return Status::Ok();
-          }
-          JR_REQUIRE(r->header.magic == kNetMagic, Code::kSystem, "jax_rccl: ", peer_,
-                     " sent a malformed message on its network connection");
-          JR_REQUIRE(r->header.bytes <= r->bytes, Code::kInternal, "jax_rccl: ", peer_, " sent ",
-                     r->header.bytes, " bytes into a receive of ", r->bytes,
-                     " (the two ends disagree on the step size)");
-        }
-        if (r->done >= sizeof(MessageHeader) &&
-            r->done == sizeof(MessageHeader) + size_t(r->header.bytes)) {
-          r->complete = true;
-        }
+        JR_REQUIRE(r->header.magic == kNetMagic, Code::kSystem, "jax_rccl: ", peer_,
+                   " sent a malformed message on its network connection");
+        JR_REQUIRE(r->header.bytes <= r->bytes, Code::kInternal, "jax_rccl: ", peer_, " sent ",
+                   r->header.bytes, " bytes into a receive of ", r->bytes,
+                   " (the two ends disagree on the step size)");
       }
+      Moved(
+          r, n,
+          done >= sizeof(MessageHeader) && done == sizeof(MessageHeader) + size_t(r->header.bytes));
     }
     return Status::Ok();
   }
 
-  std::mutex mu_;  // guards what follows: the proxy posts, tests and closes, the helper pumps
+  // io_: held by the thread moving bytes (the socket calls, a request's `done` before it is
+  // complete) and by whoever closes the socket; taken before mu_. mu_: guards what follows (the
+  // proxy posts, tests and polls under it alone).
+  std::mutex io_;
+  std::mutex mu_;
   int fd_;
   bool send_;
   std::string peer_;
