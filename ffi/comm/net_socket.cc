@@ -177,6 +177,10 @@ class SocketComm final : public NetComm {
   }
 
   Status Poll() override {
+    // A pump in progress sees any failure itself (and a peek beside it could take the stream's
+    // end for a failure just before the pump records the close header it read).
+    std::unique_lock<std::mutex> io(io_, std::try_to_lock);
+    if (!io.owns_lock()) return Status::Ok();
     std::lock_guard<std::mutex> lock(mu_);
     JR_REQUIRE(failed_.ok(), failed_.code(), failed_.message());
     if (fd_ < 0 || closed_) return Status::Ok();
