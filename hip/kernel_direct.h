@@ -8,7 +8,7 @@ namespace jax_rccl {
 namespace gpu {
 namespace {
 
-// ---- Direct (ours): every rank reads its peers' buffers in place ----
+// ---- Direct (ours): ranks read and write each other's buffers in place ----
 //
 // For ranks that can address each other's memory (ranks of one device; devices with peer
 // access). An element runs between two barriers, each one store to every peer and one poll per

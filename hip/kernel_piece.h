@@ -247,8 +247,8 @@ __device__ __forceinline__ void SimplePacks(const F& fn, const PieceIo& io, bool
 // (kUnroll; Direct's copies take kDirectCopyUnroll), then the remaining elements one by one.
 // SimpleLoop is its call (one function per instance); Direct's copies inline the body instead:
 // sharing the call with the FIFO programs, ptxas saved more registers around its loop (sm_90: 96
-// bytes of spills instead of 32) and Direct's all_gather fell from 41-47% to 27-30% of the HBM
-// floor on one H200.
+// bytes of spills instead of 32) and Direct's all_gather (then pairwise copies, as broadcast's
+// still are) fell from 41-47% to 27-30% of the HBM floor on one H200.
 template <typename F, bool kIn, bool kSrc, int kU = kUnroll>
 __device__ __forceinline__ void SimpleLoopBody(const F& fn, const PieceIo& io, int64_t n) {
   using T = typename F::Elem;

@@ -177,15 +177,15 @@ constexpr float kCpuFifoBandwidthFactor = 0.5f;  // two copies per hop instead o
 // that crosses nodes, so the model takes the lower of bwIntra and bwInter there.
 constexpr float kCpuSocketStepUs = 60.0f;
 
-// Direct (ours; only with topology.directPeers on one node): every rank reads its peers' buffers
-// in place, between two barriers of the host runtime (buffers published; peers done). No FIFO,
-// no per-step hand-off: the latency is the two barriers, and the bandwidth is the per-rank memory
-// bandwidth divided by the bytes the busiest rank moves per byte of the operation's size
+// Direct (ours; only with topology.directPeers on one node): ranks read and write each other's
+// buffers in place, between two barriers of the host runtime (buffers published; peers done). No
+// FIFO, no per-step hand-off: the latency is the two barriers, and the bandwidth is the per-rank
+// memory bandwidth divided by the bytes the busiest rank moves per byte of the operation's size
 // (nBytes: count for all_reduce, broadcast and reduce, nRanks * count for all_gather and
 // reduce_scatter):
 //   all_reduce      2      each rank reduces its 1/n sub-slice over the n inputs (reads count)
 //                          and writes it into all n outputs (writes count)
-//   all_gather      1      each rank copies the n inputs into its output (writes n * count)
+//   all_gather      1      each rank copies its input into the n outputs (writes n * count)
 //   reduce_scatter  1      rank r reduces block r over the n inputs (reads n * count)
 //   broadcast       1      each rank copies the root's input (writes count)
 //   reduce          1      rank r reduces sub-slice r over the n inputs into the root's output

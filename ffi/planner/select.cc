@@ -355,7 +355,7 @@ Status GetChannelThreadInfo(const PlanContext& ctx, CollInfo* info) {
 Status GetPatternInfo(CollInfo* info) {
   const bool tree = info->algo == Algo::kTree;
   if (info->algo == Algo::kDirect && IsCostedColl(info->coll)) {
-    info->pattern = Pattern::kDirect;  // every rank reads its peers' buffers in place
+    info->pattern = Pattern::kDirect;  // ranks read and write each other's buffers in place
     return Status::Ok();
   }
   switch (info->coll) {

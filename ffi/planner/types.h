@@ -104,7 +104,7 @@ enum class Pattern : int8_t {
   kTreeDown,
   kTreeUpDown,
   kP2p,     // send/recv
-  kDirect,  // every rank reads its peers' buffers in place
+  kDirect,  // ranks read and write each other's buffers in place
 };
 
 enum class Arch : int8_t {

@@ -377,7 +377,8 @@ def test_timeout_names_the_peer():
 )
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8", "float64"])
 def test_direct(nranks, coll, dtype):
-    """Direct (peers' buffers read in place) for every collective it runs, against numpy."""
+    """Direct (peers' buffers read and written in place) for every collective it runs, against
+    numpy."""
     if not has(dtype):
         pytest.skip(f"{dtype} not in this device build")
     h = get_harness(nranks)
