@@ -67,6 +67,7 @@ struct SocketLink {
   int64_t payloadGot = 0;
   std::string controlIn;             // a control frame's payload being read
   bool dead = false;                 // closed or failed: not polled any more
+  bool sendDead = false;             // a send failed (the peer's end went away): only read now
   bool closedWithoutNotice = false;  // the peer's end closed before any failure notice from it
 };
 
@@ -166,7 +167,7 @@ void SocketLinks::Shutdown(const std::string& reason) {
     {
       std::lock_guard<std::mutex> lock(mu_);
       for (auto& lk : links_) {
-        if (lk->dead) continue;
+        if (lk->dead || lk->sendDead) continue;
         QueueControl(*lk, kFrameFail, text);
         ++queued;
       }
@@ -294,6 +295,7 @@ Status SocketLinks::Connect(Clock::time_point deadline, const std::atomic<bool>*
 
 bool SocketLinks::PumpSend(SocketLink& lk, bool* wantWrite) {
   bool progressed = false;
+  if (lk.sendDead) return false;
   while (true) {
     if (lk.sendDone < 0) {  // start a frame: a control frame first, then the next data step
       {
@@ -354,11 +356,14 @@ bool SocketLinks::PumpSend(SocketLink& lk, bool* wantWrite) {
         return progressed;
       }
       if (errno == EINTR) continue;
-      lk.dead = true;
-      SetFailed(detail::StrCat("the socket to ", rankString_(lk.remote), " at ",
-                               endpoints_[size_t(lk.remote)], " (channel ", lk.channel,
-                               ") failed while sending: ", ErrnoText(errno),
-                               "; the process exited or its communicator failed"));
+      // The peer's end went away. Its process may have failed and sent a notice that is still
+      // unread (on this connection, ahead of the end of its stream, or on another): the receive
+      // side stays read, and the loss is reported as a closed receive is, after a grace period.
+      lk.sendDead = true;
+      PeerGone(lk, detail::StrCat(rankString_(lk.remote), " went away (the socket to it at ",
+                                  endpoints_[size_t(lk.remote)], ", channel ", lk.channel,
+                                  ", failed while sending: ", ErrnoText(errno),
+                                  "; the process exited or its communicator failed)"));
       return progressed;
     }
     lk.sendDone += k;
@@ -377,28 +382,32 @@ bool SocketLinks::PumpSend(SocketLink& lk, bool* wantWrite) {
   }
 }
 
+void SocketLinks::PeerGone(SocketLink& lk, std::string reason) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!noticeFrom_[size_t(lk.remote)]) {
+    // No failure notice came first: the process is gone (a communicator that fails sends one).
+    lk.closedWithoutNotice = true;
+    if (size_t(lk.remote) < answered_.size()) answered_[size_t(lk.remote)] = -1;
+  }
+  if (failed_.load() || !eofReason_.empty()) return;
+  // Reported after a grace period (ProgressLoop): a notice may still come on another connection
+  // of that process.
+  eofAt_ = Clock::now();
+  eofReason_ = std::move(reason);
+}
+
 bool SocketLinks::PumpRecv(SocketLink& lk, bool* wantRead) {
   bool progressed = false;
   const int64_t hdr = sizeof(FrameHeader);
   auto closed = [&](ssize_t k) {
     const int e = errno;
     lk.dead = true;
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!noticeFrom_[size_t(lk.remote)]) {
-      // No failure notice came first: the process is gone (a communicator that fails sends one).
-      lk.closedWithoutNotice = true;
-      if (size_t(lk.remote) < answered_.size()) answered_[size_t(lk.remote)] = -1;
-    }
-    if (failed_.load() || !eofReason_.empty()) return;
-    // Reported after a grace period (ProgressLoop): a notice may still come on another
-    // connection of that process.
-    eofAt_ = Clock::now();
-    eofReason_ = k == 0 ? detail::StrCat(rankString_(lk.remote), " exited (its connection at ",
+    PeerGone(lk, k == 0 ? detail::StrCat(rankString_(lk.remote), " exited (its connection at ",
                                          endpoints_[size_t(lk.remote)], ", channel ", lk.channel,
                                          ", closed without a failure notice)")
                         : detail::StrCat(rankString_(lk.remote), " exited (its connection at ",
                                          endpoints_[size_t(lk.remote)], ", channel ", lk.channel,
-                                         ", failed: ", ErrnoText(e), ")");
+                                         ", failed: ", ErrnoText(e), ")"));
   };
   // Reads into dst[*got, want) without blocking: true once complete; false when the socket has
   // nothing more now (*wantRead) or closed or failed (reported).

@@ -129,6 +129,9 @@ class SocketLinks {
   void ProgressLoop();
   bool PumpSend(SocketLink& link, bool* wantWrite);
   bool PumpRecv(SocketLink& link, bool* wantRead);
+  // A connection of `link`'s peer went away: reported after a grace period unless a failure
+  // notice from that process comes first.
+  void PeerGone(SocketLink& link, std::string reason);
   void SetFailed(const std::string& reason);
   void Wake();
   void QueueControl(SocketLink& link, uint32_t type, const std::string& payload);  // needs mu_
