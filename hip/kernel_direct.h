@@ -337,24 +337,22 @@ __device__ __noinline__ bool RunDirectLL(const KernelArgs& a, uint64_t deadline,
   auto dstFor = [&](int k) {
     return recv + ((coll == Coll::kAllGather ? int64_t(k) * count : 0) + wo) * us;
   };
-  // 1. the steps of every connection this element uses; room to send. The block's first work
-  // finds them loaded at the kernel's start (BlockShared::preValid).
+  // 1. the steps of every connection this element uses; room to send.
   bool ok = true;
-  const bool pre = sh->preValid != 0;
   if (tid < n) {
     const int k = tid;
     if (sendTo(k)) {
       // The tail and the head loaded together (one round trip, not two: the head only grows, so
       // an early read can only make this wait).
-      const uint64_t ss = pre ? sh->preTail[k] : LoadVolatile64(SendTailMine(a, ch, k));
-      const uint64_t head = pre ? sh->preHead[k] : LoadVolatile64(SendHeadMine(a, ch, k));
+      const uint64_t ss = LoadVolatile64(SendTailMine(a, ch, k));
+      const uint64_t head = LoadVolatile64(SendHeadMine(a, ch, k));
       if (ss + 1 > uint64_t(kSteps) && head < ss + 1 - kSteps) {
         uint64_t seen;
         ok = WaitAtLeast(SendHeadMine(a, ch, k), ss + 1 - kSteps, a, deadline, ch, k, false, &seen);
       }
       sendStep[k] = ss;
     }
-    if (recvFrom(k)) recvStep[k] = pre ? sh->preRecv[k] : LoadVolatile64(&RecvConn(a, ch, k)->head);
+    if (recvFrom(k)) recvStep[k] = LoadVolatile64(&RecvConn(a, ch, k)->head);
   }
   if (__syncthreads_or(ok ? 0 : 1)) return false;
   Trace(a, sh, kTraceReady);

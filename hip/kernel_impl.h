@@ -290,17 +290,6 @@ __device__ void CollKernelBody(const KernelArgs& a) {
     sh.nTrace = 0;
   }
   Trace(a, &sh, kTraceStart);
-  // The one-hop path's counters (BlockShared::preValid), loaded by the block's last threads (the
-  // work's copy below takes its first ones), so their round trip overlaps the work's instead of
-  // following it.
-  const bool pre = a.nRanks > 1 && a.nRanks <= kMaxDirectRanks && int(blockDim.x) >= a.nRanks;
-  if (pre && int(blockDim.x - threadIdx.x) <= a.nRanks) {
-    const int k = int(blockDim.x - 1 - threadIdx.x);
-    sh.preTail[k] = LoadVolatile64(SendTailMine(a, bi.channel, k));
-    sh.preHead[k] = LoadVolatile64(SendHeadMine(a, bi.channel, k));
-    sh.preRecv[k] = LoadVolatile64(&RecvConn(a, bi.channel, k)->head);
-  }
-  if (threadIdx.x == 0) sh.preValid = pre ? 1 : 0;
   int wi = bi.firstWork;
   int nCopy = kWorkWords + (tasksShared ? a.nSlots : 0);
   while (true) {
@@ -335,8 +324,6 @@ __device__ void CollKernelBody(const KernelArgs& a) {
     if (!ok) return;
     const bool last = work.header.isLast;
     const int next = work.header.workNext;
-    // A work that ran moved the counters: the next reloads them.
-    if (threadIdx.x == 0) sh.preValid = 0;
     __syncthreads();
     if (last) break;
     wi = next;

@@ -618,12 +618,6 @@ struct BlockShared {
   int cSend[kConnCache];
   uint64_t cStep[kConnCache];  // this block's counter: head (receiving) or tail (sending)
   uint64_t cSeen[kConnCache];  // the peer's counter last seen: tail (receiving) or head (sending)
-  // The counters of this block's channel toward every peer k that Direct's one-hop path waits on
-  // first (the send tail and the head it has seen, the receive head), loaded at the kernel's start
-  // while the work comes in; valid until the block's first work has run (only this block changes
-  // them, or, for the head it has seen, they only grow).
-  int preValid;
-  uint64_t preTail[kMaxDirectRanks], preHead[kMaxDirectRanks], preRecv[kMaxDirectRanks];
 };
 
 // Thread 0 records `event` in the launch's timeline, when the launch has one.
