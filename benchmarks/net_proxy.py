@@ -2,7 +2,7 @@
 socket bandwidth, measured in the same two processes.
 
     .venv/bin/python -P benchmarks/net_proxy.py [--sizes 1M,4M,16M,64M,256M] [--channels 1,2]
-        [--repeat 3] [--net-threads 4]
+        [--repeat 3] [--net-threads 8]
 
 Two plain Python processes (no JAX), each one rank on its own fake host. Per size S and channel
 count C, each rank's stand-in kernel (``jax_rccl._jax_rccl_testing.run_net_proxy``, verify off:
@@ -151,7 +151,7 @@ def main() -> None:
     ap.add_argument("--channels", default="1,2")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument(
-        "--net-threads", type=int, default=4, help="helper threads per proxy (JAX_RCCL_NET_THREADS)"
+        "--net-threads", type=int, default=8, help="helper threads per proxy (JAX_RCCL_NET_THREADS)"
     )
     a = ap.parse_args()
     if a.net_threads < 0:

@@ -83,6 +83,9 @@ StatusOr<Params> LoadValidParams() {
   if (p.net_threads < 0 || p.net_threads > 64) {
     return bad("JAX_RCCL_NET_THREADS", "an integer 0..64 (0: the proxy's own thread)");
   }
+  if (p.net_nchannels < 0 || p.net_nchannels > 64) {
+    return bad("JAX_RCCL_NET_NCHANNELS", "an integer 0..64 (0: no cap)");
+  }
   if (p.check_calls != 0 && p.check_calls != 1) return bad("JAX_RCCL_CHECK_CALLS", "0 or 1");
   for (char& c : p.debug) c = char(std::toupper(static_cast<unsigned char>(c)));
   if (p.debug != "WARN" && p.debug != "INFO" && p.debug != "TRACE") {

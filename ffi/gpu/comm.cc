@@ -154,8 +154,9 @@ Status GpuComm::Init() {
 }
 
 void GpuComm::SetShared(comm::GroupPlacement placement, std::unique_ptr<comm::ShmGroup> shm,
-                        int netThreads) {
+                        int netThreads, int netChannels) {
   placement_ = std::move(placement);
+  netChannels_ = netChannels;
   shm_ = std::move(shm);
   crossProcess_ = true;
   systemFence_ = true;
@@ -348,6 +349,7 @@ StatusOr<GpuRecord> GpuComm::OwnRecord() const {
     rec.knownSharers = it == KnownSharers().end() ? 1 : it->second;
   }
   rec.nChannels = geo_.nChannels;
+  rec.netChannels = netChannels_;
   for (int p = 0; p < kNumProtocols; ++p) rec.stepBytes[p] = geo_.stepBytes[p];
   return rec;
 }
@@ -432,6 +434,10 @@ Status GpuComm::TradeRegions(int rank, const std::string& who) {
                                                        GpuOf(rec), "): ", ch.status().message()));
     }
     channels = std::min(channels, ch.value());
+    // Across hosts every channel is a TCP connection each way per pair of ranks that crosses:
+    // past a few, more connections (and more, smaller steps in flight) lose bandwidth through the
+    // proxy (docs/benchmarks.md, GPU groups across hosts).
+    if (crossHost_ && rec.netChannels > 0) channels = std::min<int>(channels, rec.netChannels);
   }
   {
     std::lock_guard<std::mutex> lock(SharersMu());
@@ -591,7 +597,8 @@ StatusOr<GpuComm*> GetOrCreateComm(const std::vector<int64_t>& devices, const Pa
           placement, g, onHost);
       JR_CHECK(shm->CreateLocal());
     }
-    comm->SetShared(std::move(placement), std::move(shm), int(params.net_threads));
+    comm->SetShared(std::move(placement), std::move(shm), int(params.net_threads),
+                    int(params.net_nchannels));
     if (comm->crossHost()) {
       // At exit the proxies close their connections in order, so that a peer still finishing its
       // last steps sees the end of the data, not a failure.

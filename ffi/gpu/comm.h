@@ -69,7 +69,7 @@ struct GpuRecord {
   int32_t residentBlocks;  // collective blocks that GPU holds at once for the rank's process
   int32_t knownSharers;    // ranks on that GPU in the process's earlier groups (at least 1)
   int32_t nChannels;       // the geometry's
-  int32_t pad;
+  int32_t netChannels;     // the process's cap on the channels of a group across hosts (0: none)
   int64_t stepBytes[kNumProtocols];
 };
 
@@ -83,9 +83,11 @@ class GpuComm {
   Status Init();
   // A group spanning processes: its placement and the segments of its ranks on this host (this
   // process's created; null when every other rank is on another host).
-  // `netThreads`: the network interface's helper threads (ranks on other hosts).
+  // `netThreads`: the network interface's helper threads (ranks on other hosts); `netChannels`:
+  // this process's cap on the group's channels when it spans hosts (0: none; every rank takes the
+  // smallest of the group's).
   void SetShared(comm::GroupPlacement placement, std::unique_ptr<comm::ShmGroup> shm,
-                 int netThreads);
+                 int netThreads, int netChannels);
   bool shared() const { return crossProcess_; }
   // Some rank is on another host (its steps go through the network proxy).
   bool crossHost() const { return crossHost_; }
@@ -161,6 +163,7 @@ class GpuComm {
   bool crossHost_ = false;
   comm::GroupPlacement placement_;
   std::vector<uint8_t> otherHost_;  // by rank: on another host than this process
+  int netChannels_ = 0;             // SetShared's
   std::unique_ptr<comm::ShmGroup> shm_;
   // Across hosts (ffi/gpu/comm_net.cc): by rank, the window of a rank of another host; the proxy.
   std::vector<Mapped> windows_;

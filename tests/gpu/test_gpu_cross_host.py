@@ -68,13 +68,15 @@ def _check_counters(results: list) -> dict:
     """Every connection ends in step: the steps a sender posted (its own region's copy of its send
     tail, kept there also for a receiver on another host) are the receiver's tail (posted by the
     network proxy for a sender on another host) and head. Returns the steps moved, by whether the
-    connection crosses hosts."""
+    connection crosses hosts, and (key "channels across hosts") the channels whose connections
+    across hosts moved any step."""
     hosts = results[0]["host_of_rank"]
     by_rank = {
         r["rank"]: {(c, p): (t, h, st) for c, p, t, h, st, _ in r["counters"]} for r in results
     }
     assert sorted(by_rank) == list(range(len(results)))
     moved = {"across hosts": 0, "same host": 0}
+    channels_across: set = set()
     for s, conns in by_rank.items():
         for (c, p), (_, _, sent) in conns.items():
             if p == s:
@@ -91,7 +93,9 @@ def _check_counters(results: list) -> dict:
                 "all three must be equal once every rank finished"
             )
             moved["across hosts" if across else "same host"] += sent
-    return moved
+            if across and sent > 0:
+                channels_across.add(c)
+    return {**moved, "channels across hosts": channels_across}
 
 
 def _no_segments(results: list) -> None:
@@ -248,6 +252,28 @@ def test_step_of_every_collective_across_two_hosts(mps_env, nprocs, count, cb): 
         assert r["errors"] == 0, r["errors"]
     moved = _check_counters(results)
     assert moved["across hosts"] > 0, moved
+    # JAX_RCCL_NET_NCHANNELS (default 8) caps a group across hosts.
+    assert moved["channels across hosts"] and max(moved["channels across hosts"]) < 8, moved
+    _no_segments(results)
+
+
+def test_net_nchannels_caps_the_channels_across_hosts(mps_env):  # noqa: F811
+    """JAX_RCCL_NET_NCHANNELS=2: the group's connections across hosts use channels 0 and 1 only,
+    every result still right."""
+    results = _run_step_processes(
+        mps_env,
+        2,
+        1 << 20,
+        3,
+        False,
+        script=_STEP_WORKER + _WORLD_SUFFIX,
+        env_of=_two_hosts(2, {"JAX_RCCL_NET_NCHANNELS": "2"}),
+    )
+    for r in results:
+        assert r["bad"] == {}, r["bad"]
+        assert r["errors"] == 0, r["errors"]
+    moved = _check_counters(results)
+    assert moved["channels across hosts"] == {0, 1}, moved
     _no_segments(results)
 
 

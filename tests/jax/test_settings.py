@@ -56,6 +56,8 @@ def _run(env: dict[str, str]) -> str:
         ("JAX_RCCL_CHECK_CALLS", "yes", "is not an integer"),
         ("JAX_RCCL_STALL_GRACE", "-1", "a finite number of seconds >= 0"),
         ("JAX_RCCL_STALL_GRACE", "inf", "a finite number of seconds >= 0"),
+        ("JAX_RCCL_NET_THREADS", "65", "an integer 0..64"),
+        ("JAX_RCCL_NET_NCHANNELS", "-1", "an integer 0..64 (0: no cap)"),
     ],
 )
 def test_bad_value_names_the_variable(var, value, allowed):
