@@ -102,7 +102,7 @@ __device__ inline DirectShape DirectShapeOf(const WorkElemColl& e, const DevTask
 
 // Source and destination k of element `e` for this rank (r), from rank k's buffers.
 __device__ inline void DirectPointers(const WorkElemColl& e, const DevTask& t, const DirectShape& s,
-                                      int r, int k, const char* sendK, char* recvK, char* recvMine,
+                                      int r, const char* sendK, char* recvK, char* recvMine,
                                       const char** src, char** dst) {
   const int64_t us = t.unitSize, wo = int64_t(e.workOffset), count = int64_t(e.count);
   switch (Coll(t.coll)) {
@@ -202,14 +202,10 @@ __device__ void DirectReduceLoop(const F& fn, const DirectShared& ds, const Dire
   for (int j = 0; j < s.ndst; ++j) mis |= uintptr_t(ds.dst[s.d0 + j]);
   const int64_t n = s.n;
   const int64_t nPacks = (mis & 15) == 0 ? n / kEpp : 0;
-  // Whole groups of kUnroll packs (each source's kUnroll loads in flight together), then the
-  // part group left.
-  const int64_t fullEnd = nPacks - int64_t(kUnroll - 1) * nt;
-  int64_t base = tid;
-  for (; base < fullEnd; base += int64_t(kUnroll) * nt) {
-    DirectReducePacks<kUnroll, false>(fn, ds, s, base, nt, nPacks);
-  }
-  if (base < nPacks) DirectReducePacks<kUnroll, true>(fn, ds, s, base, nt, nPacks);
+  // Each source's kUnroll loads of a group in flight together.
+  ForEachPackGroup<kUnroll>(nPacks, [&](int64_t base, auto bounded) {
+    DirectReducePacks<kUnroll, decltype(bounded)::value>(fn, ds, s, base, nt, nPacks);
+  });
   for (int64_t i = nPacks * kEpp + tid; i < n; i += nt) {
     Acc acc = Acc();
     for (int k = 0; k < s.nsrc; ++k) {
@@ -254,12 +250,9 @@ __device__ void DirectPushLoop(const DirectShared& ds, const DirectShape& s) {
   for (int j = s.d0; j < s.d0 + s.ndst; ++j) mis |= uintptr_t(ds.dst[j]);
   const int64_t nPacks = (mis & 15) == 0 ? s.n / 16 : 0;
   const uint4* src4 = reinterpret_cast<const uint4*>(src);
-  const int64_t fullEnd = nPacks - int64_t(kU - 1) * nt;
-  int64_t base = tid;
-  for (; base < fullEnd; base += int64_t(kU) * nt) {
-    DirectPushPacks<kU, false>(ds, s, src4, base, nt, nPacks);
-  }
-  if (base < nPacks) DirectPushPacks<kU, true>(ds, s, src4, base, nt, nPacks);
+  ForEachPackGroup<kU>(nPacks, [&](int64_t base, auto bounded) {
+    DirectPushPacks<kU, decltype(bounded)::value>(ds, s, src4, base, nt, nPacks);
+  });
   for (int64_t i = nPacks * 16 + tid; i < s.n; i += nt) {
     const char c = src[i];
     for (int j = s.d0; j < s.d0 + s.ndst; ++j) {
@@ -512,8 +505,7 @@ __device__ __noinline__ bool RunDirectElem(const KernelArgs& a, uint64_t deadlin
           reinterpret_cast<const char*>(uintptr_t(LoadVolatile64(&in->pad0[kBoxSend])));
       char* recvK = reinterpret_cast<char*>(uintptr_t(LoadVolatile64(&in->pad0[kBoxRecv])));
       ds.arg[k] = LoadVolatile64(&in->pad0[kBoxArg]);
-      DirectPointers(e, t, s, r, k, sendK, recvK, static_cast<char*>(sp.recv), &ds.src[k],
-                     &ds.dst[k]);
+      DirectPointers(e, t, s, r, sendK, recvK, static_cast<char*>(sp.recv), &ds.src[k], &ds.dst[k]);
     }
   }
   if (__syncthreads_or(ok ? 0 : 1)) return false;

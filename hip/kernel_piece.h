@@ -198,6 +198,22 @@ struct PieceIo {
   bool post = false;
 };
 
+// A loop over nPacks packs, kU at a time per thread: `group(base, Bounded<false>())` for each of
+// this thread's whole groups (pack indices base, base + nt, ..., all below nPacks), then
+// `group(base, Bounded<true>())` once for the part group left, if any.
+template <bool kB>
+struct Bounded {
+  static constexpr bool value = kB;
+};
+template <int kU, typename G>
+__device__ __forceinline__ void ForEachPackGroup(int64_t nPacks, const G& group) {
+  const int nt = blockDim.x;
+  const int64_t fullEnd = nPacks - int64_t(kU - 1) * nt;
+  int64_t base = threadIdx.x;
+  for (; base < fullEnd; base += int64_t(kU) * nt) group(base, Bounded<false>());
+  if (base < nPacks) group(base, Bounded<true>());
+}
+
 // kU packs of this thread, at pack indices i0, i0 + nt, ...; kBounded: only those below nPacks
 // (the last group of a loop; zeros stand for the others). The loops' groups are whole, so none of
 // their loads or stores is predicated: a bounds test per pack inside the loop left a pack's
@@ -259,13 +275,9 @@ __device__ __forceinline__ void SimpleLoopBody(const F& fn, const PieceIo& io, i
   const int64_t nPacks = (mis & 15) == 0 ? n / kEpp : 0;
   const bool plain =
       !(kIn && kSrc) && !(F::kHasPreOp && io.pre && kSrc) && !(F::kHasPostOp && io.post);
-  // Whole groups of kU packs (the last pack of a group below nPacks), then the part group left.
-  const int64_t fullEnd = nPacks - int64_t(kU - 1) * nt;
-  int64_t base = tid;
-  for (; base < fullEnd; base += int64_t(kU) * nt) {
-    SimplePacks<kU, false, F, kIn, kSrc>(fn, io, plain, base, nt, nPacks);
-  }
-  if (base < nPacks) SimplePacks<kU, true, F, kIn, kSrc>(fn, io, plain, base, nt, nPacks);
+  ForEachPackGroup<kU>(nPacks, [&](int64_t base, auto bounded) {
+    SimplePacks<kU, decltype(bounded)::value, F, kIn, kSrc>(fn, io, plain, base, nt, nPacks);
+  });
   const T* inT = reinterpret_cast<const T*>(io.in);
   const T* srcT = reinterpret_cast<const T*>(io.src);
   T* dstT = reinterpret_cast<T*>(io.dst);
