@@ -12,10 +12,13 @@ namespace {
 //
 // For ranks that can address each other's memory (ranks of one device; devices with peer
 // access). An element runs between two barriers, each one store to every peer and one poll per
-// peer of this rank's own memory, all peers at once (thread k of the block handles peer k):
-//   1. rank r writes its buffers (send, recv, op argument) and then the element's sequence into
-//      its box in every peer k's region, and waits until every peer's box in its own region shows
-//      the same sequence (every input is ready, every output may be written);
+// peer of this rank's own memory, all peers at once (thread k of the block publishes to peer k,
+// thread kDirectWaiter + k waits for peer k):
+//   1. rank r writes its buffers (send, recv, op argument) as three LL lines flagged with the
+//      element's sequence into its box in every peer k's region, and waits until every peer's box
+//      in its own region carries the same flag (every input is ready, every output may be
+//      written). A line says itself whether it is fresh, so no fence stands between the words and
+//      the flag, and the waiting threads, having stored nothing, pay nothing for their fence;
 //   2. the block moves the data: reads the peers' inputs in place, writes the outputs (all_gather
 //      instead pushes: reads this rank's input once and writes it into every rank's output);
 //   3. rank r posts done (the sequence) into its box in every peer's region and waits for every
@@ -26,13 +29,38 @@ namespace {
 // FIFO, never these words. Only rank r writes its boxes, and every poll reads local memory, so
 // across devices only stores cross the link. The sequence is kept in rank r's own self box, across
 // launches like the FIFO counters.
-constexpr int kBoxSeq = 1;    // pad0: the sequence published (stored last)
-constexpr int kBoxSend = 2;   // pad0: the owner's send buffer
-constexpr int kBoxRecv = 3;   // pad0: the owner's recv buffer
-constexpr int kBoxArg = 4;    // pad0: the owner's op argument
+constexpr int kBoxLines = 1;  // pad0[1..6]: three LL lines (send buffer, recv buffer, op argument)
 constexpr int kBoxDone = 1;   // pad1: the sequence done
 constexpr int kBoxCount = 2;  // pad1, in the owner's self box only: its last sequence
-static_assert(kBoxArg < kSendPad && kBoxCount < kSendPad, "Direct's words lie below kSendPad");
+static_assert(kBoxLines + 6 <= kSendPad && kBoxCount < kSendPad,
+              "Direct's words lie below kSendPad");
+static_assert((8 + 8 * kBoxLines) % 16 == 0, "a box's lines are 16-byte aligned in its header");
+// The first thread of the warps that wait for the peers (those below publish to them): a thread
+// that stored nothing makes its acquire fence without waiting for stores.
+constexpr int kDirectWaiter = 64;
+static_assert(kDirectWaiter >= kMaxDirectRanks && kDirectWaiter + kMaxDirectRanks <= 256,
+              "Direct's publishing and waiting threads are disjoint and in every block");
+
+// Waits until the three LL lines at `box` carry `flag` (all loaded at once: one round trip when
+// they are there); their words in w[0..2]. A timeout reports `step`.
+__device__ inline bool PollBox(const uint4* box, uint32_t flag, const KernelArgs& a,
+                               uint64_t deadline, int ch, int peer, uint64_t step, uint64_t* w) {
+  int spins = 0;
+  while (true) {
+    const uint4 l0 = LoadVolatile(box), l1 = LoadVolatile(box + 1), l2 = LoadVolatile(box + 2);
+    if (l0.y == flag && l0.w == flag && l1.y == flag && l1.w == flag && l2.y == flag &&
+        l2.w == flag) {
+      w[0] = uint64_t(l0.x) | (uint64_t(l0.z) << 32);
+      w[1] = uint64_t(l1.x) | (uint64_t(l1.z) << 32);
+      w[2] = uint64_t(l2.x) | (uint64_t(l2.z) << 32);
+      return true;
+    }
+    if (++spins == kSpinsPerAbortCheck) {
+      spins = 0;
+      if (ShouldStop(a, deadline, ch, peer, true, step)) return false;
+    }
+  }
+}
 
 struct DirectShared {
   const char* src[kMaxDirectRanks];
@@ -485,27 +513,29 @@ __device__ __noinline__ bool RunDirectElem(const KernelArgs& a, uint64_t deadlin
   const SlotPtrs sp = GetSlot(a, e.slot);
   const uint64_t opArg = TaskOpArg(t, sp);
   const DirectShape s = DirectShapeOf(e, t, r, n);
+  const int w = k - kDirectWaiter;  // this thread waits for peer w (0 <= w < n)
+  const bool publishes = k < n, waits = w >= 0 && w < n;
   uint64_t seq = 0;
   bool ok = true;
-  if (k < n) {
-    // 1. publish this rank's buffers to peer k; wait for peer k's.
-    seq = LoadVolatile64(&DirectBox(a, ch, r, r)->pad1[kBoxCount]) + 1;
-    ConnHeader* out = DirectBox(a, ch, k, r);
-    StoreVolatile64(&out->pad0[kBoxSend], uint64_t(uintptr_t(sp.send)));
-    StoreVolatile64(&out->pad0[kBoxRecv], uint64_t(uintptr_t(sp.recv)));
-    StoreVolatile64(&out->pad0[kBoxArg], opArg);
-    Fence(a);
-    StoreVolatile64(&out->pad0[kBoxSeq], seq);
-    ConnHeader* in = DirectBox(a, ch, r, k);
-    uint64_t seen;
-    ok = WaitAtLeast(&in->pad0[kBoxSeq], seq, a, deadline, ch, k, true, &seen);
+  if (publishes || waits) seq = LoadVolatile64(&DirectBox(a, ch, r, r)->pad1[kBoxCount]) + 1;
+  if (publishes) {
+    // 1. publish this rank's buffers to peer k ...
+    uint4* out = reinterpret_cast<uint4*>(&DirectBox(a, ch, k, r)->pad0[kBoxLines]);
+    const uint32_t flag = LLFlag(seq);
+    StoreVolatile(out, LLLine(uint64_t(uintptr_t(sp.send)), flag));
+    StoreVolatile(out + 1, LLLine(uint64_t(uintptr_t(sp.recv)), flag));
+    StoreVolatile(out + 2, LLLine(opArg, flag));
+  } else if (waits) {
+    // ... and wait for peer w's.
+    uint64_t words[3];
+    ok = PollBox(reinterpret_cast<const uint4*>(&DirectBox(a, ch, r, w)->pad0[kBoxLines]),
+                 LLFlag(seq), a, deadline, ch, w, seq - 1, words);
     if (ok) {
-      Fence(a);  // acquire: peer k's words and buffers are read after its publish
-      const char* sendK =
-          reinterpret_cast<const char*>(uintptr_t(LoadVolatile64(&in->pad0[kBoxSend])));
-      char* recvK = reinterpret_cast<char*>(uintptr_t(LoadVolatile64(&in->pad0[kBoxRecv])));
-      ds.arg[k] = LoadVolatile64(&in->pad0[kBoxArg]);
-      DirectPointers(e, t, s, r, sendK, recvK, static_cast<char*>(sp.recv), &ds.src[k], &ds.dst[k]);
+      Fence(a);  // acquire: peer w's buffers are read after its publish
+      ds.arg[w] = words[2];
+      DirectPointers(e, t, s, r, reinterpret_cast<const char*>(uintptr_t(words[0])),
+                     reinterpret_cast<char*>(uintptr_t(words[1])), static_cast<char*>(sp.recv),
+                     &ds.src[w], &ds.dst[w]);
     }
   }
   if (__syncthreads_or(ok ? 0 : 1)) return false;
@@ -528,14 +558,15 @@ __device__ __noinline__ bool RunDirectElem(const KernelArgs& a, uint64_t deadlin
   }
   __syncthreads();
   Trace(a, sh, kTraceMoved);
-  // 3. post done to peer k; wait for peer k's.
-  if (k < n) {
+  // 3. post done to peer k; wait for peer w's.
+  if (publishes) {
     Fence(a);  // release: this block's reads and writes come before the post
     StoreVolatile64(&DirectBox(a, ch, k, r)->pad1[kBoxDone], seq);
+  } else if (waits) {
     uint64_t seen;
-    ok = WaitAtLeast(&DirectBox(a, ch, r, k)->pad1[kBoxDone], seq, a, deadline, ch, k, true, &seen);
+    ok = WaitAtLeast(&DirectBox(a, ch, r, w)->pad1[kBoxDone], seq, a, deadline, ch, w, true, &seen);
     Fence(a);  // acquire: this rank's output is complete once every peer posted done
-    if (k == 0) StoreVolatile64(&DirectBox(a, ch, r, r)->pad1[kBoxCount], seq);
+    if (w == 0) StoreVolatile64(&DirectBox(a, ch, r, r)->pad1[kBoxCount], seq);
   }
   const bool failed = __syncthreads_or(ok ? 0 : 1) != 0;
   Trace(a, sh, kTracePosted);
