@@ -152,6 +152,7 @@ def worker(cfg: dict) -> dict:
         "raw": {},
         "times": {},
         "errors": {},
+        "net": {},
     }
     if cfg["raw"] and p in (0, n // 2):
         try:
@@ -181,6 +182,7 @@ def worker(cfg: dict) -> dict:
             y = fn(x)
             y.block_until_ready()
         iters = iterations(size, cfg["iters"], cfg["iter_bytes"])
+        before = jax_rccl.runtime_stats()
         times = []
         for _ in range(cfg["repeat"]):
             barrier()
@@ -190,6 +192,8 @@ def worker(cfg: dict) -> dict:
             y.block_until_ready()
             times.append((time.perf_counter() - t0) / iters)
         out["times"][key] = statistics.median(times)
+        after = jax_rccl.runtime_stats()  # the proxies flush their counts every 10 ms
+        out["net"][key] = {k: int(after[k]) - int(before[k]) for k in after if k.startswith("net_")}
         got = np.asarray(y.addressable_shards[0].data)
         if coll == "all_reduce":
             want = np.full(count, n * (n + 1) / 2, np.float32)
@@ -389,9 +393,16 @@ def report(args, res: dict[str, list | None], mps: Mps) -> None:
         f" time the slowest process's; ratio = cross busbw / best raw (target >= 0.8 from 16 MB)"
     )
     raw_head = " ".join(f"{f'raw{k} GB/s':>11}" for k in counts)
+    print(
+        "# net send / recv: the cross path's proxy connections over the timed loops, all "
+        "processes: % of their time with every slot full / idle (runtime_stats net_*; sends "
+        "full or receives idle: the network is the limit; sends idle or receives full: the "
+        "kernels)"
+    )
     head = (
         f"{'size':>7} | {'cross ms':>9} {'busbw':>7} | {'ipc ms':>9} {'busbw':>7} | "
-        f"{raw_head}{' | ' if counts else ''}{'ratio':>5} | errors"
+        f"{raw_head}{' | ' if counts else ''}{'ratio':>5} | {'net send':>8} {'net recv':>8} | "
+        "errors"
     )
     for coll in args.coll_list:
         print(f"\n## {coll}, n = {n}")
@@ -419,12 +430,27 @@ def report(args, res: dict[str, list | None], mps: Mps) -> None:
             ratio = f"{bws['cross'] / best:5.2f}" if best and "cross" in bws else f"{'-':>5}"
             line = f"{label(size):>7} | {' | '.join(cols)} | "
             line += (" ".join(raws) + " | ") if counts else ""
-            line += f"{ratio} | {', '.join(errs) or '0'}"
+            line += f"{ratio} | {_net_shares(res.get('cross') or [], key)} | "
+            line += ", ".join(errs) or "0"
             print(line, flush=True)
     for path in PATHS:
         for r in res.get(path) or []:
             if r["stats"].get("errors"):
                 print(f"# {path}: process {r['process']} runtime_stats {r['stats']}")
+
+
+def _net_shares(results: list[dict], key: str) -> str:
+    """'full/idle' percentages of the proxies' sending and receiving connections' time."""
+    cols = []
+    for d in ("send", "recv"):
+        tot = sum(r.get("net", {}).get(key, {}).get(f"net_{d}_ns", 0) for r in results)
+        if tot <= 0:
+            cols.append(f"{'-':>8}")
+            continue
+        full = sum(r["net"][key].get(f"net_{d}_ns_full", 0) for r in results)
+        idle = sum(r["net"][key].get(f"net_{d}_ns_idle", 0) for r in results)
+        cols.append(f"{f'{100 * full / tot:.0f}/{100 * idle / tot:.0f}':>8}")
+    return " ".join(cols)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -166,7 +166,9 @@ def world() -> dict | None:
 
 def runtime_stats() -> dict[str, int]:
     """The runtime's counters: plans_built, executions, instantiations, ... (CPU and GPU
-    handlers count into the same ones); GPU builds add gpu_communicators (a gauge)."""
+    handlers count into the same ones), and net_*: the network proxies of GPU groups across
+    hosts (bytes each way; their connections' time, the part with every slot full and the part
+    idle: docs/multiprocess.md); GPU builds add gpu_communicators (a gauge)."""
     stats = dict(_jax_rccl.runtime_stats())
     gpu = _native_gpu()
     if gpu is not None:

@@ -170,19 +170,12 @@ void BindRuntime(nb::module_& m) {
   m.def(
       "runtime_stats",
       []() {
-        const RuntimeStats& s = Stats();
         nb::dict d;
-        d["plans_built"] = s.plansBuilt.load();
-        d["executions"] = s.executions.load();
-        d["instantiations"] = s.instantiations.load();
-        d["rendezvous_timeouts"] = s.rendezvousTimeouts.load();
-        d["mismatches"] = s.mismatches.load();
-        d["errors"] = s.errors.load();
-        d["communicators"] = s.communicators.load();
-        d["rendezvous_pending"] = s.rendezvousPending.load();
+        for (const auto& [name, value] : StatsSnapshot()) d[name] = value;
         return d;
       },
-      "Counters of the CPU runtime (communicators and rendezvous_pending are gauges).");
+      "Counters of the runtime (communicators and rendezvous_pending are gauges; net_*: the "
+      "network proxies of GPU groups across hosts).");
   m.def(
       "reset_runtime_stats", []() { ResetStats(); },
       "Zeroes the runtime counters (not the gauges).");

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstring>
 
+#include "ffi/core/stats.h"
 #include "ffi/planner/work.h"
 
 namespace jax_rccl {
@@ -29,6 +30,8 @@ struct NetProxy::Link {
   std::string peer;                   // the remote rank, for messages
   uint64_t posted = 0;                // requests posted (steps)
   uint64_t done = 0;                  // requests completed (send: head posted; recv: tail posted)
+  uint64_t tail = 0;                  // send: the kernel's tail as last read
+  uint64_t head = 0;                  // recv: the kernel's head as last read
   NetRequest* requests[kSteps] = {};  // by step % kSteps
   Clock::time_point since;            // send: when the oldest unfinished request was posted
   std::atomic<uint64_t> moved{0};
@@ -62,6 +65,8 @@ Status NetProxy::Connect(Clock::time_point deadline) {
   // The counters persist across launches: start where the FIFOs stand.
   for (auto& lk : links_) {
     lk->posted = lk->done = LoadAcquire(lk->c.send ? lk->c.fifo.head : lk->c.fifo.tail);
+    if (lk->c.send) lk->tail = lk->done;
+    if (!lk->c.send) lk->head = LoadAcquire(lk->c.fifo.head);
   }
   if (!opened.ok()) {
     // The connections made so far are reset, so their peers fail too instead of taking an
@@ -189,6 +194,7 @@ bool NetProxy::ProgressSend(Link& lk, Clock::time_point now) {
   const ProxyConnection& c = lk.c;
   bool progressed = false;
   const uint64_t tail = LoadAcquire(c.fifo.tail);
+  lk.tail = tail;
   if (tail < lk.posted || tail - lk.done > uint64_t(kSteps)) {
     return FailLink(lk, detail::StrCat("jax_rccl: rank ", c.local,
                                        "'s send FIFO counters are out of step (tail ", tail, ", ",
@@ -223,6 +229,7 @@ bool NetProxy::ProgressSend(Link& lk, Clock::time_point now) {
     ++lk.done;
     lk.since = now;
     bytesMoved_.fetch_add(int64_t(bytes));
+    sent_ += int64_t(bytes);
     lk.moved.store(lk.done);
     StoreRelease(c.fifo.head, lk.done);
     progressed = true;
@@ -241,6 +248,7 @@ bool NetProxy::ProgressRecv(Link& lk) {
   const ProxyConnection& c = lk.c;
   bool progressed = false;
   const uint64_t head = LoadAcquire(c.fifo.head);
+  lk.head = head;
   if (head > lk.done) {
     return FailLink(lk, detail::StrCat("jax_rccl: rank ", c.local, " consumed ", head,
                                        " steps of a FIFO the proxy filled with ", lk.done,
@@ -275,18 +283,54 @@ bool NetProxy::ProgressRecv(Link& lk) {
     ++lk.done;
     StoreRelease(c.fifo.tail, lk.done);
     bytesMoved_.fetch_add(int64_t(bytes));
+    received_ += int64_t(bytes);
     lk.moved.store(lk.done);
     progressed = true;
   }
   return progressed;
 }
 
+void NetProxy::Account(const Link& lk, int64_t ns) {
+  if (lk.c.send) {
+    sendNs_ += ns;
+    // Steps the kernel posted and the network has not yet taken: none, or every slot's.
+    if (lk.tail == lk.done) sendIdle_ += ns;
+    if (lk.tail - lk.done >= uint64_t(kSteps)) sendFull_ += ns;
+  } else {
+    recvNs_ += ns;
+    if (lk.done == lk.head) recvIdle_ += ns;
+    if (lk.done - lk.head >= uint64_t(kSteps)) recvFull_ += ns;
+  }
+}
+
+void NetProxy::FlushStats() {
+  RuntimeStats& st = Stats();
+  st.netBytesSent.fetch_add(sent_, std::memory_order_relaxed);
+  st.netBytesReceived.fetch_add(received_, std::memory_order_relaxed);
+  st.netSendNs.fetch_add(sendNs_, std::memory_order_relaxed);
+  st.netSendNsFull.fetch_add(sendFull_, std::memory_order_relaxed);
+  st.netSendNsIdle.fetch_add(sendIdle_, std::memory_order_relaxed);
+  st.netRecvNs.fetch_add(recvNs_, std::memory_order_relaxed);
+  st.netRecvNsFull.fetch_add(recvFull_, std::memory_order_relaxed);
+  st.netRecvNsIdle.fetch_add(recvIdle_, std::memory_order_relaxed);
+  sent_ = received_ = sendNs_ = sendFull_ = sendIdle_ = recvNs_ = recvFull_ = recvIdle_ = 0;
+}
+
 void NetProxy::Loop() {
   int idle = 0;
   Clock::time_point lastPoll = Clock::now();
+  Clock::time_point last = lastPoll;
+  struct Flush {  // every way out of the loop
+    NetProxy* p;
+    ~Flush() { p->FlushStats(); }
+  } flush{this};
   while (!failed_.load()) {
     const Clock::time_point now = Clock::now();
     if (stop_.load() && (SendsDrained() || now > drainUntil_)) return;
+    // The time since the last round goes to each link's state as that round left it.
+    const int64_t ns = std::chrono::duration_cast<std::chrono::nanoseconds>(now - last).count();
+    last = now;
+    for (const auto& lk : links_) Account(*lk, ns);
     bool progressed = false;
     for (auto& lk : links_) {
       const uint64_t before = lk->comm->bytesMoved();
@@ -298,6 +342,7 @@ void NetProxy::Loop() {
     // one with nothing in flight.
     if (!failed_.load() && now - lastPoll > std::chrono::milliseconds(10)) {
       lastPoll = now;
+      FlushStats();
       for (auto& lk : links_) {
         Status s = lk->comm->Poll();
         if (!s.ok()) {

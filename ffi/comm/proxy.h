@@ -109,6 +109,10 @@ class NetProxy {
   bool ProgressSend(Link& link, Clock::time_point now);
   bool ProgressRecv(Link& link);
   bool FailLink(const Link& link, const std::string& what);
+  // Counts `ns` against link's state as it stood (runtime_stats: where the time went).
+  void Account(const Link& link, int64_t ns);
+  // Adds what the thread counted to the process's runtime counters (ffi/core/stats.h).
+  void FlushStats();
   // Every step the kernels posted on the sending links is out (tested done).
   bool SendsDrained() const;
   void Fail(const std::string& reason);
@@ -128,6 +132,10 @@ class NetProxy {
   mutable std::mutex mu_;
   std::string reason_;
   std::atomic<int64_t> bytesMoved_{0};
+  // Counted by the thread alone, flushed into the runtime counters every poll and at its end
+  // (ffi/core/stats.h: the net_* counters).
+  int64_t sent_ = 0, received_ = 0;
+  int64_t sendNs_ = 0, sendFull_ = 0, sendIdle_ = 0, recvNs_ = 0, recvFull_ = 0, recvIdle_ = 0;
 };
 
 }  // namespace comm

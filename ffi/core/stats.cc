@@ -15,6 +15,36 @@ void ResetStats() {
   s.rendezvousTimeouts = 0;
   s.mismatches = 0;
   s.errors = 0;
+  s.netBytesSent = 0;
+  s.netBytesReceived = 0;
+  s.netSendNs = 0;
+  s.netSendNsFull = 0;
+  s.netSendNsIdle = 0;
+  s.netRecvNs = 0;
+  s.netRecvNsFull = 0;
+  s.netRecvNsIdle = 0;
+}
+
+std::vector<std::pair<const char*, int64_t>> StatsSnapshot() {
+  const RuntimeStats& s = Stats();
+  return {
+      {"plans_built", s.plansBuilt.load()},
+      {"executions", s.executions.load()},
+      {"instantiations", s.instantiations.load()},
+      {"rendezvous_timeouts", s.rendezvousTimeouts.load()},
+      {"mismatches", s.mismatches.load()},
+      {"errors", s.errors.load()},
+      {"communicators", s.communicators.load()},
+      {"rendezvous_pending", s.rendezvousPending.load()},
+      {"net_bytes_sent", s.netBytesSent.load()},
+      {"net_bytes_received", s.netBytesReceived.load()},
+      {"net_send_ns", s.netSendNs.load()},
+      {"net_send_ns_full", s.netSendNsFull.load()},
+      {"net_send_ns_idle", s.netSendNsIdle.load()},
+      {"net_recv_ns", s.netRecvNs.load()},
+      {"net_recv_ns_full", s.netRecvNsFull.load()},
+      {"net_recv_ns_idle", s.netRecvNsIdle.load()},
+  };
 }
 
 }  // namespace jax_rccl

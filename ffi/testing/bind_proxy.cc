@@ -19,6 +19,7 @@
 
 #include "ffi/bind/bindings.h"
 #include "ffi/comm/proxy.h"
+#include "ffi/core/stats.h"
 #include "ffi/planner/work.h"
 
 namespace nb = nanobind;
@@ -74,6 +75,7 @@ nb::dict RunNetProxy(const std::string& session, int process, uint64_t group,
                      bool drain_wait, int64_t recv_delay_us) {
   Check(step_bytes.size() == size_t(kProxyProtocols), "step_bytes: 3 sizes");
   Check(nb::len(program) == local_ranks.size(), "program: one list per local rank");
+  const std::vector<std::pair<const char*, int64_t>> statsBefore = StatsSnapshot();
   const int nRanks = int(endpoints.size());
   const int64_t slotBytes = *std::max_element(step_bytes.begin(), step_bytes.end());
   auto rankString = [&](int r) {
@@ -268,6 +270,15 @@ nb::dict RunNetProxy(const std::string& session, int process, uint64_t group,
   out["conns"] = connList;
   out["seconds"] = seconds;
   out["bytes"] = proxy->bytesMoved();
+  // The runtime counters the proxy added during this call (its net_* ones).
+  nb::dict stats;
+  const std::vector<std::pair<const char*, int64_t>> statsAfter = StatsSnapshot();
+  for (size_t i = 0; i < statsAfter.size(); ++i) {
+    if (std::string(statsAfter[i].first).rfind("net_", 0) == 0) {
+      stats[statsAfter[i].first] = statsAfter[i].second - statsBefore[i].second;
+    }
+  }
+  out["stats"] = stats;
   return out;
 }
 
@@ -333,7 +344,8 @@ void BindProxy(nb::module_& m) {
         "`endpoints[r]`: the 'host:port' of rank r's process (its socket listener); "
         "`host_of_rank[r]`: its host. Returns {'conns': [(channel, from, to, "
         "steps the stand-in moved, steps the proxy moved)] per connection, 'seconds': the "
-        "stand-in's time from its first step to its last, 'bytes': bytes the proxy moved}. "
+        "stand-in's time from its first step to its last, 'bytes': bytes the proxy moved, "
+        "'stats': the net_* runtime counters it added (runtime_stats)}. "
         "`stop_after` >= 0: the stand-in stops after that many steps and the call returns {} "
         "with the connections left open (fault tests). `verify` False: only each step's first "
         "and last words are written and checked (benchmarks). `net_threads`: the TCP backend's "

@@ -49,6 +49,7 @@ def worker(args: dict) -> dict:
         ]
         t0 = time.monotonic()
         out["rounds"] = []
+        out["stats"] = []
         for i, rd in enumerate(rounds):
             res = native.run_net_proxy(
                 args["session"],
@@ -66,6 +67,8 @@ def worker(args: dict) -> dict:
                 recv_delay_us=args.get("recv_delay_us", 0),
             )
             out["rounds"].append([list(c) for c in res.get("conns", [])])
+            out["stats"].append(dict(res.get("stats", {})))
+            out.setdefault("bytes", []).append(res.get("bytes", 0))
         out["seconds"] = time.monotonic() - t0
         out["conns"] = out["rounds"][0]
         if p == args.get("faulty", -1):
@@ -255,6 +258,38 @@ def test_repeated_launches_continue_the_counters():
     for res in results:
         for channel, frm, to, _, proxy in res["conns"]:
             assert proxy == 3 * _planned(once)[(channel, frm, to)]
+
+
+def test_runtime_stats_tell_where_the_steps_waited():
+    """The proxies count into the runtime counters: every byte one process sent, the other
+    received; and a receiver whose kernel frees each step only after 20 ms has its receiving
+    connections' slots all full (the network waits for the kernel) for a large part of their
+    time (about half here), more than when it frees each at once."""
+    from jax_rccl.planner import Task
+
+    topo = _topology(2, 2)
+    programs = _plan_programs(
+        [Task("broadcast", 1 << 22, "int8", root=0)], topo, algorithm="ring", protocol="simple"
+    )
+    full = {}
+    for delay in (0, 20000):
+        results = _run(topo, programs, [0, 1], recv_delay_us=delay)
+        _check(results, programs)
+        send, recv = results[0]["stats"][0], results[1]["stats"][0]
+        moved = sum(results[0]["bytes"])
+        assert moved > 0
+        assert send["net_bytes_sent"] == recv["net_bytes_received"] == moved, (send, recv)
+        assert send["net_bytes_received"] == recv["net_bytes_sent"] == 0, (send, recv)
+        # Only sending links in process 0, only receiving ones in process 1.
+        assert send["net_recv_ns"] == 0 and recv["net_send_ns"] == 0, (send, recv)
+        for d, st in (("send", send), ("recv", recv)):
+            total, f, idle = (st[f"net_{d}_ns{k}"] for k in ("", "_full", "_idle"))
+            assert total > 0 and 0 <= f + idle <= total, st
+        # Each link's time is the proxy's life at most.
+        links = len(results[1]["conns"])
+        assert recv["net_recv_ns"] < links * (results[1]["seconds"] + 5) * 1e9, recv
+        full[delay] = recv["net_recv_ns_full"] / recv["net_recv_ns"]
+    assert full[20000] > 0.3 and full[20000] > full[0], full
 
 
 @pytest.mark.parametrize("fault", ["exit", "stop"])
