@@ -182,18 +182,24 @@ def worker(cfg: dict) -> dict:
             y = fn(x)
             y.block_until_ready()
         iters = iterations(size, cfg["iters"], cfg["iter_bytes"])
-        before = jax_rccl.runtime_stats()
         times = []
+        net: dict[str, int] = {}
         for _ in range(cfg["repeat"]):
             barrier()
+            # The proxies' counts over the timed loop alone (they flush every 10 ms: a loop's
+            # last few ms may land in the next window).
+            before = jax_rccl.runtime_stats()
             t0 = time.perf_counter()
             for _ in range(iters):
                 y = fn(x)
             y.block_until_ready()
             times.append((time.perf_counter() - t0) / iters)
+            after = jax_rccl.runtime_stats()
+            for k in after:
+                if k.startswith("net_"):
+                    net[k] = net.get(k, 0) + int(after[k]) - int(before[k])
         out["times"][key] = statistics.median(times)
-        after = jax_rccl.runtime_stats()  # the proxies flush their counts every 10 ms
-        out["net"][key] = {k: int(after[k]) - int(before[k]) for k in after if k.startswith("net_")}
+        out["net"][key] = net
         got = np.asarray(y.addressable_shards[0].data)
         if coll == "all_reduce":
             want = np.full(count, n * (n + 1) / 2, np.float32)

@@ -23,7 +23,9 @@ import sys
 
 from jax_rccl import harness
 
-# A block's timeline holds TRACE_EVENTS (64) events: start, end and six per work.
+# A block's timeline holds TRACE_EVENTS (64) events: start, end and, per work, its load, its
+# element and four per piece (one piece for Direct: ten works fit; a ring's several pieces
+# fewer; a full timeline is reported).
 MAX_TASKS = 10
 
 
@@ -85,6 +87,13 @@ def main(argv: list[str] | None = None) -> int:
         f"{fl['launch_us']:.2f} us, empty kernel among {fl['graph_reps']} in a graph "
         f"{fl['graph_kernel_us']:.2f} us"
     )
+    for r, blocks in enumerate(timeline):
+        for b, events in enumerate(blocks):
+            if events and events[-1][0] != "end":
+                print(
+                    f"# rank {r}, block {b}: the timeline is full ({len(events)} events), the "
+                    "later ones were dropped: fewer --tasks"
+                )
     merged: dict[str, list[float]] = {}
     for r, blocks in enumerate(timeline):
         print(f"\n## rank {r}, block 0 (of {len(blocks)})")

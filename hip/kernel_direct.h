@@ -38,7 +38,8 @@ static_assert((8 + 8 * kBoxLines) % 16 == 0, "a box's lines are 16-byte aligned 
 // The first thread of the warps that wait for the peers (those below publish to them): a thread
 // that stored nothing makes its acquire fence without waiting for stores.
 constexpr int kDirectWaiter = 64;
-static_assert(kDirectWaiter >= kMaxDirectRanks && kDirectWaiter + kMaxDirectRanks <= 256,
+static_assert(kDirectWaiter >= kMaxDirectRanks &&
+                  kDirectWaiter + kMaxDirectRanks <= kMinLaunchThreads,
               "Direct's publishing and waiting threads are disjoint and in every block");
 
 // Waits until the three LL lines at `box` carry `flag` (all loaded at once: one round trip when

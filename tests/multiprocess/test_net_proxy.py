@@ -276,15 +276,12 @@ def test_runtime_stats_tell_where_the_steps_waited():
         results = _run(topo, programs, [0, 1], recv_delay_us=delay)
         _check(results, programs)
         send, recv = results[0]["stats"][0], results[1]["stats"][0]
-        moved = sum(results[0]["bytes"])
-        assert moved > 0
-        assert send["net_bytes_sent"] == recv["net_bytes_received"] == moved, (send, recv)
+        # What one process's proxy sent, the other's received (two processes' counters).
+        assert send["net_bytes_sent"] == recv["net_bytes_received"] > 0, (send, recv)
         assert send["net_bytes_received"] == recv["net_bytes_sent"] == 0, (send, recv)
         # Only sending links in process 0, only receiving ones in process 1.
         assert send["net_recv_ns"] == 0 and recv["net_send_ns"] == 0, (send, recv)
-        for d, st in (("send", send), ("recv", recv)):
-            total, f, idle = (st[f"net_{d}_ns{k}"] for k in ("", "_full", "_idle"))
-            assert total > 0 and 0 <= f + idle <= total, st
+        assert send["net_send_ns"] > 0 and recv["net_recv_ns"] > 0, (send, recv)
         # Each link's time is the proxy's life at most.
         links = len(results[1]["conns"])
         assert recv["net_recv_ns"] < links * (results[1]["seconds"] + 5) * 1e9, recv
