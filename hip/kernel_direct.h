@@ -42,27 +42,6 @@ static_assert(kDirectWaiter >= kMaxDirectRanks &&
                   kDirectWaiter + kMaxDirectRanks <= kMinLaunchThreads,
               "Direct's publishing and waiting threads are disjoint and in every block");
 
-// Waits until the three LL lines at `box` carry `flag` (all loaded at once: one round trip when
-// they are there); their words in w[0..2]. A timeout reports `step`.
-__device__ inline bool PollBox(const uint4* box, uint32_t flag, const KernelArgs& a,
-                               uint64_t deadline, int ch, int peer, uint64_t step, uint64_t* w) {
-  int spins = 0;
-  while (true) {
-    const uint4 l0 = LoadVolatile(box), l1 = LoadVolatile(box + 1), l2 = LoadVolatile(box + 2);
-    if (l0.y == flag && l0.w == flag && l1.y == flag && l1.w == flag && l2.y == flag &&
-        l2.w == flag) {
-      w[0] = uint64_t(l0.x) | (uint64_t(l0.z) << 32);
-      w[1] = uint64_t(l1.x) | (uint64_t(l1.z) << 32);
-      w[2] = uint64_t(l2.x) | (uint64_t(l2.z) << 32);
-      return true;
-    }
-    if (++spins == kSpinsPerAbortCheck) {
-      spins = 0;
-      if (ShouldStop(a, deadline, ch, peer, true, step)) return false;
-    }
-  }
-}
-
 struct DirectShared {
   const char* src[kMaxDirectRanks];
   char* dst[kMaxDirectRanks];
@@ -529,8 +508,8 @@ __device__ __noinline__ bool RunDirectElem(const KernelArgs& a, uint64_t deadlin
   } else if (waits) {
     // ... and wait for peer w's.
     uint64_t words[3];
-    ok = PollBox(reinterpret_cast<const uint4*>(&DirectBox(a, ch, r, w)->pad0[kBoxLines]),
-                 LLFlag(seq), a, deadline, ch, w, seq - 1, words);
+    ok = PollLines<3>(reinterpret_cast<const uint4*>(&DirectBox(a, ch, r, w)->pad0[kBoxLines]),
+                      LLFlag(seq), a, deadline, ch, w, seq - 1, words);
     if (ok) {
       Fence(a);  // acquire: peer w's buffers are read after its publish
       ds.arg[w] = words[2];

@@ -333,20 +333,35 @@ __device__ inline uint4 LLLine(uint64_t v, uint32_t flag) {
   return line;
 }
 
-// Waits for the LL line at `line` to carry `flag` (a timeout reports `step`); its word in *out.
-__device__ inline bool PollLine(const uint4* line, uint32_t flag, const KernelArgs& a,
-                                uint64_t deadline, int ch, int peer, uint64_t step, uint64_t* out) {
-  uint4 l = LoadVolatile(line);
+// Waits for the kN consecutive LL lines at `lines` to carry `flag`, all loaded at once (one round
+// trip when they are there; a timeout reports `step`); their words in out[0, kN).
+template <int kN>
+__device__ inline bool PollLines(const uint4* lines, uint32_t flag, const KernelArgs& a,
+                                 uint64_t deadline, int ch, int peer, uint64_t step,
+                                 uint64_t* out) {
+  uint4 l[kN];
   int spins = 0;
-  while (l.y != flag || l.w != flag) {
+  while (true) {
+    bool fresh = true;
+#pragma unroll
+    for (int i = 0; i < kN; ++i) {
+      l[i] = LoadVolatile(lines + i);
+      fresh = fresh && l[i].y == flag && l[i].w == flag;
+    }
+    if (fresh) break;
     if (++spins == kSpinsPerAbortCheck) {
       spins = 0;
       if (ShouldStop(a, deadline, ch, peer, true, step)) return false;
     }
-    l = LoadVolatile(line);
   }
-  *out = uint64_t(l.x) | (uint64_t(l.z) << 32);
+#pragma unroll
+  for (int i = 0; i < kN; ++i) out[i] = uint64_t(l[i].x) | (uint64_t(l[i].z) << 32);
   return true;
+}
+// One line: its word in *out.
+__device__ inline bool PollLine(const uint4* line, uint32_t flag, const KernelArgs& a,
+                                uint64_t deadline, int ch, int peer, uint64_t step, uint64_t* out) {
+  return PollLines<1>(line, flag, a, deadline, ch, peer, step, out);
 }
 
 // LL: word w of the piece (bytes [8w, 8w + 8)) travels in line w: {lo, flag, hi, flag}.
