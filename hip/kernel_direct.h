@@ -478,6 +478,94 @@ __device__ __noinline__ bool RunDirectLL(const KernelArgs& a, uint64_t deadline,
   return true;
 }
 
+// The one-hop path of an all_reduce whose (rank, word) pairs fit the block: the latency case, in
+// as little code as it needs (RunDirectLL's general loops are ~2,700 instructions on sm_90, which
+// a launch of 8 bytes mostly waits to fetch). Thread (k, w) loads this rank's word w before the
+// waits, and after them pushes it (through PreOp) to peer k and takes peer k's word w in the same
+// thread: no barrier between the sends and the polls. The words are reduced in rank order as on
+// the general path, so every rank's result is the same bits.
+template <typename F>
+__device__ __noinline__ bool RunDirectLLAllReduce(const KernelArgs& a, uint64_t deadline, int ch,
+                                                  const WorkElemColl& e, const DevTask& t,
+                                                  BlockShared* sh) {
+  using T = typename F::Elem;
+  using Tr = ElemTraits<T>;
+  using Acc = typename F::Acc;
+  constexpr int kEpw = 8 / sizeof(T);
+  __shared__ uint64_t sendStep[kMaxDirectRanks], recvStep[kMaxDirectRanks];
+  const int n = a.nRanks, r = a.rank, tid = threadIdx.x;
+  const int bytes = int(e.workCount) * int(t.unitSize);  // at most kDirectLLBytes
+  const int nWords = (bytes + 7) / 8;
+  const int k = tid / nWords, w = tid - k * nWords;  // this thread's (peer, word)
+  const bool active = tid < n * nWords;
+  const SlotPtrs sp = GetSlot(a, e.slot);
+  const int64_t off = int64_t(e.workOffset) * t.unitSize;
+  const char* src = static_cast<const char*>(sp.send) + off;
+  char* dst = static_cast<char*>(sp.recv) + off;
+  // 1. this thread's word, and (threads k < n) the steps of the connections with peer k.
+  uint64_t mine = 0;
+  if (active) mine = LoadWord(src + 8 * w, WordBytes(bytes, w));
+  bool ok = true;
+  if (tid < n && tid != r) {
+    const uint64_t ss = LoadVolatile64(SendTailMine(a, ch, tid));
+    const uint64_t head = LoadVolatile64(SendHeadMine(a, ch, tid));
+    if (ss + 1 > uint64_t(kSteps) && head < ss + 1 - kSteps) {
+      uint64_t seen;
+      ok = WaitAtLeast(SendHeadMine(a, ch, tid), ss + 1 - kSteps, a, deadline, ch, tid, false,
+                       &seen);
+    }
+    sendStep[tid] = ss;
+    recvStep[tid] = LoadVolatile64(&RecvConn(a, ch, tid)->head);
+  }
+  if (__syncthreads_or(ok ? 0 : 1)) return false;
+  Trace(a, sh, kTraceReady);
+  // 2. push word w to peer k and take peer k's word w.
+  const F fn(TaskOpArg(t, sp));
+  if (active) {
+    const uint64_t v = PreWord(fn, mine);
+    if (k == r) {
+      gDirectWords[tid] = v;
+    } else {
+      StoreVolatile(reinterpret_cast<uint4*>(SendSlot(a, ch, k, ProtoLL::kId, sendStep[k])) + w,
+                    LLLine(v, ProtoLL::Flag(sendStep[k])));
+      const uint4* line =
+          reinterpret_cast<const uint4*>(RecvSlot(a, ch, k, ProtoLL::kId, recvStep[k])) + w;
+      ok = PollLine(line, ProtoLL::Flag(recvStep[k]), a, deadline, ch, k, recvStep[k],
+                    &gDirectWords[tid]);
+    }
+  }
+  if (__syncthreads_or(ok ? 0 : 1)) return false;
+  Trace(a, sh, kTraceMoved);
+  // 3. reduce word w over the ranks in rank order; post the steps (the lines are sent and the
+  // peers' read: the counters need not wait for the output).
+  if (tid < nWords) {
+    Word8<T> v;
+    v.u = gDirectWords[tid];
+    Acc acc[kEpw];
+#pragma unroll
+    for (int j = 0; j < kEpw; ++j) acc[j] = Tr::Load(v.e[j]);
+#pragma unroll 1
+    for (int q = 1; q < n; ++q) {  // a few ranks: no unrolled copies to fetch
+      v.u = gDirectWords[q * nWords + tid];
+#pragma unroll
+      for (int j = 0; j < kEpw; ++j) acc[j] = fn.Reduce(acc[j], Tr::Load(v.e[j]));
+    }
+    Word8<T> o;
+#pragma unroll
+    for (int j = 0; j < kEpw; ++j) o.e[j] = Tr::Store(F::kHasPostOp ? fn.PostOp(acc[j]) : acc[j]);
+    StoreWord(dst + 8 * tid, o.u, WordBytes(bytes, tid));
+  }
+  if (tid < n && tid != r) {
+    StoreVolatile64(&SendConn(a, ch, tid)->tail, sendStep[tid] + 1);
+    StoreVolatile64(SendTailMine(a, ch, tid), sendStep[tid] + 1);
+    StoreVolatile64(&RecvConn(a, ch, tid)->head, recvStep[tid] + 1);
+    StoreVolatile64(HeadAtSender(a, ch, tid), recvStep[tid] + 1);
+  }
+  if (tid == 0) sh->nConn = 0;
+  Trace(a, sh, kTracePosted);
+  return true;
+}
+
 template <typename F>
 __device__ __noinline__ bool RunDirectElem(const KernelArgs& a, uint64_t deadline, int ch,
                                            const WorkElemColl& e, const DevTask& t,
@@ -489,7 +577,13 @@ __device__ __noinline__ bool RunDirectElem(const KernelArgs& a, uint64_t deadlin
     if (k == 0) Report(a, kDevTooManyRanks, ch, r, true, 0);
     return false;
   }
-  if (DirectFitsLL(a, e, t)) return RunDirectLL<F>(a, deadline, ch, e, t, sh);
+  if (DirectFitsLL(a, e, t)) {
+    const int64_t nWords = (int64_t(e.workCount) * t.unitSize + 7) / 8;
+    if (Coll(t.coll) == Coll::kAllReduce && n * nWords <= int64_t(blockDim.x)) {
+      return RunDirectLLAllReduce<F>(a, deadline, ch, e, t, sh);
+    }
+    return RunDirectLL<F>(a, deadline, ch, e, t, sh);
+  }
   const SlotPtrs sp = GetSlot(a, e.slot);
   const uint64_t opArg = TaskOpArg(t, sp);
   const DirectShape s = DirectShapeOf(e, t, r, n);
