@@ -2,13 +2,16 @@
 socket bandwidth, measured in the same two processes.
 
     .venv/bin/python -P benchmarks/net_proxy.py [--sizes 1M,4M,16M,64M,256M] [--channels 1,2]
-        [--repeat 3] [--net-threads 8]
+        [--repeat 3] [--net-threads 8] [--step-kib 512] [--touch]
 
 Two plain Python processes (no JAX), each one rank on its own fake host. Per size S and channel
 count C, each rank's stand-in kernel (``jax_rccl._jax_rccl_testing.run_net_proxy``, verify off:
 it writes and checks only each step's first and last words) sends S bytes to the other rank and
-receives S bytes from it, in Simple steps of 512 KiB spread over C channels (C TCP connections
-each way); the proxy of each process ships and lands every step. ``raw`` is the same traffic
+receives S bytes from it, in Simple steps of 512 KiB (``--step-kib``) spread over C channels (C
+TCP connections each way); the proxy of each process ships and lands every step. ``--touch``: the
+stand-ins write every byte of a step they send and check every byte of one they receive, as the
+kernels' stores into and loads from the FIFO windows in host memory do (the memory traffic of the
+GPU path, less the bus). ``raw`` is the same traffic
 over plain TCP sockets between the same processes: S bytes each way, C sockets each way, blocking
 send/recv of 4 MiB in C++ (``raw_socket_transfer``), one thread per socket. GB/s = S / time (one
 direction; both directions run at once). ratio = proxy GB/s / raw GB/s. Each figure is the
@@ -78,7 +81,8 @@ def _raw(native, folder: str, p: int, size: int, channels: int, tag: str) -> flo
 
 
 def _proxy(native, args, eps, p: int, size: int, channels: int, group: int) -> float:
-    steps = -(-size // STEP)
+    step = args["step"]
+    steps = -(-size // step)
     per = [steps // channels + (1 if c < steps % channels else 0) for c in range(channels)]
     peer = 1 - p
     prog = [
@@ -100,10 +104,10 @@ def _proxy(native, args, eps, p: int, size: int, channels: int, group: int) -> f
         [0, 1],
         [p],
         [prog],
-        [b // 8 for b in BUFF],
+        [b // 8 for b in BUFF[:2]] + [step],
         60.0,
         -1,
-        False,
+        args["touch"],
         args["net_threads"],
     )
     want = {c: n for c, n in enumerate(per) if n > 0}
@@ -153,9 +157,13 @@ def main() -> None:
     ap.add_argument(
         "--net-threads", type=int, default=8, help="helper threads per proxy (JAX_RCCL_NET_THREADS)"
     )
+    ap.add_argument("--step-kib", type=int, default=STEP // 1024, help="Simple step, KiB")
+    ap.add_argument("--touch", action="store_true", help="stand-ins write and check every byte")
     a = ap.parse_args()
     if a.net_threads < 0:
         ap.error("--net-threads must be >= 0")
+    if not 4 <= a.step_kib <= 4096:
+        ap.error("--step-kib must be 4..4096")
     sizes = [parse_size(s) for s in a.sizes.split(",")]
     channels = [int(c) for c in a.channels.split(",")]
     session = uuid.uuid4().hex
@@ -170,6 +178,8 @@ def main() -> None:
                 "channels": channels,
                 "repeat": a.repeat,
                 "net_threads": a.net_threads,
+                "step": a.step_kib * 1024,
+                "touch": a.touch,
             }
             procs.append(
                 subprocess.Popen(
@@ -186,7 +196,8 @@ def main() -> None:
     res = outs[0]
     print(
         f"2 processes, one rank each on its own fake host, loopback TCP; {os.cpu_count()} cores;"
-        f" {a.net_threads} helper threads per proxy;"
+        f" {a.net_threads} helper threads per proxy; {a.step_kib} KiB steps;"
+        f" stand-ins {'touching every byte' if a.touch else 'writing first and last words'};"
         " GB/s = bytes per direction / time (both directions at once)"
     )
     print(
