@@ -48,6 +48,9 @@ namespace jax_rccl {
   X(net_nchannels, "JAX_RCCL_NET_NCHANNELS", Int, 8,                                              \
     "Channels of a GPU group whose ranks span hosts, at most (each channel is a TCP connection "  \
     "each way between two ranks of different hosts); 0: as many as within a host")                \
+  X(buffsize, "JAX_RCCL_BUFFSIZE", Int, 4194304,                                                  \
+    "Bytes of a GPU connection's Simple buffer, 8 steps of an eighth each "                       \
+    "(NCCL_BUFFSIZE); every process of a group sets the same")                                    \
   X(hostname, "JAX_RCCL_HOSTNAME", String, "",                                                    \
     "Host name this process gives its peers (processes with the same one share memory); empty: "  \
     "the machine's host name. Tests set it to run one machine's processes as several hosts")

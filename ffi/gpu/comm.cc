@@ -119,6 +119,7 @@ TopologyView GpuTopology(int nRanks, const Params& params) {
   t.p2pnChannels = p2p;
   t.p2pnChannelsPerPeer = std::min(2, p2p);
   for (int p = 0; p < kNumProtos; ++p) t.buffSizes[p] = kGpuBuffSizes[p];
+  t.buffSizes[static_cast<int>(Proto::kSimple)] = params.buffsize;
   t.p2pChunkSize = 131072;
   // LL128 where the device code has it (NVIDIA); the handlers leave it to explicit protocol
   // settings (ffi/handlers/gpu.cc: GpuBackend::Configure).
@@ -415,9 +416,11 @@ Status GpuComm::TradeRegions(int rank, const std::string& who) {
     bool same = rec.nChannels == geo_.nChannels;
     for (int p = 0; p < kNumProtocols; ++p) same = same && rec.stepBytes[p] == geo_.stepBytes[p];
     JR_REQUIRE(same, Code::kInvalidArgument, "jax_rccl '", who, "': GPU group ", groupText_, ": ",
-               RankText(r), " lays its connections out for ", rec.nChannels,
-               " channels, this process for ", geo_.nChannels,
-               ": every process must run with the same JAX_RCCL_NCHANNELS and build");
+               RankText(r), " lays its connections out for ", rec.nChannels, " channels and ",
+               rec.stepBytes[kNumProtocols - 1] * kSteps, " Simple buffer bytes, this process for ",
+               geo_.nChannels, " and ", geo_.stepBytes[kNumProtocols - 1] * kSteps,
+               ": every process must run with the same JAX_RCCL_NCHANNELS, JAX_RCCL_BUFFSIZE and "
+               "build");
   }
   int channels = topo_.nChannels;
   int mySharers = 1;
