@@ -418,6 +418,39 @@ def test_direct_avg_and_repeat(nranks, count):
         np.testing.assert_allclose(outs[r][0], (nranks + 1) / 2.0, rtol=1e-6)
 
 
+@pytest.mark.parametrize("nranks", RANKS)
+@pytest.mark.parametrize("op", ["sum", "prod", "min", "max"])
+@pytest.mark.parametrize("dtype", ["int32", "float32", "bfloat16"])
+def test_direct_one_hop_all_reduce(nranks, op, dtype):
+    """The one-hop all_reduce (a thread per rank and 8-byte word): every op, 1 and 3 elements
+    (a part word) and as many as fill the block's 512 threads exactly, three launches in a row
+    with new inputs (a line of the launch before must not pass for this one's). float32 inputs
+    are random, so a sum or product in another order than the ranks' would round differently:
+    every rank's result has the bits of the rank-order reduction."""
+    if not has(dtype):
+        pytest.skip(f"{dtype} not in this device build")
+    h = get_harness(nranks)
+    np_dt = harness._np_dtype(dtype)
+    fn = {"sum": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum}[op]
+    full = (512 // nranks) * (8 // np_dt.itemsize)
+    for count in (1, 3, full):
+        task = {"coll": "all_reduce", "count": count, "dtype": dtype, "op": op}
+        assert h.build([task], algorithm="Direct")[0]["algorithm"] == "direct"
+        for launch in range(3):
+            if dtype == "float32":
+                rng = np.random.default_rng(100 * launch + count + nranks)
+                xs = [rng.standard_normal(count).astype(np.float32) for _ in range(nranks)]
+                want = xs[0].copy()
+                for x in xs[1:]:
+                    want = fn(want, x)
+            else:
+                xs = inputs_for(dtype, nranks, count, seed=100 * launch)
+                want = reduce_ref(xs, op, dtype)
+            outs = h.run([task], [[x] for x in xs], algorithm="Direct")
+            for r in range(nranks):
+                same(outs[r][0], want)
+
+
 _FIRST_LAUNCH = """
 import numpy as np
 from jax_rccl import harness
