@@ -303,8 +303,6 @@ __device__ inline uint64_t PreWord(const F& fn, uint64_t u) {
 // The one-hop path's words of every rank, one per thread (one buffer for every reduction type:
 // a static in the template would take its room once per type).
 __shared__ uint64_t gDirectWords[kMaxLaunchThreads];
-// The one-hop path's step of each connection with a peer (both functions; one buffer for all).
-__shared__ uint64_t gDirectSendStep[kMaxDirectRanks], gDirectRecvStep[kMaxDirectRanks];
 
 template <typename F>
 __device__ __noinline__ bool RunDirectLL(const KernelArgs& a, uint64_t deadline, int ch,
@@ -313,8 +311,7 @@ __device__ __noinline__ bool RunDirectLL(const KernelArgs& a, uint64_t deadline,
   using Tr = ElemTraits<T>;
   using Acc = typename F::Acc;
   constexpr int kEpw = 8 / sizeof(T);
-  uint64_t* const sendStep = gDirectSendStep;
-  uint64_t* const recvStep = gDirectRecvStep;
+  __shared__ uint64_t sendStep[kMaxDirectRanks], recvStep[kMaxDirectRanks];
   const int n = a.nRanks, r = a.rank, tid = threadIdx.x, nt = blockDim.x;
   const Coll coll = Coll(t.coll);
   const int root = int(e.root);
@@ -495,8 +492,7 @@ __device__ __noinline__ bool RunDirectLLAllReduce(const KernelArgs& a, uint64_t 
   using Tr = ElemTraits<T>;
   using Acc = typename F::Acc;
   constexpr int kEpw = 8 / sizeof(T);
-  uint64_t* const sendStep = gDirectSendStep;
-  uint64_t* const recvStep = gDirectRecvStep;
+  __shared__ uint64_t sendStep[kMaxDirectRanks], recvStep[kMaxDirectRanks];
   const int n = a.nRanks, r = a.rank, tid = threadIdx.x;
   const int bytes = int(e.workCount) * int(t.unitSize);  // at most kDirectLLBytes
   const int nWords = (bytes + 7) / 8;
