@@ -50,7 +50,9 @@ namespace jax_rccl {
     "each way between two ranks of different hosts); 0: as many as within a host")                \
   X(buffsize, "JAX_RCCL_BUFFSIZE", Int, 4194304,                                                  \
     "Bytes of a GPU connection's Simple buffer, 8 steps of an eighth each "                       \
-    "(NCCL_BUFFSIZE); every process of a group sets the same")                                    \
+    "(NCCL_BUFFSIZE); a rank's device memory holds one per channel and rank, and a "              \
+    "window across hosts one per channel and direction; every process of a group sets "           \
+    "the same")                                                                                   \
   X(hostname, "JAX_RCCL_HOSTNAME", String, "",                                                    \
     "Host name this process gives its peers (processes with the same one share memory); empty: "  \
     "the machine's host name. Tests set it to run one machine's processes as several hosts")
