@@ -415,10 +415,11 @@ Status GpuComm::TradeRegions(int rank, const std::string& who) {
     const GpuRecord& rec = recs[size_t(r)];
     bool same = rec.nChannels == geo_.nChannels;
     for (int p = 0; p < kNumProtocols; ++p) same = same && rec.stepBytes[p] == geo_.stepBytes[p];
+    constexpr int kSimple = static_cast<int>(Proto::kSimple);
     JR_REQUIRE(same, Code::kInvalidArgument, "jax_rccl '", who, "': GPU group ", groupText_, ": ",
                RankText(r), " lays its connections out for ", rec.nChannels, " channels and ",
-               rec.stepBytes[kNumProtocols - 1] * kSteps, " Simple buffer bytes, this process for ",
-               geo_.nChannels, " and ", geo_.stepBytes[kNumProtocols - 1] * kSteps,
+               rec.stepBytes[kSimple] * kSteps, " Simple buffer bytes, this process for ",
+               geo_.nChannels, " and ", geo_.stepBytes[kSimple] * kSteps,
                ": every process must run with the same JAX_RCCL_NCHANNELS, JAX_RCCL_BUFFSIZE and "
                "build");
   }
