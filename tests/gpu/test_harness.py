@@ -432,7 +432,7 @@ def test_direct_one_hop_all_reduce(nranks, op, dtype):
     h = get_harness(nranks)
     np_dt = harness._np_dtype(dtype)
     fn = {"sum": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum}[op]
-    full = (512 // nranks) * (8 // np_dt.itemsize)
+    full = (512 // nranks) * (8 // np.dtype(np_dt).itemsize)
     for count in (1, 3, full):
         task = {"coll": "all_reduce", "count": count, "dtype": dtype, "op": op}
         assert h.build([task], algorithm="Direct")[0]["algorithm"] == "direct"
