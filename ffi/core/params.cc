@@ -89,6 +89,10 @@ StatusOr<Params> LoadValidParams() {
   if (p.buffsize < (int64_t(1) << 16) || p.buffsize > (int64_t(1) << 26) || p.buffsize % 4096) {
     return bad("JAX_RCCL_BUFFSIZE", "a multiple of 4096 from 65536 to 67108864 bytes");
   }
+  if (p.net_buffsize < (int64_t(1) << 16) || p.net_buffsize > (int64_t(1) << 26) ||
+      p.net_buffsize % 4096) {
+    return bad("JAX_RCCL_NET_BUFFSIZE", "a multiple of 4096 from 65536 to 67108864 bytes");
+  }
   if (p.check_calls != 0 && p.check_calls != 1) return bad("JAX_RCCL_CHECK_CALLS", "0 or 1");
   for (char& c : p.debug) c = char(std::toupper(static_cast<unsigned char>(c)));
   if (p.debug != "WARN" && p.debug != "INFO" && p.debug != "TRACE") {

@@ -49,10 +49,13 @@ namespace jax_rccl {
     "Channels of a GPU group whose ranks span hosts, at most (each channel is a TCP connection "  \
     "each way between two ranks of different hosts); 0: as many as within a host")                \
   X(buffsize, "JAX_RCCL_BUFFSIZE", Int, 4194304,                                                  \
-    "Bytes of a GPU connection's Simple buffer, 8 steps of an eighth each "                       \
-    "(NCCL_BUFFSIZE); a rank's device memory holds one per channel and rank, and a "              \
-    "window across hosts one per channel and direction; every process of a group sets "           \
-    "the same")                                                                                   \
+    "Bytes of a GPU connection's Simple buffer in a group within one host, 8 steps of an eighth " \
+    "each (NCCL_BUFFSIZE); a rank's device memory holds one per channel and rank; every process " \
+    "of a group sets the same")                                                                   \
+  X(net_buffsize, "JAX_RCCL_NET_BUFFSIZE", Int, 1048576,                                          \
+    "Bytes of a GPU connection's Simple buffer in a group whose ranks span hosts (its "           \
+    "connections within a host too), 8 steps of an eighth each; a window across hosts holds one " \
+    "per channel and direction; every process of a group sets the same")                          \
   X(hostname, "JAX_RCCL_HOSTNAME", String, "",                                                    \
     "Host name this process gives its peers (processes with the same one share memory); empty: "  \
     "the machine's host name. Tests set it to run one machine's processes as several hosts")

@@ -420,8 +420,8 @@ Status GpuComm::TradeRegions(int rank, const std::string& who) {
                RankText(r), " lays its connections out for ", rec.nChannels, " channels and ",
                rec.stepBytes[kSimple] * kSteps, " Simple buffer bytes, this process for ",
                geo_.nChannels, " and ", geo_.stepBytes[kSimple] * kSteps,
-               ": every process must run with the same JAX_RCCL_NCHANNELS, JAX_RCCL_BUFFSIZE and "
-               "build");
+               ": every process must run with the same JAX_RCCL_NCHANNELS, ",
+               crossHost_ ? "JAX_RCCL_NET_BUFFSIZE" : "JAX_RCCL_BUFFSIZE", " and build");
   }
   int channels = topo_.nChannels;
   int mySharers = 1;
@@ -582,6 +582,10 @@ StatusOr<GpuComm*> GetOrCreateComm(const std::vector<int64_t>& devices, const Pa
       topo.nNodes = nNodes;
       topo.interLink = LinkKind::kNet;
       topo.bwInter = kGpuNetBwGBs;
+      // The windows across hosts stream the Simple steps through host memory and TCP: smaller
+      // steps than within a host keep more of them moving (docs/benchmarks.md, GPU groups across
+      // hosts). The connections within a host of such a group take the same steps (one geometry).
+      topo.buffSizes[static_cast<int>(Proto::kSimple)] = params.net_buffsize;
     }
     comm = std::make_unique<GpuComm>(devices, ordinals, topo, params.timeout);
     std::unique_ptr<comm::ShmGroup> shm;

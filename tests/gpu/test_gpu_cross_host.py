@@ -277,6 +277,92 @@ def test_net_nchannels_caps_the_channels_across_hosts(mps_env):  # noqa: F811
     _no_segments(results)
 
 
+def test_net_buffsize_sets_the_steps_across_hosts(mps_env):  # noqa: F811
+    """JAX_RCCL_NET_BUFFSIZE=65536 (8 KiB Simple steps) in a group across hosts, with a different
+    JAX_RCCL_BUFFSIZE in each process (it sizes groups within one host only): every result right,
+    and the int32 psum alone (4 MiB per rank; either algorithm moves 2 x 4 MiB across hosts per
+    call) takes at least 3 x 8 MiB / 8 KiB steps through the connections across hosts (the
+    default's 128 KiB steps would take 16 times fewer)."""
+    count, steps = 1 << 20, 3
+    results = _run_step_processes(
+        mps_env,
+        2,
+        count,
+        steps,
+        False,
+        script=_STEP_WORKER + _WORLD_SUFFIX,
+        env_of=lambda p: {
+            **_two_hosts(2, {"JAX_RCCL_NET_BUFFSIZE": "65536"})(p),
+            "JAX_RCCL_BUFFSIZE": str((1 + p) << 20),
+        },
+    )
+    for r in results:
+        assert r["bad"] == {}, r["bad"]
+        assert r["errors"] == 0, r["errors"]
+    moved = _check_counters(results)
+    assert moved["across hosts"] >= steps * 2 * count * 4 // 8192, moved
+    _no_segments(results)
+
+
+_SETTING_WORKER = textwrap.dedent(
+    """
+    import json, os, sys
+    import numpy as np
+    import jax
+    process, nprocs, port, count, steps = (int(a) for a in sys.argv[1:6])
+    jax.distributed.initialize(f"127.0.0.1:{port}", nprocs, process, initialization_timeout=120)
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    import jax_rccl
+    from jax_rccl import _compat
+
+    devs = jax.devices()
+    n = len(devs)
+    mesh = Mesh(np.array(devs), ("i",))
+    spec = NamedSharding(mesh, P("i"))
+    f = jax.jit(jax.shard_map(lambda v: jax_rccl.psum(v, "i"), mesh=mesh, in_specs=P("i"),
+                              out_specs=P("i")))
+    x = jax.make_array_from_callback((n * count,), spec, lambda idx: np.ones(n * count)[idx])
+    out = {"process": process, "raised": False}
+    try:
+        jax.block_until_ready(f(x))
+    except Exception as e:
+        out.update(raised=True, error=f"{type(e).__name__}: {e}")
+    print("RESULT " + json.dumps(out), flush=True)
+    # Process 0 serves JAX's coordination service: it waits (bounded) for the other's result;
+    # every process leaves by os._exit (JAX's shutdown would wait on a failed communicator).
+    client = _compat.distributed_client()
+    try:
+        _compat.kv_set(client, f"xhost_setting/done/{process}", "1")
+        if process == 0:
+            for q in range(1, nprocs):
+                _compat.kv_get(client, f"xhost_setting/done/{q}", 30.0)
+    except Exception as e:
+        print(f"meeting the others: {type(e).__name__}: {e}", flush=True)
+    sys.stdout.flush()
+    os._exit(0)
+    """
+)
+
+
+def test_net_buffsize_that_differs_is_an_error_naming_it(mps_env):  # noqa: F811
+    """Two processes on two hosts with different JAX_RCCL_NET_BUFFSIZE: the first collective raises
+    in both, naming the other rank and the variable, instead of running with two layouts."""
+    results = _run_step_processes(
+        mps_env,
+        2,
+        1024,
+        1,
+        False,
+        script=_SETTING_WORKER,
+        env_of=lambda p: _two_hosts(2, {"JAX_RCCL_NET_BUFFSIZE": str(65536 << p)})(p),
+        timeout=120,
+    )
+    for p, r in enumerate(results):
+        assert r["raised"], f"process {p} ran with the other's buffer size different: {r}"
+        assert "JAX_RCCL_NET_BUFFSIZE" in r["error"], r["error"]
+        assert re.search(rf"\brank {1 - p}\b", r["error"]), r["error"]
+
+
 # --- a thousand steps --------------------------------------------------------------------------
 
 

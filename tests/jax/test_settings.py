@@ -60,6 +60,8 @@ def _run(env: dict[str, str]) -> str:
         ("JAX_RCCL_NET_NCHANNELS", "-1", "an integer 0..64 (0: no cap)"),
         ("JAX_RCCL_BUFFSIZE", "1000", "a multiple of 4096 from 65536 to 67108864"),
         ("JAX_RCCL_BUFFSIZE", "134217728", "a multiple of 4096 from 65536 to 67108864"),
+        ("JAX_RCCL_NET_BUFFSIZE", "65535", "a multiple of 4096 from 65536 to 67108864"),
+        ("JAX_RCCL_NET_BUFFSIZE", "1048577", "a multiple of 4096 from 65536 to 67108864"),
     ],
 )
 def test_bad_value_names_the_variable(var, value, allowed):
@@ -70,7 +72,12 @@ def test_bad_value_names_the_variable(var, value, allowed):
 
 @pytest.mark.parametrize(
     "var,value",
-    [("JAX_RCCL_DEBUG", "info"), ("JAX_RCCL_TIMEOUT", "1e3"), ("JAX_RCCL_BUFFSIZE", "1048576")],
+    [
+        ("JAX_RCCL_DEBUG", "info"),
+        ("JAX_RCCL_TIMEOUT", "1e3"),
+        ("JAX_RCCL_BUFFSIZE", "1048576"),
+        ("JAX_RCCL_NET_BUFFSIZE", "65536"),
+    ],
 )
 def test_good_values_are_taken(var, value):
     assert _run({var: value}) == "RESULT 2.0"
