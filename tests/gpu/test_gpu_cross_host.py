@@ -19,6 +19,7 @@ import pytest
 from test_jax_gpu_mp import (  # noqa: F401 - mps_env: the fixture, visible to pytest here
     _LOOP_WORKER,
     _STEP_WORKER,
+    _WORKER_START,
     _run_step_processes,
     mps_env,
 )
@@ -304,21 +305,8 @@ def test_net_buffsize_sets_the_steps_across_hosts(mps_env):  # noqa: F811
     _no_segments(results)
 
 
-_SETTING_WORKER = textwrap.dedent(
+_SETTING_WORKER = _WORKER_START + textwrap.dedent(
     """
-    import json, os, sys
-    import numpy as np
-    import jax
-    process, nprocs, port, count, steps = (int(a) for a in sys.argv[1:6])
-    jax.distributed.initialize(f"127.0.0.1:{port}", nprocs, process, initialization_timeout=120)
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-    import jax_rccl
-    from jax_rccl import _compat
-
-    devs = jax.devices()
-    n = len(devs)
-    mesh = Mesh(np.array(devs), ("i",))
-    spec = NamedSharding(mesh, P("i"))
     f = jax.jit(jax.shard_map(lambda v: jax_rccl.psum(v, "i"), mesh=mesh, in_specs=P("i"),
                               out_specs=P("i")))
     x = jax.make_array_from_callback((n * count,), spec, lambda idx: np.ones(n * count)[idx])

@@ -201,9 +201,11 @@ def test_processes_with_one_gpu_each(nprocs, share):
 
 # --- one step of every collective at large sizes, processes sharing the GPU under MPS ----------
 
-_STEP_WORKER = textwrap.dedent(
+# The start of a worker (argv: process, nprocs, port, count, steps): JAX's distributed client,
+# and a one-axis mesh "i" over every process's device.
+_WORKER_START = textwrap.dedent(
     """
-    import json, sys
+    import json, os, sys
     import numpy as np
     import jax
     process, nprocs, port, count, steps = (int(a) for a in sys.argv[1:6])
@@ -211,12 +213,17 @@ _STEP_WORKER = textwrap.dedent(
     import jax.numpy as jnp
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
     import jax_rccl
-    from jax_rccl import _jax_rccl
+    from jax_rccl import _compat, _jax_rccl
 
     devs = jax.devices()
     n = len(devs)
     mesh = Mesh(np.array(devs), ("i",))
     spec = NamedSharding(mesh, P("i"))
+    """
+)
+
+_STEP_WORKER = _WORKER_START + textwrap.dedent(
+    """
     perm = [(k, (k + 1) % n) for k in range(n)]
 
     # State (x int32, y float32), both donated: x moves one rank on per step (ppermute), y becomes
