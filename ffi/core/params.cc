@@ -86,13 +86,13 @@ StatusOr<Params> LoadValidParams() {
   if (p.net_nchannels < 0 || p.net_nchannels > 64) {
     return bad("JAX_RCCL_NET_NCHANNELS", "an integer 0..64 (0: no cap)");
   }
-  if (p.buffsize < (int64_t(1) << 16) || p.buffsize > (int64_t(1) << 26) || p.buffsize % 4096) {
-    return bad("JAX_RCCL_BUFFSIZE", "a multiple of 4096 from 65536 to 67108864 bytes");
-  }
-  if (p.net_buffsize < (int64_t(1) << 16) || p.net_buffsize > (int64_t(1) << 26) ||
-      p.net_buffsize % 4096) {
-    return bad("JAX_RCCL_NET_BUFFSIZE", "a multiple of 4096 from 65536 to 67108864 bytes");
-  }
+  // The Simple buffers (within a host, across hosts) take the same sizes.
+  const auto buffSizeOk = [](int64_t b) {
+    return b >= (int64_t(1) << 16) && b <= (int64_t(1) << 26) && b % 4096 == 0;
+  };
+  constexpr const char* kBuffSizes = "a multiple of 4096 from 65536 to 67108864 bytes";
+  if (!buffSizeOk(p.buffsize)) return bad("JAX_RCCL_BUFFSIZE", kBuffSizes);
+  if (!buffSizeOk(p.net_buffsize)) return bad("JAX_RCCL_NET_BUFFSIZE", kBuffSizes);
   if (p.check_calls != 0 && p.check_calls != 1) return bad("JAX_RCCL_CHECK_CALLS", "0 or 1");
   for (char& c : p.debug) c = char(std::toupper(static_cast<unsigned char>(c)));
   if (p.debug != "WARN" && p.debug != "INFO" && p.debug != "TRACE") {
