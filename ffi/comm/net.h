@@ -68,7 +68,9 @@ class NetComm {
   // Posts the send of `bytes` at `data` with the word `info` (send ends only). *request is null
   // when the connection cannot take another request now (try again after a Test): at most
   // kMaxRequests are in flight per connection, as in NCCL (NCCL_NET_MAX_REQUESTS). `data` must stay
-  // valid and unchanged until the request is done.
+  // valid and unchanged until the request is done. A send moves only into a receive its receiver
+  // posted (as NCCL's IB transport waits for the receiver's clear-to-send): a send waits, never
+  // fails, while no receive is posted.
   virtual Status Isend(const void* data, size_t bytes, uint64_t info, NetMemory* mem,
                        NetRequest** request) = 0;
   // Posts a receive of at most `bytes` into `data` (receive ends only); as Isend.
@@ -110,8 +112,9 @@ class Net {
 
 // The TCP backend (net_socket.cc). `session` and `process` as the socket transport's handshake
 // takes them (socket_listen.h: ClientHandshake); `threads` helper threads move the connections'
-// bytes (0: the caller's Test does).
-std::unique_ptr<Net> MakeSocketNet(std::string session, int process, int threads);
+// bytes (0: the caller's Test does); `streams` > 0: the channels between two ranks share that
+// many TCP streams (channel c on stream c % streams; 0: a stream per channel).
+std::unique_ptr<Net> MakeSocketNet(std::string session, int process, int threads, int streams);
 
 }  // namespace comm
 }  // namespace jax_rccl

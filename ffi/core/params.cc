@@ -86,6 +86,9 @@ StatusOr<Params> LoadValidParams() {
   if (p.net_nchannels < 0 || p.net_nchannels > 64) {
     return bad("JAX_RCCL_NET_NCHANNELS", "an integer 0..64 (0: no cap)");
   }
+  if (p.net_streams < 0 || p.net_streams > 64) {
+    return bad("JAX_RCCL_NET_STREAMS", "an integer 0..64 (0: a stream per channel)");
+  }
   // The Simple buffers (within a host, across hosts) take the same sizes.
   const auto buffSizeOk = [](int64_t b) {
     return b >= (int64_t(1) << 16) && b <= (int64_t(1) << 26) && b % 4096 == 0;

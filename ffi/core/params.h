@@ -48,6 +48,11 @@ namespace jax_rccl {
   X(net_nchannels, "JAX_RCCL_NET_NCHANNELS", Int, 8,                                              \
     "Channels of a GPU group whose ranks span hosts, at most (each channel is a TCP connection "  \
     "each way between two ranks of different hosts); 0: as many as within a host")                \
+  X(net_streams, "JAX_RCCL_NET_STREAMS", Int, 0,                                                  \
+    "TCP streams each way between two ranks of different hosts that carry a GPU group's "         \
+    "channels (channel c on stream c % S; a step goes only into a receive its receiver posted, "  \
+    "so channels sharing a stream never hold each other up); 0: a stream per channel; every "     \
+    "process of a group sets the same")                                                           \
   X(buffsize, "JAX_RCCL_BUFFSIZE", Int, 4194304,                                                  \
     "Bytes of a GPU connection's Simple buffer in a group within one host, 8 steps of an eighth " \
     "each (NCCL_BUFFSIZE); a rank's device memory holds one per channel and rank; every process " \

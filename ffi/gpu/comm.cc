@@ -155,9 +155,10 @@ Status GpuComm::Init() {
 }
 
 void GpuComm::SetShared(comm::GroupPlacement placement, std::unique_ptr<comm::ShmGroup> shm,
-                        int netThreads, int netChannels) {
+                        int netThreads, int netChannels, int netStreams) {
   placement_ = std::move(placement);
   netChannels_ = netChannels;
+  netStreams_ = netStreams;
   shm_ = std::move(shm);
   crossProcess_ = true;
   systemFence_ = true;
@@ -168,7 +169,7 @@ void GpuComm::SetShared(comm::GroupPlacement placement, std::unique_ptr<comm::Sh
   }
   // The records' exchange, then the proxy, use it (comm_net.cc).
   if (crossHost_)
-    net_ = comm::MakeSocketNet(placement_.session, placement_.thisProcess, netThreads);
+    net_ = comm::MakeSocketNet(placement_.session, placement_.thisProcess, netThreads, netStreams);
 }
 
 Status GpuComm::Failure() {
@@ -351,6 +352,7 @@ StatusOr<GpuRecord> GpuComm::OwnRecord() const {
   }
   rec.nChannels = geo_.nChannels;
   rec.netChannels = netChannels_;
+  rec.netStreams = netStreams_;
   for (int p = 0; p < kNumProtocols; ++p) rec.stepBytes[p] = geo_.stepBytes[p];
   return rec;
 }
@@ -422,6 +424,12 @@ Status GpuComm::TradeRegions(int rank, const std::string& who) {
                geo_.nChannels, " and ", geo_.stepBytes[kSimple] * kSteps,
                ": every process must run with the same JAX_RCCL_NCHANNELS, ",
                crossHost_ ? "JAX_RCCL_NET_BUFFSIZE" : "JAX_RCCL_BUFFSIZE", " and build");
+    JR_REQUIRE(!crossHost_ || rec.netStreams == netStreams_, Code::kInvalidArgument, "jax_rccl '",
+               who, "': GPU group ", groupText_, ": ", RankText(r),
+               " carries its channels across "
+               "hosts on ",
+               rec.netStreams, " TCP streams per peer, this process on ", netStreams_,
+               " (0: one per channel): every process must run with the same JAX_RCCL_NET_STREAMS");
   }
   int channels = topo_.nChannels;
   int mySharers = 1;
@@ -606,7 +614,7 @@ StatusOr<GpuComm*> GetOrCreateComm(const std::vector<int64_t>& devices, const Pa
       JR_CHECK(shm->CreateLocal());
     }
     comm->SetShared(std::move(placement), std::move(shm), int(params.net_threads),
-                    int(params.net_nchannels));
+                    int(params.net_nchannels), int(params.net_streams));
     if (comm->crossHost()) {
       // At exit the proxies close their connections in order, so that a peer still finishing its
       // last steps sees the end of the data, not a failure.

@@ -70,6 +70,7 @@ struct GpuRecord {
   int32_t knownSharers;    // ranks on that GPU in the process's earlier groups (at least 1)
   int32_t nChannels;       // the geometry's
   int32_t netChannels;     // the process's cap on the channels of a group across hosts (0: none)
+  int32_t netStreams;  // the process's TCP streams per pair of ranks across hosts (0: per channel)
   int64_t stepBytes[kNumProtocols];
 };
 
@@ -85,9 +86,10 @@ class GpuComm {
   // process's created; null when every other rank is on another host).
   // `netThreads`: the network interface's helper threads (ranks on other hosts); `netChannels`:
   // this process's cap on the group's channels when it spans hosts (0: none; every rank takes the
-  // smallest of the group's).
+  // smallest of the group's); `netStreams`: the TCP streams that carry the channels between two
+  // ranks of different hosts (0: one per channel; every process of the group sets the same).
   void SetShared(comm::GroupPlacement placement, std::unique_ptr<comm::ShmGroup> shm,
-                 int netThreads, int netChannels);
+                 int netThreads, int netChannels, int netStreams);
   bool shared() const { return crossProcess_; }
   // Some rank is on another host (its steps go through the network proxy).
   bool crossHost() const { return crossHost_; }
@@ -164,6 +166,7 @@ class GpuComm {
   comm::GroupPlacement placement_;
   std::vector<uint8_t> otherHost_;  // by rank: on another host than this process
   int netChannels_ = 0;             // SetShared's
+  int netStreams_ = 0;              // SetShared's
   std::unique_ptr<comm::ShmGroup> shm_;
   // Across hosts (ffi/gpu/comm_net.cc): by rank, the window of a rank of another host; the proxy.
   std::vector<Mapped> windows_;

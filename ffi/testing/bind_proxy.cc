@@ -72,7 +72,7 @@ nb::dict RunNetProxy(const std::string& session, int process, uint64_t group,
                      const std::vector<int>& host_of_rank, const std::vector<int>& local_ranks,
                      const nb::list& program, const std::vector<int64_t>& step_bytes,
                      double timeout_s, int64_t stop_after, bool verify, int net_threads,
-                     bool drain_wait, int64_t recv_delay_us) {
+                     bool drain_wait, int64_t recv_delay_us, int net_streams, int hold_channel) {
   Check(step_bytes.size() == size_t(kProxyProtocols), "step_bytes: 3 sizes");
   Check(nb::len(program) == local_ranks.size(), "program: one list per local rank");
   const std::vector<std::pair<const char*, int64_t>> statsBefore = StatsSnapshot();
@@ -131,8 +131,9 @@ nb::dict RunNetProxy(const std::string& session, int process, uint64_t group,
     pcs.push_back(pc);
     order.push_back(c.get());
   }
-  auto proxy = std::make_unique<comm::NetProxy>(comm::MakeSocketNet(session, process, net_threads),
-                                                group, pcs, endpoints, rankString, timeout_s);
+  auto proxy = std::make_unique<comm::NetProxy>(
+      comm::MakeSocketNet(session, process, net_threads, net_streams), group, pcs, endpoints,
+      rankString, timeout_s);
   const Clock::time_point deadline =
       Clock::now() + std::chrono::microseconds(int64_t(timeout_s * 1e6));
   {
@@ -157,8 +158,17 @@ nb::dict RunNetProxy(const std::string& session, int process, uint64_t group,
         Clock::time_point lastProgress = Clock::now();
         while (true) {
           bool all = true, progressed = false;
+          // `hold_channel`: its receives wait until every other connection is done.
+          bool othersDone = true;
+          for (StandInConn* c : mine) {
+            if (c->channel != hold_channel && c->next < c->protocols.size()) othersDone = false;
+          }
           for (StandInConn* c : mine) {
             StandInFifo& f = c->fifo;
+            if (!c->send && c->channel == hold_channel && !othersDone) {
+              all = false;
+              continue;
+            }
             while (c->next < c->protocols.size()) {
               if (stop_after >= 0 && moved >= stop_after) {
                 abandoned.store(true);
@@ -335,7 +345,7 @@ void BindProxy(nb::module_& m) {
         nb::arg("endpoints"), nb::arg("host_of_rank"), nb::arg("local_ranks"), nb::arg("program"),
         nb::arg("step_bytes"), nb::arg("timeout_s") = 10.0, nb::arg("stop_after") = -1,
         nb::arg("verify") = true, nb::arg("net_threads") = 2, nb::arg("drain_wait") = true,
-        nb::arg("recv_delay_us") = 0,
+        nb::arg("recv_delay_us") = 0, nb::arg("net_streams") = 0, nb::arg("hold_channel") = -1,
         "Runs the network proxy for this process's ranks `local_ranks` with a host-memory "
         "stand-in for their kernels: `program[i]` lists local rank i's proxy ops (the planner's "
         "dicts: channel, protocol, nsteps, recv_peers, send_peers); every send step carries "
@@ -351,7 +361,11 @@ void BindProxy(nb::module_& m) {
         "and last words are written and checked (benchmarks). `net_threads`: the TCP backend's "
         "helper threads (JAX_RCCL_NET_THREADS). `drain_wait` False: stop the proxy as soon as the "
         "stand-in posted its last step (Stop must ship the rest); `recv_delay_us`: the stand-in "
-        "waits that long before it frees each received step (a slow receiver).");
+        "waits that long before it frees each received step (a slow receiver); `net_streams`: the "
+        "TCP "
+        "streams each way per pair of ranks (JAX_RCCL_NET_STREAMS); `hold_channel`: the "
+        "stand-in takes none of that channel's received steps until every other connection of "
+        "its rank is done (a channel whose receiver lags behind the others).");
 }
 
 }  // namespace jax_rccl

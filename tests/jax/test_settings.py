@@ -58,6 +58,8 @@ def _run(env: dict[str, str]) -> str:
         ("JAX_RCCL_STALL_GRACE", "inf", "a finite number of seconds >= 0"),
         ("JAX_RCCL_NET_THREADS", "65", "an integer 0..64"),
         ("JAX_RCCL_NET_NCHANNELS", "-1", "an integer 0..64 (0: no cap)"),
+        ("JAX_RCCL_NET_STREAMS", "65", "an integer 0..64 (0: a stream per channel)"),
+        ("JAX_RCCL_NET_STREAMS", "two", "is not an integer"),
         ("JAX_RCCL_BUFFSIZE", "1000", "a multiple of 4096 from 65536 to 67108864"),
         ("JAX_RCCL_BUFFSIZE", "134217728", "a multiple of 4096 from 65536 to 67108864"),
         ("JAX_RCCL_NET_BUFFSIZE", "65535", "a multiple of 4096 from 65536 to 67108864"),
@@ -77,6 +79,7 @@ def test_bad_value_names_the_variable(var, value, allowed):
         ("JAX_RCCL_TIMEOUT", "1e3"),
         ("JAX_RCCL_BUFFSIZE", "1048576"),
         ("JAX_RCCL_NET_BUFFSIZE", "65536"),
+        ("JAX_RCCL_NET_STREAMS", "4"),
     ],
 )
 def test_good_values_are_taken(var, value):

@@ -65,6 +65,8 @@ def worker(args: dict) -> dict:
                 net_threads=args.get("net_threads", 2),
                 drain_wait=args.get("drain_wait", True),
                 recv_delay_us=args.get("recv_delay_us", 0),
+                net_streams=args.get("net_streams", 0),
+                hold_channel=args.get("hold_channel", -1),
             )
             out["rounds"].append([list(c) for c in res.get("conns", [])])
             out["stats"].append(dict(res.get("stats", {})))
@@ -216,16 +218,52 @@ def test_one_process_two_fake_hosts_and_several_tasks():
 
 
 @pytest.mark.parametrize("net_threads", [0, 2], ids=["proxy_pumps", "helper_threads"])
-def test_four_hosts_of_one_rank(net_threads):
+@pytest.mark.parametrize("net_streams", [0, 1], ids=["stream_per_channel", "one_stream"])
+def test_four_hosts_of_one_rank(net_threads, net_streams):
     """Four processes, each its own host: every ring connection crosses hosts; the TCP bytes
-    moved by the proxy's own thread or by helper threads."""
+    moved by the proxy's own thread or by helper threads, each channel on a stream of its own or
+    both channels of a pair of ranks on one."""
     from jax_rccl.planner import Task
 
     topo = _topology(4, 4)
     programs = _plan_programs(
         [Task("all_reduce", 1 << 18, "float32")], topo, algorithm="ring", protocol="simple"
     )
-    results = _run(topo, programs, [0, 1, 2, 3], net_threads=net_threads)
+    results = _run(topo, programs, [0, 1, 2, 3], net_threads=net_threads, net_streams=net_streams)
+    _check(results, programs)
+
+
+@pytest.mark.parametrize("net_streams", [1, 3])
+@pytest.mark.parametrize("coll,count,dtype,algo,proto", CASES[:3] + CASES[4:6])
+def test_channels_sharing_streams_move_every_planned_step(
+    coll, count, dtype, algo, proto, net_streams
+):
+    """Two processes, two ranks each, 4 channels on 1 or 3 TCP streams per pair of ranks (the
+    channels c and c + S share one): every step arrives intact, once, on its own channel."""
+    from jax_rccl.planner import Task
+
+    topo = _topology(4, 2, nchannels=4)
+    programs = _plan_programs([Task(coll, count, dtype)], topo, algorithm=algo, protocol=proto)
+    results = _run(topo, programs, [0, 0, 1, 1], net_streams=net_streams)
+    _check(results, programs)
+
+
+@pytest.mark.parametrize("net_threads", [0, 2], ids=["proxy_pumps", "helper_threads"])
+def test_a_lagging_channel_holds_up_no_other_channel_on_its_stream(net_threads):
+    """4 channels on one TCP stream; the receiver takes none of channel 0's steps until the other
+    three have finished (a block that runs behind the others). Its sender may post only as many
+    steps as the receiver has receives for (credits), so channel 0's steps never sit in the
+    stream in front of the others': all four finish, every step intact."""
+    from jax_rccl.planner import Task
+
+    topo = _topology(2, 2, nchannels=4)
+    programs = _plan_programs(
+        [Task("broadcast", 1 << 24, "int8", root=0)], topo, algorithm="ring", protocol="simple"
+    )
+    # Many more steps per channel than a connection's slots: without credits, channel 0's ninth
+    # step would wait in the stream ahead of everything else.
+    assert all(o["nsteps"] >= 4 * STEPS for o in programs[0]), programs[0]
+    results = _run(topo, programs, [0, 1], net_streams=1, hold_channel=0, net_threads=net_threads)
     _check(results, programs)
 
 
@@ -289,8 +327,9 @@ def test_runtime_stats_tell_where_the_steps_waited():
     assert full[20000] > 0.3 and full[20000] > full[0], full
 
 
+@pytest.mark.parametrize("net_streams", [0, 1], ids=["stream_per_channel", "one_stream"])
 @pytest.mark.parametrize("fault", ["exit", "stop"])
-def test_a_dead_or_stopped_peer_is_an_error_naming_it(fault):
+def test_a_dead_or_stopped_peer_is_an_error_naming_it(fault, net_streams):
     """Process 1 (ranks 2 and 3, host 1) stops after a few steps: it exits (its connections
     close) or stays with its connections open and moves nothing. Process 0 must fail naming a
     rank of host 1: an exit at once, a stop when its proxy's timeout passes with its sends stuck
@@ -303,7 +342,14 @@ def test_a_dead_or_stopped_peer_is_an_error_naming_it(fault):
     )
     timeout = 4.0
     results = _run(
-        topo, programs, [0, 0, 1, 1], timeout=timeout, faulty=1, fault=fault, stop_after=5
+        topo,
+        programs,
+        [0, 0, 1, 1],
+        timeout=timeout,
+        faulty=1,
+        fault=fault,
+        stop_after=5,
+        net_streams=net_streams,
     )
     r0 = results[0]
     assert "error" in r0, r0
@@ -368,10 +414,12 @@ def _random_round(rng: random.Random, nchannels: int) -> dict:
     return {"programs": progs, "step_bytes": step_bytes}
 
 
-def test_random_protocol_mixes_in_one_process():
+@pytest.mark.parametrize("net_streams", [0, 2])
+def test_random_protocol_mixes_in_one_process(net_streams):
     """Twelve proxies in turn, each over random programs: protocols changing from segment to
-    segment on a connection, random step sizes, 1 to 4 channels, ops of both directions mixed.
-    Every step arrives with its data, and each connection moves exactly its planned steps."""
+    segment on a connection, random step sizes, 1 to 4 channels (each on a stream of its own, or
+    on 2 streams per pair of ranks), ops of both directions mixed. Every step arrives with its
+    data, and each connection moves exactly its planned steps."""
     rng = random.Random(20261205)
     rounds = [_random_round(rng, rng.randint(1, 4)) for _ in range(12)]
     with tempfile.TemporaryDirectory() as folder:
@@ -388,6 +436,7 @@ def test_random_protocol_mixes_in_one_process():
             host_of_rank=[0, 1],
             timeout=20.0,
             stop_after=-1,
+            net_streams=net_streams,
         )
     res = results[0]
     assert "error" not in res, res
