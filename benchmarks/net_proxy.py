@@ -2,13 +2,14 @@
 socket bandwidth, measured in the same two processes.
 
     .venv/bin/python -P benchmarks/net_proxy.py [--sizes 1M,4M,16M,64M,256M] [--channels 1,2]
-        [--repeat 3] [--net-threads 8] [--step-kib 512] [--touch]
+        [--repeat 3] [--net-threads 8] [--net-streams 0,4] [--step-kib 512] [--touch]
 
 Two plain Python processes (no JAX), each one rank on its own fake host. Per size S and channel
 count C, each rank's stand-in kernel (``jax_rccl._jax_rccl_testing.run_net_proxy``, verify off:
 it writes and checks only each step's first and last words) sends S bytes to the other rank and
 receives S bytes from it, in Simple steps of 512 KiB (``--step-kib``) spread over C channels (C
-TCP connections each way); the proxy of each process ships and lands every step. ``--touch``: the
+TCP connections each way, or with ``--net-streams`` S > 0 the C channels on S TCP streams each
+way, JAX_RCCL_NET_STREAMS); the proxy of each process ships and lands every step. ``--touch``: the
 stand-ins write every byte of a step they send and check every byte of one they receive, as the
 kernels' stores into and loads from the FIFO windows in host memory do (the memory traffic of the
 GPU path, less the bus). ``raw`` is the same traffic
@@ -80,7 +81,7 @@ def _raw(native, folder: str, p: int, size: int, channels: int, tag: str) -> flo
     return secs
 
 
-def _proxy(native, args, eps, p: int, size: int, channels: int, group: int) -> float:
+def _proxy(native, args, eps, p: int, size: int, channels: int, streams: int, group: int) -> float:
     step = args["step"]
     steps = -(-size // step)
     per = [steps // channels + (1 if c < steps % channels else 0) for c in range(channels)]
@@ -109,6 +110,7 @@ def _proxy(native, args, eps, p: int, size: int, channels: int, group: int) -> f
         -1,
         args["touch"],
         args["net_threads"],
+        net_streams=streams,
     )
     want = {c: n for c, n in enumerate(per) if n > 0}
     for channel, _, _, stand_in, proxy in res["conns"]:
@@ -131,15 +133,18 @@ def worker(args: dict) -> dict:
     for size in args["sizes"]:
         for ch in args["channels"]:
             key = f"{size}x{ch}"
-            raw, prox = [], []
+            raw: list[float] = []
+            prox: dict[int, list[float]] = {st: [] for st in args["streams"]}
             for r in range(args["repeat"]):
                 _barrier(folder, p, f"go{key}.{r}")
                 raw.append(_raw(native, folder, p, size, ch, f"{key}.{r}"))
-                _barrier(folder, p, f"px{key}.{r}")
-                prox.append(_proxy(native, args, eps, p, size, ch, group))
-                group += 1
+                for st in args["streams"]:
+                    _barrier(folder, p, f"px{key}.{r}.{st}")
+                    prox[st].append(_proxy(native, args, eps, p, size, ch, st, group))
+                    group += 1
             out["raw"][key] = statistics.median(raw)
-            out["proxy"][key] = statistics.median(prox)
+            for st in args["streams"]:
+                out["proxy"][f"{key}s{st}"] = statistics.median(prox[st])
     return out
 
 
@@ -157,6 +162,11 @@ def main() -> None:
     ap.add_argument(
         "--net-threads", type=int, default=8, help="helper threads per proxy (JAX_RCCL_NET_THREADS)"
     )
+    ap.add_argument(
+        "--net-streams",
+        default="0",
+        help="TCP streams each way the channels share, a list (JAX_RCCL_NET_STREAMS; 0: one each)",
+    )
     ap.add_argument("--step-kib", type=int, default=STEP // 1024, help="Simple step, KiB")
     ap.add_argument("--touch", action="store_true", help="stand-ins write and check every byte")
     a = ap.parse_args()
@@ -166,6 +176,9 @@ def main() -> None:
         ap.error("--step-kib must be 4..4096")
     sizes = [parse_size(s) for s in a.sizes.split(",")]
     channels = [int(c) for c in a.channels.split(",")]
+    streams = [int(s) for s in a.net_streams.split(",")]
+    if any(not 0 <= s <= 64 for s in streams):
+        ap.error("--net-streams: integers 0..64")
     session = uuid.uuid4().hex
     with tempfile.TemporaryDirectory() as folder:
         procs = []
@@ -176,6 +189,7 @@ def main() -> None:
                 "folder": folder,
                 "sizes": sizes,
                 "channels": channels,
+                "streams": streams,
                 "repeat": a.repeat,
                 "net_threads": a.net_threads,
                 "step": a.step_kib * 1024,
@@ -201,19 +215,22 @@ def main() -> None:
         " GB/s = bytes per direction / time (both directions at once)"
     )
     print(
-        f"{'size':>8} {'ch':>3} | {'raw ms':>9} {'GB/s':>6} | {'proxy ms':>9} {'GB/s':>6} | "
-        f"{'ratio':>5}"
+        f"{'size':>8} {'ch':>3} {'str':>3} | {'raw ms':>9} {'GB/s':>6} | {'proxy ms':>9} "
+        f"{'GB/s':>6} | {'ratio':>5}"
     )
-    print("-" * 62)
+    print("-" * 66)
     for size in sizes:
         for ch in channels:
             key = f"{size}x{ch}"
-            raw, prox = res["raw"][key], res["proxy"][key]
+            raw = res["raw"][key]
             label = f"{size >> 20}MB" if size >= 1 << 20 else f"{size >> 10}KB"
-            print(
-                f"{label:>8} {ch:>3} | {raw * 1e3:9.2f} {size / raw / 1e9:6.2f} | "
-                f"{prox * 1e3:9.2f} {size / prox / 1e9:6.2f} | {raw / prox:5.2f}"
-            )
+            for st in streams:
+                prox = res["proxy"][f"{key}s{st}"]
+                print(
+                    f"{label:>8} {ch:>3} {st or ch:>3} | {raw * 1e3:9.2f} "
+                    f"{size / raw / 1e9:6.2f} | {prox * 1e3:9.2f} {size / prox / 1e9:6.2f} | "
+                    f"{raw / prox:5.2f}"
+                )
 
 
 if __name__ == "__main__":

@@ -351,6 +351,50 @@ def test_net_buffsize_that_differs_is_an_error_naming_it(mps_env):  # noqa: F811
         assert re.search(rf"\brank {1 - p}\b", r["error"]), r["error"]
 
 
+@pytest.mark.parametrize("nprocs, cb", [(2, False), (4, True)], ids=["2procs", "4procs_cb"])
+def test_net_streams_carry_several_channels_each(mps_env, nprocs, cb):  # noqa: F811
+    """JAX_RCCL_NET_STREAMS=2: the 8 channels across hosts of each pair of ranks share two TCP
+    streams each way (channels 0, 2, 4, 6 on one): the six-collective step at 16 MB per rank,
+    three steps, every result right and every connection's counters in step."""
+    results = _run_step_processes(
+        mps_env,
+        nprocs,
+        1 << 22,
+        3,
+        cb,
+        script=_STEP_WORKER + _WORLD_SUFFIX,
+        env_of=_two_hosts(nprocs, {"JAX_RCCL_NET_STREAMS": "2"}),
+    )
+    _check_world(results, nprocs)
+    for r in results:
+        assert r["bad"] == {}, r["bad"]
+        assert r["errors"] == 0, r["errors"]
+    moved = _check_counters(results)
+    assert moved["across hosts"] > 0, moved
+    assert len(moved["channels across hosts"]) > 2, moved
+    _no_segments(results)
+
+
+def test_net_streams_that_differ_is_an_error_naming_it(mps_env):  # noqa: F811
+    """One process with a stream per channel, the other with two streams: the first collective
+    raises in both, naming the other rank and JAX_RCCL_NET_STREAMS, instead of waiting for
+    connections the other never opens."""
+    results = _run_step_processes(
+        mps_env,
+        2,
+        1024,
+        1,
+        False,
+        script=_SETTING_WORKER,
+        env_of=lambda p: _two_hosts(2, {"JAX_RCCL_NET_STREAMS": str(2 * p)})(p),
+        timeout=120,
+    )
+    for p, r in enumerate(results):
+        assert r["raised"], f"process {p} ran with the other's stream count different: {r}"
+        assert "JAX_RCCL_NET_STREAMS" in r["error"], r["error"]
+        assert re.search(rf"\brank {1 - p}\b", r["error"]), r["error"]
+
+
 # --- a thousand steps --------------------------------------------------------------------------
 
 
