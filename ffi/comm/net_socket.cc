@@ -96,7 +96,9 @@ struct Lane {
   bool closed = false;      // sending end: close header written; receiving end: close header read
   bool acked = false;       // sending end: the receiver read the close header (and sends no more)
   bool ackPending = false;  // receiving end: the close header's acknowledgement is not written
-  bool attached = true;     // its NetComm still holds it
+  bool attached = false;    // its NetComm holds it
+  bool detached = false;    // its NetComm let it go (a lane neither is one a peer's frame named
+                            // before this end opened the channel: its credits or close wait here)
   std::atomic<uint64_t>* moved = nullptr;  // its NetComm's byte counter (null once detached)
 
   SocketRequest* Oldest() const {
@@ -151,8 +153,16 @@ class Helper {
 // process, else at the receiver's).
 class Stream {
  public:
-  Stream(int fd, bool send, std::string peer, std::shared_ptr<Helper> helper)
-      : fd_(fd), send_(send), peer_(std::move(peer)), helper_(std::move(helper)) {
+  // `streams` > 0: the stream carries the channels c < kSharedChannels with c % streams ==
+  // `index`; 0: the one channel `index`.
+  Stream(int fd, bool send, std::string peer, std::shared_ptr<Helper> helper, int streams,
+         int index)
+      : fd_(fd),
+        send_(send),
+        peer_(std::move(peer)),
+        helper_(std::move(helper)),
+        streams_(streams),
+        index_(index) {
     if (helper_ != nullptr) helper_->Add(this);
   }
   // Every channel's end went away: closed already, or reset now (not closed in order).
@@ -170,15 +180,15 @@ class Stream {
   Helper* helper() const { return helper_.get(); }
   std::mutex& mu() { return mu_; }
 
-  // A channel's end on this stream (mu_ not held). Null: the channel has one already.
+  // A channel's end on this stream (mu_ not held), taking over what the peer's frames for it
+  // left (credits, a close). Null: the channel was opened on this end before.
   Lane* Attach(int channel, std::atomic<uint64_t>* moved) {
     std::lock_guard<std::mutex> lock(mu_);
-    std::unique_ptr<Lane>& slot = lanes_[channel];
-    if (slot != nullptr) return nullptr;
-    slot = std::make_unique<Lane>();
-    slot->channel = channel;
-    slot->moved = moved;
-    return slot.get();
+    Lane* l = LaneLocked(channel);
+    if (l == nullptr || l->attached || l->detached) return nullptr;
+    l->attached = true;
+    l->moved = moved;
+    return l;
   }
 
   // What the helper polls this stream's socket for (0: nothing), and the socket.
@@ -207,6 +217,8 @@ class Stream {
       std::lock_guard<std::mutex> lock(mu_);
       *request = nullptr;
       JR_REQUIRE(failed_.ok(), failed_.code(), failed_.message());
+      JR_REQUIRE(!send_ || !lane->closing, Code::kInternal, "jax_rccl: isend on channel ",
+                 lane->channel, " to ", peer_, " after closing it");
       JR_REQUIRE(!send_ || !ended_, Code::kSystem, "jax_rccl: ", peer_,
                  " closed its network connection (its process finished or failed); channel ",
                  lane->channel, " has more to send");
@@ -299,8 +311,28 @@ class Stream {
     if (failed_.ok()) failed_ = s;
   }
 
+  // Channel `channel`'s lane (made on first use), or null when this stream does not carry it.
+  // mu_ held.
+  Lane* LaneLocked(int64_t channel) {
+    const bool carried =
+        streams_ > 0 ? channel >= 0 && channel < kSharedChannels && channel % streams_ == index_
+                     : channel == index_;
+    if (!carried) return nullptr;
+    std::unique_ptr<Lane>& slot = lanes_[int(channel)];
+    if (slot == nullptr) {
+      slot = std::make_unique<Lane>();
+      slot->channel = int(channel);
+    }
+    return slot.get();
+  }
+
   // Closes the socket so that the peer sees it reset (an error naming this end). io_, mu_ held.
   void ResetLocked() {
+    // No message goes on in either direction (its request may be freed next).
+    outActive_ = false;
+    out_ = nullptr;
+    outLane_ = nullptr;
+    inReq_ = nullptr;
     if (fd_ < 0) return;
     const struct linger reset = {1, 0};
     setsockopt(fd_, SOL_SOCKET, SO_LINGER, &reset, sizeof(reset));
@@ -308,8 +340,13 @@ class Stream {
     fd_ = -1;
   }
 
+  // io_ and mu_ held. A message partly read into one of the lane's receives reads on into
+  // nothing (the stream's other channels go on); a sending lane is detached only once its close
+  // header is out or the stream is reset, so no message of its is partly written.
   void DetachLocked(Lane* lane) {
+    if (inLane_ == lane) inReq_ = nullptr;
     lane->attached = false;
+    lane->detached = true;
     lane->moved = nullptr;
     lane->queue.clear();
   }
@@ -431,14 +468,16 @@ class Stream {
       creditDone_ += size_t(got);
       if (creditDone_ < sizeof(MessageHeader)) continue;
       creditDone_ = 0;
-      auto it = lanes_.find(int(credit_.channel));
-      JR_REQUIRE(
-          (credit_.magic == kNetCredit || credit_.magic == kNetCloseAck) && it != lanes_.end(),
-          Code::kSystem, "jax_rccl: ", peer_, " sent a malformed credit on its network connection");
+      // A receiver has at most kMaxRequests receives posted per channel: never more credits.
+      Lane* l = LaneLocked(credit_.channel);
+      JR_REQUIRE((credit_.magic == kNetCredit || credit_.magic == kNetCloseAck) && l != nullptr &&
+                     credit_.bytes <= uint64_t(NetComm::kMaxRequests) - l->credits,
+                 Code::kSystem, "jax_rccl: ", peer_,
+                 " sent a malformed credit on its network connection");
       if (credit_.magic == kNetCloseAck) {
-        it->second->acked = true;
+        l->acked = true;
       } else {
-        it->second->credits += credit_.bytes;
+        l->credits += credit_.bytes;
       }
     }
     return Status::Ok();
@@ -456,8 +495,13 @@ class Stream {
         want = sizeof(MessageHeader) - inDone_;
       } else {
         const size_t got = inDone_ - sizeof(MessageHeader);
-        dst = inReq_->data + got;
         want = size_t(in_.bytes) - got;
+        if (inReq_ != nullptr) {
+          dst = inReq_->data + got;
+        } else {  // a message for a channel this end let go: read on into nothing
+          dst = discard_;
+          want = std::min(want, sizeof(discard_));
+        }
       }
       size_t n = 0;
       if (want > 0) {
@@ -484,13 +528,12 @@ class Stream {
       std::lock_guard<std::mutex> lock(mu_);
       if (headerDone) JR_CHECK(TakeHeaderLocked());
       CountLocked(inLane_, n);
-      if (inDone_ >= sizeof(MessageHeader) && inReq_ == nullptr) {
-        inDone_ = 0;  // a close header: nothing follows it
-        inLane_ = nullptr;
-      } else if (inDone_ >= sizeof(MessageHeader) &&
-                 inDone_ == sizeof(MessageHeader) + size_t(in_.bytes)) {
-        inReq_->header = in_;
-        inReq_->complete = true;
+      if (inDone_ >= sizeof(MessageHeader) &&
+          inDone_ == sizeof(MessageHeader) + size_t(in_.bytes)) {
+        if (inReq_ != nullptr) {
+          inReq_->header = in_;
+          inReq_->complete = true;
+        }
         inReq_ = nullptr;
         inLane_ = nullptr;
         inDone_ = 0;
@@ -513,11 +556,12 @@ class Stream {
 
   // A header arrived: find where its bytes go. mu_ held.
   Status TakeHeaderLocked() {
-    auto it = lanes_.find(int(in_.channel));
-    JR_REQUIRE((in_.magic == kNetMagic || in_.magic == kNetClose) && it != lanes_.end(),
-               Code::kSystem, "jax_rccl: ", peer_,
-               " sent a malformed message on its network connection");
-    Lane* l = it->second.get();
+    Lane* l = LaneLocked(in_.channel);
+    JR_REQUIRE(
+        l != nullptr && (in_.magic == kNetMagic || (in_.magic == kNetClose && in_.bytes == 0)),
+        Code::kSystem, "jax_rccl: ", peer_, " sent a malformed message on its network connection");
+    JR_REQUIRE(!l->closed, Code::kSystem, "jax_rccl: ", peer_, " sent on channel ", l->channel,
+               " after closing it");
     inLane_ = l;
     inReq_ = nullptr;
     if (in_.magic == kNetClose) {
@@ -527,6 +571,7 @@ class Stream {
       l->credits = 0;
       return Status::Ok();
     }
+    if (l->detached) return Status::Ok();  // credited before this end let the channel go
     SocketRequest* r = l->attached ? l->Oldest() : nullptr;
     JR_REQUIRE(r != nullptr, Code::kSystem, "jax_rccl: ", peer_, " sent a step on channel ",
                l->channel,
@@ -580,6 +625,7 @@ class Stream {
   bool send_;
   std::string peer_;
   std::shared_ptr<Helper> helper_;              // null: Test pumps
+  int streams_, index_;                         // the channels it carries (the constructor's)
   std::map<int, std::unique_ptr<Lane>> lanes_;  // by channel
   Status failed_;
   bool ended_ = false;  // the peer ended the stream (after its channels closed in order)
@@ -595,8 +641,9 @@ class Stream {
   // Receiving end (io_).
   MessageHeader in_{};
   size_t inDone_ = 0;
-  SocketRequest* inReq_ = nullptr;
+  SocketRequest* inReq_ = nullptr;  // null in a message's bytes: they go to discard_
   Lane* inLane_ = nullptr;
+  char discard_[4096];
   std::vector<char> ctl_;  // credit headers being written
   size_t ctlDone_ = 0;
   bool ctlPending_ = false;  // (mu_) some of ctl_ is not written yet
@@ -763,7 +810,8 @@ class SocketNet final : public Net {
         }
         helper = helpers_[next_++ % helpers_.size()];
       }
-      stream = std::make_shared<Stream>(fd, send, peer, helper);
+      stream = std::make_shared<Stream>(fd, send, peer, helper, index < 0 ? 0 : streams_,
+                                        index < 0 ? key.channel : index);
       streams_by_key_[id] = stream;
     }
     auto comm = std::make_unique<SocketComm>(stream);
