@@ -92,6 +92,7 @@ struct Lane {
   // Sending end: receives the peer posted that no message took yet. Receiving end: receives
   // posted and not yet announced to the sender.
   uint64_t credits = 0;
+  uint64_t inFlight = 0;    // receiving end: credits announced that no message has taken yet
   bool closing = false;     // sending end: its close header is wanted once its messages are out
   bool closed = false;      // sending end: close header written; receiving end: close header read
   bool acked = false;       // sending end: the receiver read the close header (and sends no more)
@@ -200,15 +201,18 @@ class Stream {
     // peer's reset or end.
     short events = POLLIN;
     if (WantsOutLocked()) events |= POLLOUT;
+    polledOut_ = (events & POLLOUT) != 0;
     return events;
   }
 
   // The helper's turn once poll() said the socket is ready (or Test's, without helpers): moves
   // what the socket takes or holds. The socket calls run under io_ only, so the proxy's posts
   // and tests (mu_) never wait for a copy in progress.
-  void Pump() {
+  // `readable`: whether to read (poll() said the socket has something, or the caller cannot
+  // tell).
+  void Pump(bool readable = true) {
     std::lock_guard<std::mutex> io(io_);
-    Status s = send_ ? PumpSend() : PumpRecv();
+    Status s = send_ ? PumpSend(readable) : PumpRecv(readable);
     if (!s.ok()) Fail(s);
   }
 
@@ -230,6 +234,10 @@ class Stream {
       *request = r.get();
       lane->queue.push_back(std::move(r));
       if (!send_ && !lane->closed) ++lane->credits;
+      // The helper needs a ring only for something to write that its poll() does not yet wait
+      // for (anything else it sees when the socket is next ready).
+      const bool writable = send_ ? lane->credits > 0 : CreditDueLocked(*lane);
+      if (!writable || polledOut_) return Status::Ok();
     }
     if (helper_ != nullptr) helper_->Wake();
     return Status::Ok();
@@ -351,11 +359,20 @@ class Stream {
     lane->queue.clear();
   }
 
+  // Receiving end: whether the receives posted since the last credit are to be announced: once
+  // half the window has gathered, or when the sender holds less than half (a credit for every
+  // receive would cost a write, a read and a wake-up per step at each end).
+  bool CreditDueLocked(const Lane& l) const {
+    if (!l.attached || l.closed || l.credits == 0) return false;
+    const uint64_t half = uint64_t(NetComm::kMaxRequests / 2);
+    return l.credits >= half || l.inFlight < half;
+  }
+
   // Whether there is something to write: a message with a credit, a close header, credits.
   bool WantsOutLocked() const {
     if (outActive_ || ctlPending_) return true;
     for (const auto& [channel, l] : lanes_) {
-      if (!send_ && (l->ackPending || (l->attached && !l->closed && l->credits > 0))) return true;
+      if (!send_ && (l->ackPending || CreditDueLocked(*l))) return true;
       if (!l->attached) continue;
       if (send_) {
         const SocketRequest* r = l->Oldest();
@@ -400,8 +417,8 @@ class Stream {
   }
 
   // Sending end: reads the credits that arrived, then writes what the socket takes. io_ held.
-  Status PumpSend() {
-    JR_CHECK(ReadCredits());
+  Status PumpSend(bool readable) {
+    if (readable) JR_CHECK(ReadCredits());
     while (true) {
       {
         std::lock_guard<std::mutex> lock(mu_);
@@ -485,9 +502,9 @@ class Stream {
 
   // Receiving end: writes the credits of the receives posted, then reads messages into the posted
   // receives, oldest first per channel, as far as data has arrived. io_ held.
-  Status PumpRecv() {
+  Status PumpRecv(bool readable) {
     JR_CHECK(WriteCredits());
-    while (fd_ >= 0) {
+    while (readable && fd_ >= 0) {
       char* dst;
       size_t want;
       if (inDone_ < sizeof(MessageHeader)) {
@@ -573,11 +590,12 @@ class Stream {
     }
     if (l->detached) return Status::Ok();  // credited before this end let the channel go
     SocketRequest* r = l->attached ? l->Oldest() : nullptr;
-    JR_REQUIRE(r != nullptr, Code::kSystem, "jax_rccl: ", peer_, " sent a step on channel ",
-               l->channel,
+    JR_REQUIRE(r != nullptr && l->inFlight > 0, Code::kSystem, "jax_rccl: ", peer_,
+               " sent a step on channel ", l->channel,
                " without a receive posted for it (the two ends disagree on the credits)");
     JR_REQUIRE(in_.bytes <= r->bytes, Code::kInternal, "jax_rccl: ", peer_, " sent ", in_.bytes,
                " bytes into a receive of ", r->bytes, " (the two ends disagree on the step size)");
+    --l->inFlight;
     inReq_ = r;
     return Status::Ok();
   }
@@ -594,7 +612,9 @@ class Stream {
         if (l->ackPending) {
           h = MessageHeader{kNetCloseAck, uint32_t(channel), 0, 0};
           l->ackPending = false;
-        } else if (!l->attached || l->closed || l->credits == 0) {
+        } else if (CreditDueLocked(*l)) {
+          l->inFlight += l->credits;
+        } else {
           continue;
         }
         const char* p = reinterpret_cast<const char*>(&h);
@@ -628,7 +648,8 @@ class Stream {
   int streams_, index_;                         // the channels it carries (the constructor's)
   std::map<int, std::unique_ptr<Lane>> lanes_;  // by channel
   Status failed_;
-  bool ended_ = false;  // the peer ended the stream (after its channels closed in order)
+  bool ended_ = false;      // the peer ended the stream (after its channels closed in order)
+  bool polledOut_ = false;  // the helper's poll() waits for the socket to take bytes
   // Sending end (io_; outActive_ also changes and is read under mu_).
   bool outActive_ = false;
   SocketRequest* out_ = nullptr;  // null with outActive_: a close header
@@ -677,7 +698,7 @@ void Helper::Loop() {
       if (fds[i].revents == 0) continue;
       // Removed while this thread polled: no longer this helper's to touch.
       if (std::find(streams_.begin(), streams_.end(), who[i]) == streams_.end()) continue;
-      who[i]->Pump();
+      who[i]->Pump((fds[i].revents & (POLLIN | POLLERR | POLLHUP)) != 0);
     }
   }
 }
