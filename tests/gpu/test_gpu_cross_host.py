@@ -105,6 +105,29 @@ def _no_segments(results: list) -> None:
     assert not left, left
 
 
+def _step_across_hosts(mps_env, nprocs: int, count: int, cb: bool, env=None) -> dict:  # noqa: F811
+    """Three jitted six-collective steps (_STEP_WORKER) on two faked hosts with `env`: every
+    result right, no runtime error, every connection's counters in step, some steps across hosts,
+    no segment left. Returns _check_counters'."""
+    results = _run_step_processes(
+        mps_env,
+        nprocs,
+        count,
+        3,
+        cb,
+        script=_STEP_WORKER + _WORLD_SUFFIX,
+        env_of=_two_hosts(nprocs, env),
+    )
+    _check_world(results, nprocs)
+    for r in results:
+        assert r["bad"] == {}, r["bad"]
+        assert r["errors"] == 0, r["errors"]
+    moved = _check_counters(results)
+    assert moved["across hosts"] > 0, moved
+    _no_segments(results)
+    return moved
+
+
 # --- every collective against NumPy -----------------------------------------------------------
 
 _COLLECTIVES_WORKER = textwrap.dedent(
@@ -238,24 +261,9 @@ def test_step_of_every_collective_across_two_hosts(mps_env, nprocs, count, cb): 
     """psum (int32, float32), all_gather, psum_scatter, ppermute and all_to_all in one jitted
     step (test_jax_gpu_mp's worker), three steps, every result against its closed form; at the
     end every connection's counters are in step, those across hosts included."""
-    results = _run_step_processes(
-        mps_env,
-        nprocs,
-        count,
-        3,
-        cb,
-        script=_STEP_WORKER + _WORLD_SUFFIX,
-        env_of=_two_hosts(nprocs),
-    )
-    _check_world(results, nprocs)
-    for r in results:
-        assert r["bad"] == {}, r["bad"]
-        assert r["errors"] == 0, r["errors"]
-    moved = _check_counters(results)
-    assert moved["across hosts"] > 0, moved
+    moved = _step_across_hosts(mps_env, nprocs, count, cb)
     # JAX_RCCL_NET_NCHANNELS (default 8) caps a group across hosts.
     assert moved["channels across hosts"] and max(moved["channels across hosts"]) < 8, moved
-    _no_segments(results)
 
 
 def test_net_nchannels_caps_the_channels_across_hosts(mps_env):  # noqa: F811
@@ -356,23 +364,8 @@ def test_net_streams_carry_several_channels_each(mps_env, nprocs, cb):  # noqa: 
     """JAX_RCCL_NET_STREAMS=2: the 8 channels across hosts of each pair of ranks share two TCP
     streams each way (channels 0, 2, 4, 6 on one): the six-collective step at 16 MB per rank,
     three steps, every result right and every connection's counters in step."""
-    results = _run_step_processes(
-        mps_env,
-        nprocs,
-        1 << 22,
-        3,
-        cb,
-        script=_STEP_WORKER + _WORLD_SUFFIX,
-        env_of=_two_hosts(nprocs, {"JAX_RCCL_NET_STREAMS": "2"}),
-    )
-    _check_world(results, nprocs)
-    for r in results:
-        assert r["bad"] == {}, r["bad"]
-        assert r["errors"] == 0, r["errors"]
-    moved = _check_counters(results)
-    assert moved["across hosts"] > 0, moved
+    moved = _step_across_hosts(mps_env, nprocs, 1 << 22, cb, {"JAX_RCCL_NET_STREAMS": "2"})
     assert len(moved["channels across hosts"]) > 2, moved
-    _no_segments(results)
 
 
 def test_net_streams_that_differ_is_an_error_naming_it(mps_env):  # noqa: F811
