@@ -416,16 +416,7 @@ Status Stream::PumpRecv(bool readable) {
     size_t n = 0;
     if (want > 0) {
       const ssize_t got = recv(fd_, dst, want, MSG_DONTWAIT);
-      if (got == 0) {
-        std::lock_guard<std::mutex> lock(mu_);
-        for (const auto& [channel, l] : lanes_) {
-          JR_REQUIRE(!l->attached || l->closed, Code::kSystem, "jax_rccl: ", peer_,
-                     " closed its network connection without closing it in order (its "
-                     "process exited or failed)");
-        }
-        ended_ = true;  // every channel closed in order, then the stream
-        return Status::Ok();
-      }
+      if (got == 0) return EndedOrFailed(0);
       if (got < 0) {
         if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return Status::Ok();
         return EndedOrFailed(errno);
@@ -454,9 +445,14 @@ Status Stream::EndedOrFailed(int err) {
   std::lock_guard<std::mutex> lock(mu_);
   bool open = false;
   for (const auto& [channel, l] : lanes_) open = open || (l->attached && !l->closed);
+  if (open && err == 0) {
+    JR_FAIL(Code::kSystem, "jax_rccl: ", peer_,
+            " closed its network connection without closing it in order (its process exited or "
+            "failed)");
+  }
   JR_REQUIRE(!open, Code::kSystem, "jax_rccl: the network connection from ", peer_,
              " failed: ", ErrnoText(err), " (did its process exit?)");
-  ended_ = true;
+  ended_ = true;  // every channel still held closed in order, then the stream
   return Status::Ok();
 }
 

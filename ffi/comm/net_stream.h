@@ -202,8 +202,9 @@ class Stream {
   // receives, oldest first per channel, as far as data has arrived. io_ held.
   Status PumpRecv(bool readable);
 
-  // Receiving end: the socket failed with `err`. Only the end of the stream once every channel
-  // still held was closed in order (the sender may close before a last credit reaches it).
+  // Receiving end: the stream ended (`err` 0) or its socket failed with `err`. Only the end of the
+  // stream once every channel still held was closed in order (the sender may close before a last
+  // credit reaches it); else an error naming the peer.
   Status EndedOrFailed(int err);
 
   // A header arrived: find where its bytes go. mu_ held.

@@ -426,9 +426,8 @@ Status GpuComm::TradeRegions(int rank, const std::string& who) {
                crossHost_ ? "JAX_RCCL_NET_BUFFSIZE" : "JAX_RCCL_BUFFSIZE", " and build");
     JR_REQUIRE(!crossHost_ || rec.netStreams == netStreams_, Code::kInvalidArgument, "jax_rccl '",
                who, "': GPU group ", groupText_, ": ", RankText(r),
-               " carries its channels across "
-               "hosts on ",
-               rec.netStreams, " TCP streams per peer, this process on ", netStreams_,
+               " carries its channels across hosts on ", rec.netStreams,
+               " TCP streams per peer, this process on ", netStreams_,
                " (0: one per channel): every process must run with the same JAX_RCCL_NET_STREAMS");
   }
   int channels = topo_.nChannels;
