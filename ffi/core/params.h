@@ -42,10 +42,10 @@ namespace jax_rccl {
   X(socket_ifname, "JAX_RCCL_SOCKET_IFNAME", String, "",                                          \
     "Interfaces the socket listener may bind to, NCCL syntax: prefixes 'eth,ib', '^docker' "      \
     "(exclude), '=eth0' (exact); the first match's address")                                      \
-  X(net_threads, "JAX_RCCL_NET_THREADS", Int, 8,                                                  \
+  X(net_threads, "JAX_RCCL_NET_THREADS", Int, 32,                                                 \
     "Helper threads per GPU communicator across hosts that move its TCP connections' bytes "      \
     "(NCCL_SOCKET_NTHREADS); 0: the network proxy's thread moves them itself")                    \
-  X(net_nchannels, "JAX_RCCL_NET_NCHANNELS", Int, 8,                                              \
+  X(net_nchannels, "JAX_RCCL_NET_NCHANNELS", Int, 32,                                             \
     "Channels of a GPU group whose ranks span hosts, at most (each channel is a TCP connection "  \
     "each way between two ranks of different hosts); 0: as many as within a host")                \
   X(net_streams, "JAX_RCCL_NET_STREAMS", Int, 0,                                                  \

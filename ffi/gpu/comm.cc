@@ -445,9 +445,11 @@ Status GpuComm::TradeRegions(int rank, const std::string& who) {
                                                        GpuOf(rec), "): ", ch.status().message()));
     }
     channels = std::min(channels, ch.value());
-    // Across hosts every channel is a TCP connection each way per pair of ranks that crosses:
-    // past a few, more connections (and more, smaller steps in flight) lose bandwidth through the
-    // proxy (docs/benchmarks.md, GPU groups across hosts).
+    // Across hosts every channel is a TCP connection each way per pair of ranks that crosses, and
+    // 2 MiB of host memory in the window of each rank of another host (16 steps of 128 KiB). A
+    // channel's ring keeps at most 8 steps in flight while each step's trip through the proxies is
+    // long, so bandwidth grows with the channels (and helper threads) up to about 32
+    // (docs/benchmarks.md, GPU groups across hosts).
     if (crossHost_ && rec.netChannels > 0) channels = std::min<int>(channels, rec.netChannels);
   }
   {
