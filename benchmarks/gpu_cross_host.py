@@ -15,20 +15,24 @@ very slow), twice:
 - ipc: the same processes all on 'hostA' (CUDA IPC between every pair).
 
 In the cross run, processes 0 and n/2 first measure the raw loopback socket (before any jax_rccl
-collective): S bytes each way at once over k plain TCP sockets each way, blocking sends and
+collective): B bytes each way at once over k plain TCP sockets each way, blocking sends and
 receives of 4 MiB in C++, one thread per socket (``jax_rccl._jax_rccl_testing.
 raw_socket_transfer``, as benchmarks/net_proxy.py), on connections opened once per k and warmed
 up with one transfer (the proxy's connections stay open too); time = the median of --repeat, the
-faster end's; GB/s = S / time, one direction. A ring crosses between the hosts once each way
-(n = 2; n = 4 as ranks 0, 1 | 2, 3), each crossing carrying what busbw counts.
+faster end's; GB/s = B / time, one direction. A ring crosses between the hosts once each way
+(n = 2; n = 4 as ranks 0, 1 | 2, 3), each crossing carrying what busbw counts: B = S x 2(n-1)/n
+for all_reduce, S x (n-1)/n for all_gather (n = 2: S and S/2), so each collective's row is set
+against the raw socket moving the same bytes each way (the raw rate still grows with the bytes
+from 1 MB to 256 MB).
 
 Per collective and size S per rank (float32; all_gather: S is its output per rank, as in
 nccl-tests and benchmarks/gpu_jax.py), one jitted shard_map call per iteration: `iters` calls
 back to back (min(--iters, --iter-bytes / S), at least 3), then block; time = their wall time /
 iters, the median of --repeat loops that start together (a barrier), the slowest process's.
 busbw = S / time * 2(n-1)/n (all_reduce) or (n-1)/n (all_gather). ratio = cross busbw / the best
-raw GB/s at that size (the target: 0.8 or more from 16 MB). errors: elements of the last result
-that differ from the closed form (rank r holds r + 1 everywhere), summed over the processes.
+raw GB/s for the same bytes each way, B (the target: 0.8 or more from 16 MB). errors: elements
+of the last result that differ from the closed form (rank r holds r + 1 everywhere), summed over
+the processes.
 Every child process is ended by this script: each run is bounded by --timeout seconds, after
 which the processes still running are killed.
 """
@@ -72,6 +76,11 @@ def bus_factor(coll: str, n: int) -> float:
     return 2 * (n - 1) / n if coll == "all_reduce" else (n - 1) / n
 
 
+def link_bytes(coll: str, n: int, size: int) -> int:
+    """B: what one direction of a link between the hosts carries in one collective of `size`."""
+    return int(size * bus_factor(coll, n))
+
+
 def iterations(size: int, iters: int, iter_bytes: int) -> int:
     return max(3, min(iters, iter_bytes // max(1, size)))
 
@@ -80,9 +89,9 @@ def iterations(size: int, iters: int, iter_bytes: int) -> int:
 
 
 def _raw_sockets(client, kv, p: int, peer: int, cfg: dict) -> dict:
-    """S bytes each way between this process and `peer` over k TCP sockets each way, on
-    connections opened once per k and warmed up (as the proxy's stay open): seconds, the median
-    of --repeat, by "SxK"."""
+    """B bytes each way (each of --sizes' B) between this process and `peer` over k TCP sockets
+    each way, on connections opened once per k and warmed up (as the proxy's stay open): seconds,
+    the median of --repeat, by "BxK"."""
     from jax_rccl import _jax_rccl_testing as native
 
     out = {}
@@ -100,8 +109,8 @@ def _raw_sockets(client, kv, p: int, peer: int, cfg: dict) -> dict:
             s.settimeout(None)  # blocking, as raw_socket_transfer needs
             s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         fds = ([s.fileno() for s in outs], [s.fileno() for s in ins])
-        runs = [(max(cfg["sizes"]), "warm")] + [
-            (size, r) for size in cfg["sizes"] for r in range(cfg["repeat"])
+        runs = [(max(cfg["raw_sizes"]), "warm")] + [
+            (size, r) for size in cfg["raw_sizes"] for r in range(cfg["repeat"])
         ]
         secs: dict[int, list[float]] = {}
         for size, r in runs:
@@ -305,6 +314,9 @@ def launch(args, path: str, mps_env: dict, live: list) -> tuple[list | None, str
             "repeat": args.repeat,
             "raw": path == "cross" and bool(args.raw_socket_counts),
             "raw_sockets": args.raw_socket_counts,
+            "raw_sizes": sorted(
+                {link_bytes(c, n, s) for c in args.coll_list for s in args.size_list}
+            ),
             "algo": args.algo or None,
             "proto": args.proto or None,
         }
@@ -358,7 +370,7 @@ def launch(args, path: str, mps_env: dict, live: list) -> tuple[list | None, str
 
 
 def _raw_best(raw: dict, size: int, counts: list[int]) -> float | None:
-    """The best raw GB/s at `size` over the socket counts, per direction."""
+    """The best raw GB/s for `size` bytes each way over the socket counts, per direction."""
     rates = [size / raw[f"{size}x{k}"] / 1e9 for k in counts if f"{size}x{k}" in raw]
     return max(rates) if rates else None
 
@@ -394,9 +406,11 @@ def report(args, res: dict[str, list | None], mps: Mps) -> None:
             raw[k] = min(raw.get(k, v), v)
     counts = args.raw_socket_counts
     print(
-        f"# raw: process 0 <-> process {half}, S bytes each way at once over k TCP sockets "
-        f"each way (k = {','.join(map(str, counts)) or '-'}), GB/s per direction; busbw in GB/s,"
-        f" time the slowest process's; ratio = cross busbw / best raw (target >= 0.8 from 16 MB)"
+        f"# raw: process 0 <-> process {half}, B bytes each way at once over k TCP sockets "
+        f"each way (k = {','.join(map(str, counts)) or '-'}), GB/s per direction, B = what busbw "
+        f"counts per direction (all_reduce S x 2(n-1)/n, all_gather S x (n-1)/n); busbw in GB/s,"
+        f" time the slowest process's; ratio = cross busbw / best raw at B (target >= 0.8 from "
+        f"16 MB)"
     )
     raw_head = " ".join(f"{f'raw{k} GB/s':>11}" for k in counts)
     print(
@@ -411,7 +425,7 @@ def report(args, res: dict[str, list | None], mps: Mps) -> None:
         "errors"
     )
     for coll in args.coll_list:
-        print(f"\n## {coll}, n = {n}")
+        print(f"\n## {coll}, n = {n}; raw at B = {bus_factor(coll, n):g} x size each way")
         print(head)
         print("-" * len(head))
         for size in args.size_list:
@@ -429,10 +443,11 @@ def report(args, res: dict[str, list | None], mps: Mps) -> None:
                 if e:
                     errs.append(f"{path} {e}")
             raws = []
+            b = link_bytes(coll, n, size)
             for k in counts:
-                secs = raw.get(f"{size}x{k}")
-                raws.append(f"{size / secs / 1e9:11.2f}" if secs else f"{'-':>11}")
-            best = _raw_best(raw, size, counts)
+                secs = raw.get(f"{b}x{k}")
+                raws.append(f"{b / secs / 1e9:11.2f}" if secs else f"{'-':>11}")
+            best = _raw_best(raw, b, counts)
             ratio = f"{bws['cross'] / best:5.2f}" if best and "cross" in bws else f"{'-':>5}"
             line = f"{label(size):>7} | {' | '.join(cols)} | "
             line += (" ".join(raws) + " | ") if counts else ""
