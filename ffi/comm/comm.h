@@ -40,6 +40,7 @@
 #include <memory>
 #include <mutex>
 #include <set>
+#include <sstream>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -115,6 +116,16 @@ struct Arrival {
 uint64_t P2pTransferHash(int src, int dst, int k, uint64_t bytes);
 // Mixes `v` into the hash `h` (for fingerprints).
 uint64_t HashMix(uint64_t h, uint64_t v);
+
+// "[a, b, c]", for messages.
+template <typename T>
+std::string ListString(const std::vector<T>& v) {
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < v.size(); ++i) os << (i ? ", " : "") << v[i];
+  os << "]";
+  return os.str();
+}
 
 struct Execution;
 class ShmGroup;
