@@ -3,25 +3,13 @@ moving the bytes that busbw counts per direction of a link between the hosts."""
 
 from __future__ import annotations
 
-import importlib.util
-import os
 import types
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MB = 1 << 20
 
 
-def _bench():
-    spec = importlib.util.spec_from_file_location(
-        "gpu_cross_host", os.path.join(ROOT, "benchmarks", "gpu_cross_host.py")
-    )
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def test_link_bytes_are_what_busbw_counts_per_direction():
-    b = _bench()
+def test_link_bytes_are_what_busbw_counts_per_direction(bench_script):
+    b = bench_script("gpu_cross_host")
     assert b.link_bytes("all_reduce", 2, 64 * MB) == 64 * MB
     assert b.link_bytes("all_gather", 2, 64 * MB) == 32 * MB
     assert b.link_bytes("all_reduce", 4, 64 * MB) == 96 * MB
@@ -44,8 +32,8 @@ def _result(process: int, raw: dict, times: dict) -> dict:
     }
 
 
-def test_each_row_is_set_against_raw_at_its_own_bytes(capsys):
-    b = _bench()
+def test_each_row_is_set_against_raw_at_its_own_bytes(capsys, bench_script):
+    b = bench_script("gpu_cross_host")
     args = types.SimpleNamespace(
         nprocs=2,
         command_buffers=False,

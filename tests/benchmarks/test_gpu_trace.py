@@ -3,30 +3,16 @@
 
 from __future__ import annotations
 
-import importlib.util
-import os
-
 import pytest
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def _gpu_trace():
-    spec = importlib.util.spec_from_file_location(
-        "gpu_trace", os.path.join(ROOT, "benchmarks", "gpu_trace.py")
-    )
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def _events(names_and_times):
     return [(n, float(t)) for n, t in names_and_times]
 
 
-def test_phases_of_one_work_are_untagged():
+def test_phases_of_one_work_are_untagged(bench_script):
     ev = _events([("start", 0), ("work", 1), ("elem", 3), ("piece", 4), ("ready", 8), ("end", 9)])
-    ph = _gpu_trace().phases(ev)
+    ph = bench_script("gpu_trace").phases(ev)
     assert ph == {
         "start -> work": [1.0],
         "work -> elem": [2.0],
@@ -37,7 +23,7 @@ def test_phases_of_one_work_are_untagged():
     }
 
 
-def test_phases_of_several_works_are_told_apart():
+def test_phases_of_several_works_are_told_apart(bench_script):
     ev = _events(
         [
             ("start", 0),
@@ -50,7 +36,7 @@ def test_phases_of_several_works_are_told_apart():
             ("end", 8),
         ]
     )
-    ph = _gpu_trace().phases(ev)
+    ph = bench_script("gpu_trace").phases(ev)
     assert ph == {
         "start -> work": [1.0],
         "w0: work -> elem": [1.0],
@@ -64,9 +50,9 @@ def test_phases_of_several_works_are_told_apart():
 
 
 @pytest.mark.parametrize("tasks", [0, 11])
-def test_task_count_outside_the_timeline_is_refused(tasks, capsys):
+def test_task_count_outside_the_timeline_is_refused(tasks, capsys, bench_script):
     with pytest.raises(SystemExit) as e:
-        _gpu_trace().main([f"--tasks={tasks}"])
+        bench_script("gpu_trace").main([f"--tasks={tasks}"])
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert "--tasks must be in [1, 10]" in err and f"got {tasks}" in err
