@@ -22,8 +22,9 @@ up with one transfer (the proxy's connections stay open too); time = the median 
 faster end's; GB/s = B / time, one direction. A ring crosses between the hosts once each way
 (n = 2; n = 4 as ranks 0, 1 | 2, 3), each crossing carrying what busbw counts: B = S x 2(n-1)/n
 for all_reduce, S x (n-1)/n for all_gather (n = 2: S and S/2), so each collective's row is set
-against the raw socket moving the same bytes each way (the raw rate still grows with the bytes
-from 1 MB to 256 MB).
+against the raw socket moving the same bytes each way (the raw rate mostly grows with the bytes
+from 1 MB to 256 MB). B is what a ring with the Simple protocol carries (the planner's choice
+here); --algo Tree or LL/LL128 put other amounts on the wire.
 
 Per collective and size S per rank (float32; all_gather: S is its output per rank, as in
 nccl-tests and benchmarks/gpu_jax.py), one jitted shard_map call per iteration: `iters` calls

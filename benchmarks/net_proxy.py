@@ -160,7 +160,10 @@ def main() -> None:
     ap.add_argument("--channels", default="1,2")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument(
-        "--net-threads", type=int, default=8, help="helper threads per proxy (JAX_RCCL_NET_THREADS)"
+        "--net-threads",
+        type=int,
+        default=8,
+        help="helper threads per proxy (as JAX_RCCL_NET_THREADS sets in a GPU group)",
     )
     ap.add_argument(
         "--net-streams",

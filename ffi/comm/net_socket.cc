@@ -10,6 +10,7 @@
 // connection); with S = 0, and for other channels (the GPU communicator's record exchange), every
 // channel has a stream of its own. Streams are shared by the connections that hold them and go
 // when the last one does.
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <map>
@@ -186,7 +187,27 @@ class SocketNet final : public Net {
 
 }  // namespace
 
+namespace {
+
+// A group across hosts holds a socket per channel each way and rank of another host (and an
+// eventfd per helper): a job of many hosts passes the usual soft limit of 1024 open files. The
+// soft limit goes up to the hard one (at most 2^20), once per process, as `ulimit -n` would.
+void RaiseOpenFileLimit() {
+  static std::once_flag once;
+  std::call_once(once, []() {
+    struct rlimit lim;
+    if (getrlimit(RLIMIT_NOFILE, &lim) != 0) return;
+    const rlim_t want = lim.rlim_max == RLIM_INFINITY ? rlim_t(1) << 20 : lim.rlim_max;
+    if (lim.rlim_cur >= want) return;
+    lim.rlim_cur = want;
+    (void)setrlimit(RLIMIT_NOFILE, &lim);
+  });
+}
+
+}  // namespace
+
 std::unique_ptr<Net> MakeSocketNet(std::string session, int process, int threads, int streams) {
+  RaiseOpenFileLimit();
   return std::make_unique<SocketNet>(std::move(session), process, threads, streams);
 }
 

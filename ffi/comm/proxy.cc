@@ -1,8 +1,12 @@
 // The network proxy's thread (proxy.h).
 #include "ffi/comm/proxy.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 
 #include "ffi/core/stats.h"
@@ -25,6 +29,7 @@ void StoreRelease(uint64_t* p, uint64_t v) {
 }  // namespace
 
 struct NetProxy::Link {
+  uint32_t index = 0;  // in links_ (the timeline's connection)
   ProxyConnection c;
   std::unique_ptr<NetComm> comm;
   std::string peer;                   // the remote rank, for messages
@@ -49,6 +54,7 @@ NetProxy::NetProxy(std::unique_ptr<Net> net, uint64_t group,
       onFailure_(std::move(onFailure)) {
   for (ProxyConnection& c : connections) {
     auto link = std::make_unique<Link>();
+    link->index = uint32_t(links_.size());
     link->c = c;
     link->peer = rankString_(c.remote);
     links_.push_back(std::move(link));
@@ -78,6 +84,7 @@ Status NetProxy::Connect(Clock::time_point deadline) {
     }
     return opened;
   }
+  if (!traceDir_.empty()) trace_.reserve(traceCap_);
   thread_ = std::thread([this]() { Loop(); });
   return Status::Ok();
 }
@@ -152,6 +159,7 @@ void NetProxy::Stop() {
                 std::chrono::microseconds(int64_t(std::min(timeout_, kStopDrainSeconds) * 1e6));
   stop_.store(true);
   if (thread_.joinable()) thread_.join();
+  WriteTrace();
   // In order where every step the kernel posted is out (so the receivers know nothing more
   // comes: a close header after the data), within the same limit (at least a second); else
   // reset, which the peers report naming this rank.
@@ -175,6 +183,59 @@ void NetProxy::Stop() {
   }
 }
 
+void NetProxy::Trace(const Link& lk, TraceKind kind, uint64_t step) {
+  if (traceDir_.empty()) return;
+  const TraceEvent e{std::chrono::duration_cast<std::chrono::nanoseconds>(
+                         std::chrono::steady_clock::now().time_since_epoch())
+                         .count(),
+                     lk.index, uint32_t(kind), step};
+  if (trace_.size() < traceCap_) {
+    trace_.push_back(e);
+  } else {
+    trace_[size_t(traced_ % traceCap_)] = e;
+  }
+  ++traced_;
+}
+
+void NetProxy::WriteTrace() {
+  if (traceDir_.empty() || links_.empty()) return;
+  const std::string path = detail::StrCat(traceDir_, "/net-trace.", group_, ".", getpid(), ".",
+                                          links_[0]->c.local, ".txt");
+  traceDir_.clear();  // once
+  FILE* f = std::fopen(path.c_str(), "w");
+  if (f == nullptr) {
+    std::fprintf(stderr, "jax_rccl: JAX_RCCL_NET_TRACE: cannot write %s: %s\n", path.c_str(),
+                 std::strerror(errno));
+    return;
+  }
+  char host[256] = {};
+  if (gethostname(host, sizeof(host) - 1) != 0) std::snprintf(host, sizeof(host), "unknown");
+  std::fprintf(f,
+               "# jax_rccl network proxy timeline: group %llu, process %d, host %s, %llu events, "
+               "the last %zu kept\n",
+               static_cast<unsigned long long>(group_), int(getpid()), host,
+               static_cast<unsigned long long>(traced_), trace_.size());
+  std::fprintf(f,
+               "# link <index> <channel> <send|recv> <local rank> <remote rank>; then <ns> <link> "
+               "<kind> <step>; kinds: 0 posted by the kernel, 1 to the network, 2 sent, 3 receive "
+               "posted, 4 landed, 5 freed by the kernel (steady clock of this machine)\n");
+  for (const auto& lk : links_) {
+    std::fprintf(f, "link %u %d %s %d %d\n", lk->index, lk->c.channel, lk->c.send ? "send" : "recv",
+                 lk->c.local, lk->c.remote);
+  }
+  const size_t n = trace_.size();
+  const size_t first = traced_ > n ? size_t(traced_ % n) : 0;
+  for (size_t i = 0; i < n; ++i) {
+    const TraceEvent& e = trace_[(first + i) % n];
+    std::fprintf(f, "%lld %u %u %llu\n", static_cast<long long>(e.ns), e.link, e.kind,
+                 static_cast<unsigned long long>(e.step));
+  }
+  if (std::fclose(f) != 0) {
+    std::fprintf(stderr, "jax_rccl: JAX_RCCL_NET_TRACE: writing %s failed\n", path.c_str());
+  }
+  trace_.clear();
+}
+
 std::vector<uint64_t> NetProxy::StepsMoved() const {
   std::vector<uint64_t> out;
   for (const auto& lk : links_) out.push_back(lk->moved.load());
@@ -194,12 +255,13 @@ bool NetProxy::ProgressSend(Link& lk, Clock::time_point now) {
   const ProxyConnection& c = lk.c;
   bool progressed = false;
   const uint64_t tail = LoadAcquire(c.fifo.tail);
-  lk.tail = tail;
   if (tail < lk.posted || tail - lk.done > uint64_t(kSteps)) {
     return FailLink(lk, detail::StrCat("jax_rccl: rank ", c.local,
                                        "'s send FIFO counters are out of step (tail ", tail, ", ",
                                        lk.done, " steps sent): was the connection reset?"));
   }
+  for (uint64_t q = std::max(lk.tail, lk.posted); q < tail; ++q) Trace(lk, kPosted, q);
+  lk.tail = tail;
   while (lk.posted < tail && lk.posted - lk.done < uint64_t(NetComm::kMaxRequests)) {
     const int slot = int(lk.posted % kSteps);
     const uint64_t info = LoadAcquire(&c.fifo.info[slot]);
@@ -216,6 +278,7 @@ bool NetProxy::ProgressSend(Link& lk, Clock::time_point now) {
     if (!s.ok()) return FailLink(lk, s.message());
     if (r == nullptr) break;
     if (lk.posted == lk.done) lk.since = now;
+    Trace(lk, kSendPosted, lk.posted);
     lk.requests[slot] = r;
     ++lk.posted;
     progressed = true;
@@ -226,6 +289,7 @@ bool NetProxy::ProgressSend(Link& lk, Clock::time_point now) {
     Status s = lk.comm->Test(lk.requests[lk.done % kSteps], &complete, &bytes, nullptr);
     if (!s.ok()) return FailLink(lk, s.message());
     if (!complete) break;
+    Trace(lk, kSendDone, lk.done);
     ++lk.done;
     lk.since = now;
     bytesMoved_.fetch_add(int64_t(bytes));
@@ -248,12 +312,13 @@ bool NetProxy::ProgressRecv(Link& lk) {
   const ProxyConnection& c = lk.c;
   bool progressed = false;
   const uint64_t head = LoadAcquire(c.fifo.head);
-  lk.head = head;
   if (head > lk.done) {
     return FailLink(lk, detail::StrCat("jax_rccl: rank ", c.local, " consumed ", head,
                                        " steps of a FIFO the proxy filled with ", lk.done,
                                        ": was the connection reset?"));
   }
+  for (uint64_t q = lk.head; q < head; ++q) Trace(lk, kFreed, q);
+  lk.head = head;
   while (lk.posted < head + uint64_t(kSteps) &&
          lk.posted - lk.done < uint64_t(NetComm::kMaxRequests)) {
     const int slot = int(lk.posted % kSteps);
@@ -263,6 +328,7 @@ bool NetProxy::ProgressRecv(Link& lk) {
     if (!s.ok()) return FailLink(lk, s.message());
     if (r == nullptr) break;
     lk.requests[slot] = r;
+    Trace(lk, kRecvPosted, lk.posted);
     ++lk.posted;
   }
   while (lk.done < lk.posted) {
@@ -280,6 +346,7 @@ bool NetProxy::ProgressRecv(Link& lk) {
                                          " bytes, which this rank's FIFO cannot hold (do the "
                                          "processes run the same build and buffer sizes?)"));
     }
+    Trace(lk, kLanded, lk.done);
     ++lk.done;
     StoreRelease(c.fifo.tail, lk.done);
     bytesMoved_.fetch_add(int64_t(bytes));

@@ -20,6 +20,12 @@
 // (planner.h: ProxyOp) say which connections cross hosts and how many steps each launch moves
 // over them; the proxy moves exactly what the kernels post.
 //
+// Timeline: with a trace folder (TraceTo, JAX_RCCL_NET_TRACE), the proxy records per step of each
+// connection when it saw the kernel post it, posted it to the network and the network took it
+// (sending), and when it posted the receive, the step landed and the kernel freed its slot
+// (receiving), keeping the last kTraceEvents events, and writes them when it stops
+// (benchmarks/net_trace.py reads them).
+//
 // Faults: a connection that fails (the peer's process exited or its proxy failed, a malformed
 // message, counters out of step) or a step the peer does not take within the timeout (its process
 // is stopped) fails the proxy with a message naming the rank; the communicator's failure callback
@@ -28,6 +34,7 @@
 // connections whose posted steps are all out (the receivers then know nothing more comes).
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <functional>
@@ -100,6 +107,28 @@ class NetProxy {
 
   // Steps each connection moved (in the order given), for tests and statistics.
   std::vector<uint64_t> StepsMoved() const;
+  // Before Connect: record a timeline of the steps, the last `events` of it written into folder
+  // `dir` when the proxy stops (see the top of the file); empty: none.
+  void TraceTo(std::string dir, size_t events = kTraceEvents) {
+    traceDir_ = std::move(dir);
+    traceCap_ = std::max<size_t>(1, events);
+  }
+  // The timeline's events: when (steady clock, ns), the connection (its index), what, the step.
+  enum TraceKind : uint8_t {
+    kPosted = 0,      // sending: the kernel's step seen (its tail)
+    kSendPosted = 1,  // sending: handed to the network (Isend)
+    kSendDone = 2,    // sending: the network took it (head posted)
+    kRecvPosted = 3,  // receiving: a receive posted into the freed slot (Irecv)
+    kLanded = 4,      // receiving: the step is in (tail posted)
+    kFreed = 5,       // receiving: the kernel consumed it (its head)
+  };
+  struct TraceEvent {
+    int64_t ns;
+    uint32_t link;
+    uint32_t kind;
+    uint64_t step;
+  };
+  static constexpr size_t kTraceEvents = size_t(1) << 20;
   int64_t bytesMoved() const { return bytesMoved_.load(); }
 
  private:
@@ -116,6 +145,9 @@ class NetProxy {
   // Every step the kernels posted on the sending links is out (tested done).
   bool SendsDrained() const;
   void Fail(const std::string& reason);
+  void Trace(const Link& link, TraceKind kind, uint64_t step);
+  // Writes the timeline (after the thread ended); a failure to write is logged, not raised.
+  void WriteTrace();
 
   std::unique_ptr<Net> net_;
   uint64_t group_;
@@ -132,6 +164,10 @@ class NetProxy {
   mutable std::mutex mu_;
   std::string reason_;
   std::atomic<int64_t> bytesMoved_{0};
+  std::string traceDir_;
+  size_t traceCap_ = kTraceEvents;
+  std::vector<TraceEvent> trace_;  // a ring of traceCap_ once full (the thread's)
+  uint64_t traced_ = 0;            // events recorded
   // Counted by the thread alone, flushed into the runtime counters every poll and at its end
   // (ffi/core/stats.h: the net_* counters).
   int64_t sent_ = 0, received_ = 0;

@@ -155,10 +155,11 @@ Status GpuComm::Init() {
 }
 
 void GpuComm::SetShared(comm::GroupPlacement placement, std::unique_ptr<comm::ShmGroup> shm,
-                        int netThreads, int netChannels, int netStreams) {
+                        const NetSettings& net) {
   placement_ = std::move(placement);
-  netChannels_ = netChannels;
-  netStreams_ = netStreams;
+  netChannels_ = net.channels;
+  netStreams_ = net.streams;
+  netTrace_ = net.trace;
   shm_ = std::move(shm);
   crossProcess_ = true;
   systemFence_ = true;
@@ -169,7 +170,8 @@ void GpuComm::SetShared(comm::GroupPlacement placement, std::unique_ptr<comm::Sh
   }
   // The records' exchange, then the proxy, use it (comm_net.cc).
   if (crossHost_)
-    net_ = comm::MakeSocketNet(placement_.session, placement_.thisProcess, netThreads, netStreams);
+    net_ =
+        comm::MakeSocketNet(placement_.session, placement_.thisProcess, net.threads, net.streams);
 }
 
 Status GpuComm::Failure() {
@@ -614,8 +616,9 @@ StatusOr<GpuComm*> GetOrCreateComm(const std::vector<int64_t>& devices, const Pa
           placement, g, onHost);
       JR_CHECK(shm->CreateLocal());
     }
-    comm->SetShared(std::move(placement), std::move(shm), int(params.net_threads),
-                    int(params.net_nchannels), int(params.net_streams));
+    comm->SetShared(std::move(placement), std::move(shm),
+                    GpuComm::NetSettings{int(params.net_threads), int(params.net_nchannels),
+                                         int(params.net_streams), params.net_trace});
     if (comm->crossHost()) {
       // At exit the proxies close their connections in order, so that a peer still finishing its
       // last steps sees the end of the data, not a failure.

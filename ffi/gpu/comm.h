@@ -82,14 +82,19 @@ class GpuComm {
   GpuComm& operator=(const GpuComm&) = delete;
   // Allocates the status and abort words (a group of several ranks).
   Status Init();
-  // A group spanning processes: its placement and the segments of its ranks on this host (this
-  // process's created; null when every other rank is on another host).
-  // `netThreads`: the network interface's helper threads (ranks on other hosts); `netChannels`:
-  // this process's cap on the group's channels when it spans hosts (0: none; every rank takes the
-  // smallest of the group's); `netStreams`: the TCP streams that carry the channels between two
-  // ranks of different hosts (0: one per channel; every process of the group sets the same).
+  // How a group reaches ranks of other hosts (the JAX_RCCL_NET_* settings).
+  struct NetSettings {
+    int threads = 0;    // the network interface's helper threads
+    int channels = 0;   // this process's cap on the group's channels (0: none; every rank takes
+                        // the smallest of the group's)
+    int streams = 0;    // TCP streams carrying the channels between two ranks of different hosts
+                        // (0: one per channel; every process of the group sets the same)
+    std::string trace;  // the folder of the network proxy's timeline (empty: none)
+  };
+  // A group spanning processes: its placement, the segments of its ranks on this host (this
+  // process's created; null when every other rank is on another host) and `net`.
   void SetShared(comm::GroupPlacement placement, std::unique_ptr<comm::ShmGroup> shm,
-                 int netThreads, int netChannels, int netStreams);
+                 const NetSettings& net);
   bool shared() const { return crossProcess_; }
   // Some rank is on another host (its steps go through the network proxy).
   bool crossHost() const { return crossHost_; }
@@ -167,6 +172,7 @@ class GpuComm {
   std::vector<uint8_t> otherHost_;  // by rank: on another host than this process
   int netChannels_ = 0;             // SetShared's
   int netStreams_ = 0;              // SetShared's
+  std::string netTrace_;            // SetShared's
   std::unique_ptr<comm::ShmGroup> shm_;
   // Across hosts (ffi/gpu/comm_net.cc): by rank, the window of a rank of another host; the proxy.
   std::vector<Mapped> windows_;

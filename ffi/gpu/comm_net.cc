@@ -164,6 +164,7 @@ Status GpuComm::ConnectHosts(int rank, const std::string& who, comm::Clock::time
                           detail::StrCat("jax_rccl '", who, "': GPU group ", groupText_, ": ",
                                          reason, "; the communicator is unusable from now on")));
       });
+  proxy->TraceTo(netTrace_);
   {
     // Held while connecting: a process that exits meanwhile stops the proxy after it connected.
     std::lock_guard<std::mutex> lock(proxyMu_);

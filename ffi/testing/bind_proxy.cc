@@ -72,7 +72,8 @@ nb::dict RunNetProxy(const std::string& session, int process, uint64_t group,
                      const std::vector<int>& host_of_rank, const std::vector<int>& local_ranks,
                      const nb::list& program, const std::vector<int64_t>& step_bytes,
                      double timeout_s, int64_t stop_after, bool verify, int net_threads,
-                     bool drain_wait, int64_t recv_delay_us, int net_streams, int hold_channel) {
+                     bool drain_wait, int64_t recv_delay_us, int net_streams, int hold_channel,
+                     const std::string& trace_dir, int64_t trace_events) {
   Check(step_bytes.size() == size_t(kProxyProtocols), "step_bytes: 3 sizes");
   Check(nb::len(program) == local_ranks.size(), "program: one list per local rank");
   const std::vector<std::pair<const char*, int64_t>> statsBefore = StatsSnapshot();
@@ -134,6 +135,11 @@ nb::dict RunNetProxy(const std::string& session, int process, uint64_t group,
   auto proxy = std::make_unique<comm::NetProxy>(
       comm::MakeSocketNet(session, process, net_threads, net_streams), group, pcs, endpoints,
       rankString, timeout_s);
+  if (trace_events > 0) {
+    proxy->TraceTo(trace_dir, size_t(trace_events));
+  } else {
+    proxy->TraceTo(trace_dir);
+  }
   const Clock::time_point deadline =
       Clock::now() + std::chrono::microseconds(int64_t(timeout_s * 1e6));
   {
@@ -341,31 +347,35 @@ void BindProxy(nb::module_& m) {
         "Sends `bytes` on each of `send_fds` and receives `bytes` from each of `recv_fds` "
         "(connected blocking TCP sockets), one thread per socket, 4 MiB per call; returns the "
         "seconds (benchmarks: the raw socket bandwidth beside the proxy's).");
-  m.def("run_net_proxy", &RunNetProxy, nb::arg("session"), nb::arg("process"), nb::arg("group"),
-        nb::arg("endpoints"), nb::arg("host_of_rank"), nb::arg("local_ranks"), nb::arg("program"),
-        nb::arg("step_bytes"), nb::arg("timeout_s") = 10.0, nb::arg("stop_after") = -1,
-        nb::arg("verify") = true, nb::arg("net_threads") = 2, nb::arg("drain_wait") = true,
-        nb::arg("recv_delay_us") = 0, nb::arg("net_streams") = 0, nb::arg("hold_channel") = -1,
-        "Runs the network proxy for this process's ranks `local_ranks` with a host-memory "
-        "stand-in for their kernels: `program[i]` lists local rank i's proxy ops (the planner's "
-        "dicts: channel, protocol, nsteps, recv_peers, send_peers); every send step carries "
-        "data the receiver checks. The proxy's timeout is `timeout_s`, a stand-in gives up "
-        "after twice that without progress (so the proxy's own checks fire first). "
-        "`endpoints[r]`: the 'host:port' of rank r's process (its socket listener); "
-        "`host_of_rank[r]`: its host. Returns {'conns': [(channel, from, to, "
-        "steps the stand-in moved, steps the proxy moved)] per connection, 'seconds': the "
-        "stand-in's time from its first step to its last, 'bytes': bytes the proxy moved, "
-        "'stats': the net_* runtime counters it added (runtime_stats)}. "
-        "`stop_after` >= 0: the stand-in stops after that many steps and the call returns {} "
-        "with the connections left open (fault tests). `verify` False: only each step's first "
-        "and last words are written and checked (benchmarks). `net_threads`: the TCP backend's "
-        "helper threads (JAX_RCCL_NET_THREADS). `drain_wait` False: stop the proxy as soon as the "
-        "stand-in posted its last step (Stop must ship the rest); `recv_delay_us`: the stand-in "
-        "waits that long before it frees each received step (a slow receiver); `net_streams`: the "
-        "TCP "
-        "streams each way per pair of ranks (JAX_RCCL_NET_STREAMS); `hold_channel`: the "
-        "stand-in takes none of that channel's received steps until every other connection of "
-        "its rank is done (a channel whose receiver lags behind the others).");
+  m.def(
+      "run_net_proxy", &RunNetProxy, nb::arg("session"), nb::arg("process"), nb::arg("group"),
+      nb::arg("endpoints"), nb::arg("host_of_rank"), nb::arg("local_ranks"), nb::arg("program"),
+      nb::arg("step_bytes"), nb::arg("timeout_s") = 10.0, nb::arg("stop_after") = -1,
+      nb::arg("verify") = true, nb::arg("net_threads") = 2, nb::arg("drain_wait") = true,
+      nb::arg("recv_delay_us") = 0, nb::arg("net_streams") = 0, nb::arg("hold_channel") = -1,
+      nb::arg("trace_dir") = "", nb::arg("trace_events") = 0,
+      "Runs the network proxy for this process's ranks `local_ranks` with a host-memory "
+      "stand-in for their kernels: `program[i]` lists local rank i's proxy ops (the planner's "
+      "dicts: channel, protocol, nsteps, recv_peers, send_peers); every send step carries "
+      "data the receiver checks. The proxy's timeout is `timeout_s`, a stand-in gives up "
+      "after twice that without progress (so the proxy's own checks fire first). "
+      "`endpoints[r]`: the 'host:port' of rank r's process (its socket listener); "
+      "`host_of_rank[r]`: its host. Returns {'conns': [(channel, from, to, "
+      "steps the stand-in moved, steps the proxy moved)] per connection, 'seconds': the "
+      "stand-in's time from its first step to its last, 'bytes': bytes the proxy moved, "
+      "'stats': the net_* runtime counters it added (runtime_stats)}. "
+      "`stop_after` >= 0: the stand-in stops after that many steps and the call returns {} "
+      "with the connections left open (fault tests). `verify` False: only each step's first "
+      "and last words are written and checked (benchmarks). `net_threads`: the TCP backend's "
+      "helper threads (JAX_RCCL_NET_THREADS). `drain_wait` False: stop the proxy as soon as the "
+      "stand-in posted its last step (Stop must ship the rest); `recv_delay_us`: the stand-in "
+      "waits that long before it frees each received step (a slow receiver); `net_streams`: the "
+      "TCP "
+      "streams each way per pair of ranks (JAX_RCCL_NET_STREAMS); `hold_channel`: the "
+      "stand-in takes none of that channel's received steps until every other connection of "
+      "its rank is done (a channel whose receiver lags behind the others); `trace_dir`: the "
+      "proxy writes its timeline there when it stops (JAX_RCCL_NET_TRACE), its last `trace_events` "
+      "events (0: the runtime's count).");
 }
 
 }  // namespace jax_rccl

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 from collections.abc import Callable
 from types import ModuleType
 
@@ -17,6 +18,7 @@ def _load(name: str) -> ModuleType:
         name, os.path.join(ROOT, "benchmarks", f"{name}.py")
     )
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod  # dataclasses look their module up
     spec.loader.exec_module(mod)
     return mod
 

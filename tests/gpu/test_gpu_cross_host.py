@@ -24,8 +24,6 @@ from test_jax_gpu_mp import (  # noqa: F401 - mps_env: the fixture, visible to p
     mps_env,
 )
 
-import jax_rccl
-
 pytestmark = pytest.mark.gpu
 
 HOSTS = ["hostA", "hostB"]
@@ -264,9 +262,7 @@ def test_step_of_every_collective_across_two_hosts(mps_env, nprocs, count, cb): 
     step (test_jax_gpu_mp's worker), three steps, every result against its closed form; at the
     end every connection's counters are in step, those across hosts included."""
     moved = _step_across_hosts(mps_env, nprocs, count, cb)
-    # JAX_RCCL_NET_NCHANNELS (its default here) caps a group across hosts.
-    cap = int(next(p["default"] for p in jax_rccl.params() if p["env"] == "JAX_RCCL_NET_NCHANNELS"))
-    assert moved["channels across hosts"] and max(moved["channels across hosts"]) < cap, moved
+    assert moved["channels across hosts"], moved  # (test_net_nchannels_caps_... checks the cap)
 
 
 def test_net_nchannels_caps_the_channels_across_hosts(mps_env):  # noqa: F811
@@ -364,8 +360,8 @@ def test_net_buffsize_that_differs_is_an_error_naming_it(mps_env):  # noqa: F811
 
 @pytest.mark.parametrize("nprocs, cb", [(2, False), (4, True)], ids=["2procs", "4procs_cb"])
 def test_net_streams_carry_several_channels_each(mps_env, nprocs, cb):  # noqa: F811
-    """JAX_RCCL_NET_STREAMS=2: the 8 channels across hosts of each pair of ranks share two TCP
-    streams each way (channels 0, 2, 4, 6 on one): the six-collective step at 16 MB per rank,
+    """JAX_RCCL_NET_STREAMS=2: the channels across hosts of each pair of ranks share two TCP
+    streams each way (the even channels on one): the six-collective step at 16 MB per rank,
     three steps, every result right and every connection's counters in step."""
     moved = _step_across_hosts(mps_env, nprocs, 1 << 22, cb, {"JAX_RCCL_NET_STREAMS": "2"})
     assert len(moved["channels across hosts"]) > 2, moved

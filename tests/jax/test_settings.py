@@ -80,6 +80,7 @@ def test_bad_value_names_the_variable(var, value, allowed):
         ("JAX_RCCL_BUFFSIZE", "1048576"),
         ("JAX_RCCL_NET_BUFFSIZE", "65536"),
         ("JAX_RCCL_NET_STREAMS", "4"),
+        ("JAX_RCCL_NET_TRACE", "/tmp"),
     ],
 )
 def test_good_values_are_taken(var, value):

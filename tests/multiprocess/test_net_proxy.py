@@ -36,6 +36,11 @@ def worker(args: dict) -> dict:
     out: dict = {"process": p}
     t0 = time.monotonic()
     try:
+        if args.get("nofile_soft"):
+            import resource
+
+            hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+            resource.setrlimit(resource.RLIMIT_NOFILE, (args["nofile_soft"], hard))
         native.set_session_secret(world["secret"])
         port = native.socket_listen("127.0.0.1")
         publish(folder, f"{p}.ep", f"127.0.0.1:{port}")
@@ -67,12 +72,18 @@ def worker(args: dict) -> dict:
                 recv_delay_us=args.get("recv_delay_us", 0),
                 net_streams=args.get("net_streams", 0),
                 hold_channel=args.get("hold_channel", -1),
+                trace_dir=args.get("trace_dir", ""),
+                trace_events=args.get("trace_events", 0),
             )
             out["rounds"].append([list(c) for c in res.get("conns", [])])
             out["stats"].append(dict(res.get("stats", {})))
             out.setdefault("bytes", []).append(res.get("bytes", 0))
         out["seconds"] = time.monotonic() - t0
         out["conns"] = out["rounds"][0]
+        if args.get("nofile_soft"):
+            import resource
+
+            out["nofile"] = list(resource.getrlimit(resource.RLIMIT_NOFILE))
         if p == args.get("faulty", -1):
             if args["fault"] == "stop":
                 time.sleep(args["timeout"] + 5)  # stopped: connections open, nothing moves
@@ -451,3 +462,97 @@ def test_random_protocol_mixes_in_one_process(net_streams):
 
 if __name__ == "__main__":
     print(json.dumps(worker(json.loads(sys.argv[1]))), flush=True)
+
+
+# ---- the proxy's timeline (JAX_RCCL_NET_TRACE) ----
+
+
+def _net_trace():
+    sys.path.insert(
+        0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(HERE))), "benchmarks")
+    )
+    import net_trace
+
+    return net_trace
+
+
+def test_timeline_holds_every_step_at_both_ends_in_order(tmp_path):
+    """With a trace folder, each process's proxy writes its timeline when it stops: every step of
+    every connection, at the sending end seen, handed to the network and sent, at the receiving
+    end with a receive posted before it landed, in that order; and benchmarks/net_trace.py pairs
+    the two ends of every step."""
+    from jax_rccl.planner import Task
+
+    topo = _topology(4, 2)
+    programs = _plan_programs([Task("all_reduce", 1 << 18, "float32")], topo, protocol="simple")
+    results = _run(topo, programs, [0, 0, 1, 1], trace_dir=str(tmp_path))
+    _check(results, programs)
+    planned = _planned(programs)
+    nt = _net_trace()
+    paths = sorted(tmp_path.glob("net-trace.*.txt"))
+    assert len(paths) == 2, paths
+    ends = 0
+    for path in paths:
+        t = nt.read(str(path))
+        assert t.host, "the file names its machine"
+        for idx, (channel, send, local, remote) in t.links.items():
+            ev = t.events.get(idx, {})
+            n = planned[(channel, local, remote) if send else (channel, remote, local)]
+            kinds = (0, 1, 2) if send else (3, 4)
+            for s in range(n):
+                times = [ev.get((k, s)) for k in kinds]
+                assert None not in times and times == sorted(times), (path, idx, s, times)
+            assert {s for (k, s) in ev if k == kinds[-1]} == set(range(n)), (path, idx)
+            if not send:  # a slot is freed after its step landed (the last ones may go unseen)
+                assert all(ev[(4, s)] <= ns for (k, s), ns in ev.items() if k == 5)
+            ends += 1
+    assert ends == 2 * len(planned)
+    st = nt.stages([nt.read(str(p)) for p in paths], skip=0)
+    total = sum(planned.values())
+    assert len(st["to network -> sent"]) == total and min(st["to network -> sent"]) >= 0
+    assert len(st["sent -> landed"]) == total  # one machine: one clock
+    assert len(st["receive posted -> landed"]) == total
+
+
+def test_timeline_keeps_the_last_events(tmp_path):
+    """A timeline of at most 20 events keeps the newest 20, oldest first (the ring unrolled), and
+    says how many were recorded."""
+    from jax_rccl.planner import Task
+
+    topo = _topology(2, 2)
+    programs = _plan_programs([Task("all_gather", 1 << 16, "int8")], topo, protocol="simple")
+    results = _run(topo, programs, [0, 1], trace_dir=str(tmp_path), trace_events=20)
+    _check(results, programs)
+    paths = sorted(tmp_path.glob("net-trace.*.txt"))
+    assert len(paths) == 2, paths
+    for path in paths:
+        lines = path.read_text().splitlines()
+        events = [ln.split() for ln in lines if ln and ln[0].isdigit()]
+        times = [int(e[0]) for e in events]
+        assert len(events) == 20 and "the last 20 kept" in lines[0], lines[0]
+        assert times == sorted(times), "the kept events, oldest first"
+        recorded = int(lines[0].split(" events")[0].rsplit(" ", 1)[1])
+        assert recorded >= 40, lines[0]
+        # The proxy's first round posts the first receives of its receiving connections among its
+        # first events: long gone from the newest 20.
+        assert not [e for e in events if e[2:] == ["3", "0"]], events
+
+
+def test_open_file_limit_is_raised_to_the_hard_limit():
+    """A process whose soft limit of open files is low (256) gets it raised to its hard limit (at
+    most 2^20) when it makes the TCP network interface: a group across many hosts holds a
+    socket per channel each way and rank of another host."""
+    import resource
+
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    want = (1 << 20) if hard == resource.RLIM_INFINITY else hard
+    if want <= 256:
+        pytest.skip(f"the hard limit of open files is {hard}")
+    from jax_rccl.planner import Task
+
+    topo = _topology(2, 2)
+    programs = _plan_programs([Task("all_reduce", 1 << 12, "float32")], topo)
+    results = _run(topo, programs, [0, 1], nofile_soft=256)
+    _check(results, programs)
+    for res in results:
+        assert res["nofile"][0] == want, res["nofile"]
