@@ -1,5 +1,8 @@
 #include "ffi/core/params.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cctype>
 #include <cerrno>
 #include <cmath>
@@ -103,6 +106,13 @@ StatusOr<Params> LoadValidParams() {
   }
   if (p.transport != "auto" && p.transport != "shm" && p.transport != "socket") {
     return bad("JAX_RCCL_TRANSPORT", "auto, shm, socket");
+  }
+  if (!p.net_trace.empty()) {
+    struct stat st;
+    if (stat(p.net_trace.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) ||
+        access(p.net_trace.c_str(), W_OK | X_OK) != 0) {
+      return bad("JAX_RCCL_NET_TRACE", "a folder this process can write (empty: none)");
+    }
   }
   return p;
 }

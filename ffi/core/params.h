@@ -54,9 +54,9 @@ namespace jax_rccl {
     "so channels sharing a stream never hold each other up); 0: a stream per channel; every "     \
     "process of a group sets the same")                                                           \
   X(net_trace, "JAX_RCCL_NET_TRACE", String, "",                                                  \
-    "Folder where the network proxy of each GPU group across hosts writes, when it stops, a "     \
-    "timeline of its last 2^20 step events (benchmarks/net_trace.py summarizes them); empty: "    \
-    "none")                                                                                       \
+    "An existing folder where the network proxy of each GPU group across hosts writes, when it "  \
+    "stops, a timeline of its last 2^20 step events (benchmarks/net_trace.py summarizes them); "  \
+    "empty: none")                                                                                \
   X(buffsize, "JAX_RCCL_BUFFSIZE", Int, 4194304,                                                  \
     "Bytes of a GPU connection's Simple buffer in a group within one host, 8 steps of an eighth " \
     "each (NCCL_BUFFSIZE); a rank's device memory holds one per channel and rank; every process " \

@@ -60,6 +60,7 @@ def _run(env: dict[str, str]) -> str:
         ("JAX_RCCL_NET_NCHANNELS", "-1", "an integer 0..64 (0: no cap)"),
         ("JAX_RCCL_NET_STREAMS", "65", "an integer 0..64 (0: a stream per channel)"),
         ("JAX_RCCL_NET_STREAMS", "two", "is not an integer"),
+        ("JAX_RCCL_NET_TRACE", "/nonexistent/folder", "a folder this process can write"),
         ("JAX_RCCL_BUFFSIZE", "1000", "a multiple of 4096 from 65536 to 67108864"),
         ("JAX_RCCL_BUFFSIZE", "134217728", "a multiple of 4096 from 65536 to 67108864"),
         ("JAX_RCCL_NET_BUFFSIZE", "65535", "a multiple of 4096 from 65536 to 67108864"),
