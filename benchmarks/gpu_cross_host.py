@@ -3,7 +3,7 @@ loopback socket, in one run.
 
     .venv/bin/python -P benchmarks/gpu_cross_host.py [--nprocs 2|4] [--sizes 1M,4M,16M,64M,256M]
         [--colls all_reduce,all_gather] [--paths cross,ipc] [--iters 20] [--iter-bytes 1G]
-        [--repeat 3] [--raw-sockets 1,4] [--algo Ring] [--proto Simple] [--command-buffers]
+        [--repeat 3] [--raw-sockets 1,4,8] [--algo Ring] [--proto Simple] [--command-buffers]
         [--timeout 420] [--no-mps]
 
 The parent starts --nprocs JAX processes (jax.distributed on a local port) that share GPU 0 under
@@ -484,7 +484,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--iters", type=int, default=20, help="calls per timed loop, at most")
     ap.add_argument("--iter-bytes", default="1G", help="calls per timed loop: at most this / size")
     ap.add_argument("--repeat", type=int, default=3, help="timed loops (the median)")
-    ap.add_argument("--raw-sockets", default="1,4", help="socket counts for raw ('' for none)")
+    ap.add_argument("--raw-sockets", default="1,4,8", help="socket counts for raw ('' for none)")
     ap.add_argument("--algo", default="", help="jax_rccl.config(algorithm=...), e.g. Ring")
     ap.add_argument("--proto", default="", help="jax_rccl.config(protocol=...), e.g. Simple")
     ap.add_argument("--command-buffers", action="store_true", help="XLA command buffers on")

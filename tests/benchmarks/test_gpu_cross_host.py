@@ -58,3 +58,30 @@ def test_each_row_is_set_against_raw_at_its_own_bytes(capsys, bench_script):
     # size | cross ms busbw | ipc | raw4 | ratio | net | errors
     assert cells[0][3] == "16.00" and cells[0][4] == "0.80"  # all_reduce: raw at 64 MB
     assert cells[1][3] == "8.00" and cells[1][4] == "1.60"  # all_gather: raw at 32 MB
+
+
+def test_the_ratio_is_against_the_fastest_socket_count(capsys, bench_script):
+    b = bench_script("gpu_cross_host")
+    args = types.SimpleNamespace(
+        nprocs=2,
+        command_buffers=False,
+        algo="",
+        proto="",
+        repeat=1,
+        iters=3,
+        iter_bytes="1G",
+        raw_socket_counts=[1, 4, 8],
+        coll_list=["all_reduce"],
+        size_list=[64 * MB],
+    )
+    # 4, 16 and 20 GB/s on 1, 4 and 8 sockets; the path at 16 GB/s: 0.80 of the fastest.
+    raw = {f"{64 * MB}x{k}": 64 * MB / (g * 1e9) for k, g in ((1, 4), (4, 16), (8, 20))}
+    times = {f"all_reduce/{64 * MB}": 64 * MB / 16e9}
+    res = {"cross": [_result(0, raw, times), _result(1, raw, times)], "ipc": None}
+    b.report(args, res, types.SimpleNamespace(state="off"))
+    rows = [ln for ln in capsys.readouterr().out.splitlines() if ln.strip().startswith("64MB")]
+    assert len(rows) == 1
+    cells = [c.strip() for c in rows[0].split("|")]
+    # size | cross ms busbw | ipc | raw1 raw4 raw8 | ratio | net | errors
+    assert cells[3].split() == ["4.00", "16.00", "20.00"]
+    assert cells[4] == "0.80"
