@@ -50,6 +50,31 @@ nb::object GetWorld() {
   return d;
 }
 
+// A topology as the dict Python's planner.Topology.from_native reads.
+nb::dict TopologyDict(const TopologyView& t) {
+  nb::dict d;
+  d["nRanks"] = t.nRanks;
+  d["nNodes"] = t.nNodes;
+  d["arch"] = ArchName(t.arch);
+  d["intraLink"] = LinkName(t.intraLink);
+  d["interLink"] = LinkName(t.interLink);
+  d["bwIntra"] = t.bwIntra;
+  d["bwInter"] = t.bwInter;
+  d["nChannels"] = t.nChannels;
+  d["p2pnChannels"] = t.p2pnChannels;
+  d["p2pnChannelsPerPeer"] = t.p2pnChannelsPerPeer;
+  nb::list sizes;
+  for (int p = 0; p < kNumProtos; ++p) sizes.append(t.buffSizes[p]);
+  d["buffSizes"] = sizes;
+  d["p2pChunkSize"] = t.p2pChunkSize;
+  d["ll128Enabled"] = t.ll128Enabled;
+  d["treeDefined"] = t.treeDefined;
+  d["pivotA2ANumBiRings"] = t.pivotA2ANumBiRings;
+  d["workFifoDepth"] = t.workFifoDepth;
+  d["directPeers"] = t.directPeers;
+  return d;
+}
+
 nb::bytes DigestBytes(const comm::Digest& d) {
   return nb::bytes(d.data(), d.size());
 }
@@ -183,31 +208,25 @@ void BindRuntime(nb::module_& m) {
       "cpu_topology",
       [](int nranks) {
         if (nranks < 1) throw nb::value_error("cpu_topology: nranks must be >= 1");
-        const TopologyView t = comm::CpuTopology(nranks, LoadParams());
-        nb::dict d;
-        d["nRanks"] = t.nRanks;
-        d["nNodes"] = t.nNodes;
-        d["arch"] = ArchName(t.arch);
-        d["intraLink"] = LinkName(t.intraLink);
-        d["interLink"] = LinkName(t.interLink);
-        d["bwIntra"] = t.bwIntra;
-        d["bwInter"] = t.bwInter;
-        d["nChannels"] = t.nChannels;
-        d["p2pnChannels"] = t.p2pnChannels;
-        d["p2pnChannelsPerPeer"] = t.p2pnChannelsPerPeer;
-        nb::list sizes;
-        for (int p = 0; p < kNumProtos; ++p) sizes.append(t.buffSizes[p]);
-        d["buffSizes"] = sizes;
-        d["p2pChunkSize"] = t.p2pChunkSize;
-        d["ll128Enabled"] = t.ll128Enabled;
-        d["treeDefined"] = t.treeDefined;
-        d["pivotA2ANumBiRings"] = t.pivotA2ANumBiRings;
-        d["workFifoDepth"] = t.workFifoDepth;
-        d["directPeers"] = t.directPeers;
-        return d;
+        return TopologyDict(comm::CpuTopology(nranks, LoadParams()));
       },
       nb::arg("nranks"),
       "The topology the CPU runtime plans with for a group of `nranks` (a TopologyView dict).");
+  m.def(
+      "gpu_topology",
+      [](int nranks, int nnodes, const std::string& arch, bool ll128) {
+        if (nranks < 1 || nnodes < 1 || nranks % nnodes != 0) {
+          throw nb::value_error(
+              "gpu_topology: nranks must be >= 1 and a multiple of nnodes (>= 1)");
+        }
+        const Arch a = ValueOrThrow(ParseArch(arch));
+        const Params p = LoadParams();
+        return TopologyDict(
+            GpuGroupTopology(a, nranks, nnodes, p.nchannels, p.buffsize, p.net_buffsize, ll128));
+      },
+      nb::arg("nranks"), nb::arg("nnodes") = 1, nb::arg("arch") = "sm90", nb::arg("ll128") = false,
+      "The topology the GPU runtime plans with for a group of `nranks` GPUs on `nnodes` hosts "
+      "under the current settings (a TopologyView dict; `arch` the build's target).");
 }
 
 }  // namespace jax_rccl

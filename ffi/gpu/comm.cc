@@ -90,43 +90,14 @@ int OrdinalOfGlobalId(int64_t id) {
   return it == t.ordinalOfId.end() ? -1 : it->second;
 }
 
-// Per channel the bandwidth the network proxy gets between two hosts (GB/s), the topology's
-// bwInter for the cost model's network rows: TCP through one proxy thread per process.
-constexpr float kGpuNetBwGBs = 1.0f;
-
-TopologyView GpuTopology(int nRanks, const Params& params) {
-  TopologyView t;
-  t.nRanks = nRanks;
-  t.nNodes = 1;
+TopologyView GpuTopology(int nRanks, int nNodes, const Params& params) {
 #if defined(JAX_RCCL_AMD)
-  t.arch = Arch::kGfx942;
-  t.intraLink = LinkKind::kXgmi;
+  const Arch arch = Arch::kGfx942;
 #else
-  t.arch = Arch::kSm90;
-  t.intraLink = LinkKind::kNvlink;
+  const Arch arch = Arch::kSm90;
 #endif
-  t.interLink = LinkKind::kNet;
-  t.bwIntra = 30.0f;  // GB/s per channel (the cost model's NVLink-class figure)
-  // Channels: each is one block streaming its share, and a block's rate bounds a channel's (two
-  // H200s over NV18: 16 channels gave 140 GB/s busbw at 128 MB, 32 gave 181). A region holds a
-  // connection from every rank on every channel (nChannels x nRanks x 4.7 MiB), so groups of more
-  // than 4 ranks keep 16.
-  const int ch = params.nchannels > 0 ? static_cast<int>(std::min<int64_t>(params.nchannels, 32))
-                                      : (nRanks <= 4 ? 32 : 16);
-  t.nChannels = ch;
-  int p2p = 1;  // the planner's p2p channel counts are powers of two
-  while (p2p * 2 <= ch) p2p *= 2;
-  t.p2pnChannels = p2p;
-  t.p2pnChannelsPerPeer = std::min(2, p2p);
-  for (int p = 0; p < kNumProtos; ++p) t.buffSizes[p] = kGpuBuffSizes[p];
-  t.buffSizes[static_cast<int>(Proto::kSimple)] = params.buffsize;
-  t.p2pChunkSize = 131072;
-  // LL128 where the device code has it (NVIDIA); the handlers leave it to explicit protocol
-  // settings (ffi/handlers/gpu.cc: GpuBackend::Configure).
-  t.ll128Enabled = DeviceHasLL128();
-  // workFifoDepth keeps its default: the runtime's plans are persistent (no FIFO budget).
-  t.directPeers = false;
-  return t;
+  return GpuGroupTopology(arch, nRanks, nNodes, params.nchannels, params.buffsize,
+                          params.net_buffsize, DeviceHasLL128());
 }
 
 GpuComm::GpuComm(std::vector<int64_t> devices, std::vector<int> ordinals, TopologyView topo,
@@ -564,7 +535,7 @@ StatusOr<GpuComm*> GetOrCreateComm(const std::vector<int64_t>& devices, const Pa
     if (o < 0) remote.push_back(d);
     ordinals.push_back(o);
   }
-  TopologyView topo = GpuTopology(static_cast<int>(devices.size()), params);
+  TopologyView topo = GpuTopology(static_cast<int>(devices.size()), 1, params);
   std::unique_ptr<GpuComm> comm;
   if (remote.empty()) {
     comm = std::make_unique<GpuComm>(devices, ordinals, topo, params.timeout);
@@ -589,15 +560,7 @@ StatusOr<GpuComm*> GetOrCreateComm(const std::vector<int64_t>& devices, const Pa
                  ") has no network endpoint (the world table has no 'endpoints')");
     }
     const int nNodes = comm::CountNodes(placement.host);
-    if (nNodes > 1) {
-      topo.nNodes = nNodes;
-      topo.interLink = LinkKind::kNet;
-      topo.bwInter = kGpuNetBwGBs;
-      // The windows across hosts stream the Simple steps through host memory and TCP: smaller
-      // steps than within a host keep more of them moving (docs/benchmarks.md, GPU groups across
-      // hosts). The connections within a host of such a group take the same steps (one geometry).
-      topo.buffSizes[static_cast<int>(Proto::kSimple)] = params.net_buffsize;
-    }
+    if (nNodes > 1) topo = GpuTopology(static_cast<int>(devices.size()), nNodes, params);
     comm = std::make_unique<GpuComm>(devices, ordinals, topo, params.timeout);
     std::unique_ptr<comm::ShmGroup> shm;
     if (anyOnHost) {

@@ -56,10 +56,9 @@ StatusOr<int64_t> GlobalIdOfOrdinal(int ordinal);
 // The local ordinal of a global id, or -1 when the device is not in this process.
 int OrdinalOfGlobalId(int64_t id);
 
-// The topology GPU communicators plan with: `nRanks` GPUs of one node in one process, the
-// architecture this build targets, channels from JAX_RCCL_NCHANNELS (default 16), LL and Simple
-// (the protocols the device code implements).
-TopologyView GpuTopology(int nRanks, const Params& params);
+// The topology GPU communicators plan with: `nRanks` GPUs on `nNodes` hosts under the settings
+// (planner: GpuGroupTopology), with LL128 where this build's device code has it.
+TopologyView GpuTopology(int nRanks, int nNodes, const Params& params);
 
 // What each rank of a group spanning processes tells the others at its join (through its segment
 // on this host, over the network to other hosts): its GPU, what the GPU holds, and the geometry it

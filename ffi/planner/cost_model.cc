@@ -177,6 +177,30 @@ constexpr float kCpuFifoBandwidthFactor = 0.5f;  // two copies per hop instead o
 // that crosses nodes, so the model takes the lower of bwIntra and bwInter there.
 constexpr float kCpuSocketStepUs = 60.0f;
 
+// The network proxy's sockets between nodes (LinkKind::kSocket: the GPU runtime's groups across
+// hosts, ffi/comm/proxy.h). A kernel's step reaches the peer's kernel only once the proxy has all
+// of it in host memory and posts tail, whatever the protocol, so LL and LL128 start no earlier
+// than Simple there: every protocol pays kSocketStepUs per step that crosses nodes. The sockets
+// bound the rate (bwInter per channel, the lower of the two link rates as on the host executor),
+// and per byte of the operation the network carries what the algorithm sends across:
+//   Ring        NCCL's ratio (2(n-1)/n for all_reduce, (n-1)/n for all_gather and
+//               reduce_scatter, 1 for broadcast and reduce);
+//   Tree        1 on 2 nodes, 1.5 on more: of the double binary tree's two halves each crosses
+//               between two nodes once up and once down (on more nodes an inner node also takes
+//               its second child's half), where NCCL's 0.5 models links the chains within the
+//               nodes also load.
+// LL and LL128 send their flags across too (kSocketProtoBw of Simple's rate), and take Simple's
+// latencies there.
+// Measured on one H100, 2 and 4 processes split into two faked hosts (docs/benchmark-log.md,
+// 2026-12-06 fourth; benchmarks/gpu_cross_host.py): all_reduce at 256 MB Tree 19.0 ms against Ring
+// 27.6 on 4 processes (1.45 times; equal on 2), LL 0.16-0.31 and LL128 0.67-0.69 of Simple's rate
+// at 16 MB, and Simple as fast as LL or faster from 8 KB. A step that crosses takes tens of us on
+// an idle path and 200-450 us with 32 channels busy (the proxies' timelines; Ring all_reduce on 4
+// processes: 1.03 ms at 1 MB against Tree's 0.51, 0.17 and 0.14 ms at 64 KB and 8 KB, about 60 us
+// of each call being launch and dispatch): kSocketStepUs is between.
+constexpr float kSocketStepUs = 100.0f;
+constexpr float kSocketProtoBw[kNumProtos] = {0.25f, 0.7f, 1.0f};
+
 // Direct (ours; only with topology.directPeers on one node): ranks read and write each other's
 // buffers in place, between two barriers of the host runtime (buffers published; peers done). No
 // FIFO, no per-step hand-off: the latency is the two barriers, and the bandwidth is the per-rank
@@ -244,7 +268,11 @@ int Log2i(int64_t n) {
   return l;
 }
 
-const char* ModelSource(const TopologyView& topo) {
+std::string ModelSource(const TopologyView& topo) {
+  if (topo.socketNet()) {
+    return detail::StrCat(IsAmd(topo.arch) ? AmdTuningFor(topo).name : "nccl v2.19.3 tables",
+                          " within nodes, the network proxy's socket rows between them");
+  }
   if (IsAmd(topo.arch)) return AmdTuningFor(topo).name;
   if (topo.hostFifoLinks()) {
     return "nccl v2.19.3 tables, Ampere caps, host hand-offs and FIFO copies (cpu executor)";
@@ -311,6 +339,7 @@ StatusOr<CostModel> BuildCostModel(const TopologyView& topo) {
   const float netOverheadBase = amd ? kNetOverheadAmdHost : kNetOverheadIntelHost;
   const int nch = topo.nChannels;
   const bool hostFifo = topo.hostFifoLinks();
+  const bool socket = topo.socketNet();
   const bool directOk = topo.directPeers && nNodes == 1;
 
   for (int c = 0; c < CostModel::kNumCostColls; ++c) {
@@ -336,9 +365,13 @@ StatusOr<CostModel> BuildCostModel(const TopologyView& topo) {
         // RCCL: no Tree/Simple on a single gfx94x node.
         if (amd && a == tree && p == simple && gfx94OneNode) continue;
         float bw = nNodes <= 2 ? topo.bwIntra : topo.bwInter;
-        if (hostFifo && nNodes > 1) bw = std::min(topo.bwIntra, topo.bwInter);  // bwInter validated
+        if ((hostFifo || socket) && nNodes > 1) {
+          bw = std::min(topo.bwIntra, topo.bwInter);  // bwInter validated
+        }
         float busBw = nch * bw;
-        if (amd) {
+        if (socket) {
+          busBw *= kSocketProtoBw[p];
+        } else if (amd) {
           busBw *= amdT->bwRatio[nNodes <= 2 ? 0 : 1][a][p];
           if (a == ring && p == ll && bcastOrReduce && gfx94OneNode) busBw *= 1.65f;
         } else {
@@ -357,14 +390,20 @@ StatusOr<CostModel> BuildCostModel(const TopologyView& topo) {
           }
         }
         // Bus bandwidth to algorithm bandwidth.
-        const float ratio = a == ring ? (1.0f * nRanks) / nsteps : 0.5f;
+        const float treeRatio = socket ? (nNodes == 2 ? 1.0f : 1.0f / 1.5f) : 0.5f;
+        const float ratio = a == ring ? (1.0f * nRanks) / nsteps : treeRatio;
         m.bandwidthGBs[c][a][p] = busBw * ratio * (hostFifo ? kCpuFifoBandwidthFactor : 1.0f);
         if (a == ring) m.ringBackupGBs[c][p] = m.bandwidthGBs[c][a][p];
 
         const auto& hwLat = amd ? amdT->hwLat : kNvHwLat;
-        float lat = amd ? kAmdBaseLat[a][p] : kNvBaseLat[a][p];
-        float intraLat = hostFifo ? kCpuHandoffUs : hwLat[intraHw][a][p];
-        const float interLat = hostFifo ? kCpuSocketStepUs : hwLat[kHwNet][a][p];
+        // Across socket links every protocol waits for the proxy's whole steps: none starts
+        // sooner than Simple, whose latencies all protocols take there (lp).
+        const int lp = socket ? simple : p;
+        float lat = amd ? kAmdBaseLat[a][lp] : kNvBaseLat[a][lp];
+        float intraLat = hostFifo ? kCpuHandoffUs : hwLat[intraHw][a][lp];
+        const float interLat = hostFifo ? kCpuSocketStepUs
+                               : socket ? kSocketStepUs
+                                        : hwLat[kHwNet][a][p];
         if (a == ring) {
           if (bcastOrReduce && hostFifo && nNodes == 1) {
             // Every hop of the host's pipeline is a thread hand-off, so the first chunk pays one
@@ -372,10 +411,10 @@ StatusOr<CostModel> BuildCostModel(const TopologyView& topo) {
             lat += (nRanks - 1) * intraLat;
           } else if (bcastOrReduce) {
             // Ring graphs are searched with sameChannels=1: one hop of latency.
-            lat += hwLat[hw][a][p];
+            lat += socket ? kSocketStepUs : hwLat[hw][a][p];
           } else {
             float netOverhead = 0;
-            if (nNodes > 1) netOverhead = netOverheadBase * (p == simple ? 3 : 1);
+            if (nNodes > 1) netOverhead = netOverheadBase * (lp == simple ? 3 : 1);
             intraLat = std::max(intraLat, netOverhead);
             lat += (nsteps - nInterSteps) * intraLat + nInterSteps * interLat;
           }
@@ -448,7 +487,8 @@ float AlgoTime(const CostModel& model, const TopologyView& topo, Coll coll, Algo
     if (algo == Algo::kTree && logSize < kNvTreeCorrectionSizes)
       bw *= kNvTreeCorrection[p][logSize];
     if (nChannels != 0) bw = bw / topo.nChannels * nChannels;
-    if (algo == Algo::kRing && proto == Proto::kSimple && topo.nNodes > 1 &&
+    // (Not on socket links: their rows give every protocol Simple's latency.)
+    if (algo == Algo::kRing && proto == Proto::kSimple && topo.nNodes > 1 && !topo.socketNet() &&
         coll == Coll::kAllReduce &&
         nBytes / (static_cast<int64_t>(topo.nChannels) * topo.nRanks) >= 64) {
       lat *= 1.4f;  // ring plateau; 1.9 before Ampere, which we do not model
@@ -467,7 +507,9 @@ std::string DescribeCostModel(const CostModel& model, const TopologyView& topo) 
   std::ostringstream os;
   char buf[64];
   os << "cost model: " << topo.nRanks << " ranks, " << topo.nNodes << " node(s), arch "
-     << ArchName(topo.arch) << ", intra " << LinkName(topo.intraLink) << ", " << topo.nChannels
+     << ArchName(topo.arch) << ", intra " << LinkName(topo.intraLink)
+     << (topo.nNodes > 1 ? detail::StrCat(", inter ", LinkName(topo.interLink)) : std::string())
+     << ", " << topo.nChannels
      << " channels x " << topo.bwIntra << "/" << topo.bwInter << " GB/s (intra/inter); "
      << ModelSource(topo) << "; LL128 " << (topo.ll128Enabled ? "on" : "off") << "; tree depth "
      << model.treeDepth << "\n";

@@ -257,6 +257,8 @@ const char* LinkName(LinkKind l) {
       return "nvlink";
     case LinkKind::kNet:
       return "net";
+    case LinkKind::kSocket:
+      return "socket";
   }
   return "?";
 }

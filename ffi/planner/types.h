@@ -123,9 +123,13 @@ enum class LinkKind : int8_t {
   kPcie,
   kXgmi,    // AMD Infinity Fabric
   kNvlink,  // NVIDIA NVLink / NVSwitch
-  kNet,     // a network between nodes
+  kNet,     // a network between nodes (RCCL/NCCL's: the kernels' steps go straight to the NIC)
+  kSocket,  // TCP sockets between nodes, every step staged in host memory by a proxy thread (the
+            // GPU runtime's groups across hosts, ffi/comm/proxy.h)
 };
-constexpr int kNumLinkKinds = 6;
+constexpr int kNumLinkKinds = 7;
+// Links between nodes (the last kinds): never a node's own.
+constexpr int kFirstInterNodeLink = static_cast<int>(LinkKind::kNet);
 
 size_t DataTypeSize(DataType t);
 bool IsFloating(DataType t);
@@ -173,6 +177,11 @@ struct TopologyView {
   bool directPeers = false;       // ranks can read each other's buffers (one process, or IPC)
 
   int localRanks() const { return nNodes > 0 ? nRanks / nNodes : nRanks; }
+  // Nodes joined by the network proxy's sockets (kSocket) on a device: the cost model's socket
+  // rows (cost_model.cc) replace RCCL/NCCL's network rows. The host executor keeps its own.
+  bool socketNet() const {
+    return nNodes > 1 && interLink == LinkKind::kSocket && !hostFifoLinks();
+  }
   int warpSize() const { return ArchWarpSize(arch); }
   // The host executor's own links: Ring and Tree pass every chunk through FIFOs in host memory
   // and cross nodes through sockets (the cost model's CPU rows).
@@ -187,6 +196,15 @@ struct TopologyView {
 Status ValidateTopology(const TopologyView& topo);
 // Its rule for ranks and nodes alone (the Python Topology checks it when built).
 Status ValidateRanksAndNodes(int nRanks, int nNodes);
+
+// The topology a GPU communicator of `nRanks` ranks on `nNodes` hosts plans with (the runtime's,
+// ffi/gpu/comm.cc; here so that it is one declaration the CPU build and its tests see too): `arch`
+// the build's target (its links within a host: XGMI on AMD, NVLink on NVIDIA), `nchannels`
+// JAX_RCCL_NCHANNELS (0: the default), `buffsize` and `netBuffsize` the Simple buffers within a
+// host and across hosts (JAX_RCCL_BUFFSIZE, JAX_RCCL_NET_BUFFSIZE), `ll128` whether the device
+// code runs LL128. Across hosts: the network proxy's socket links.
+TopologyView GpuGroupTopology(Arch arch, int nRanks, int nNodes, int64_t nchannels,
+                              int64_t buffsize, int64_t netBuffsize, bool ll128);
 
 // The node of `rank`: ranks are laid out node-major, localRanks() to a node.
 inline int NodeOf(const TopologyView& topo, int rank) {

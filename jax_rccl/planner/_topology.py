@@ -13,7 +13,7 @@ from jax_rccl import _jax_rccl
 DEFAULT_BUFF_SIZES = (262144, 458752, 4194304)
 
 _ARCHES = ("cpu", "gfx90a", "gfx942", "sm80", "sm90")
-_LINKS = ("loopback", "shm", "pcie", "xgmi", "nvlink", "net")
+_LINKS = ("loopback", "shm", "pcie", "xgmi", "nvlink", "net", "socket")
 
 
 @dataclasses.dataclass(frozen=True)

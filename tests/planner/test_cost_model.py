@@ -155,6 +155,56 @@ def test_h100_threads():
     assert slow["max_threads"]["ring"]["simple"] == 256  # 1 * 10 <= 12
 
 
+# ---------------------------------------------------------------------------------------------
+# The network proxy's socket links between nodes (the GPU runtime's groups across hosts)
+
+H100_2_HOSTS = dict(H100, nNodes=2, interLink="socket", bwInter=0.5)
+
+
+def test_socket_rows_all_reduce():
+    """Across socket links the sockets bound the rate (bwInter), every protocol takes Simple's
+    latencies (a step reaches the peer's kernel only once all of it is in), LL and LL128 pay for
+    their flags, and a Tree sends each byte across once each way."""
+    m = internal.cost_model(H100_2_HOSTS)
+    # busBw = 16 channels * min(20, 0.5) = 8. Ring: nsteps 14, 4 of them across (2 * nNodes);
+    # latency 8.4 + 10 * max(3.4, netOverhead 3 * 1.0) + 4 * 100 = 442.4 for every protocol.
+    check(m, "all_reduce", "ring", "simple", 442.4, 8 * 8 / 14)
+    check(m, "all_reduce", "ring", "ll", 442.4, 8 * 0.25 * 8 / 14)
+    check(m, "all_reduce", "ring", "ll128", 442.4, 8 * 0.7 * 8 / 14)
+    # Tree: ratio 1 on two nodes; latency 0 + 2 * ((4 - 1) * 28 + log2(2) * 100) = 368.
+    check(m, "all_reduce", "tree", "simple", 368.0, 8.0)
+    check(m, "all_reduce", "tree", "ll", 368.0, 8 * 0.25)
+    check(m, "all_reduce", "tree", "ll128", 368.0, 8 * 0.7)
+
+
+def test_socket_rows_other_collectives_and_more_nodes():
+    m = internal.cost_model(H100_2_HOSTS)
+    # all_gather: nsteps 7, one across: 8.4 + 6 * 3.4 + 100 = 128.8; bw 8 * 8/7.
+    check(m, "all_gather", "ring", "simple", 128.8, 8 * 8 / 7)
+    check(m, "all_gather", "ring", "ll", 128.8, 8 * 0.25 * 8 / 7)
+    # broadcast: one hop across: 8.4 + 100; ratio 1.
+    check(m, "broadcast", "ring", "simple", 108.4, 8.0)
+    # Four nodes: an inner node of the tree also takes its second child's half (ratio 1 / 1.5);
+    # latency 0 + 2 * ((4 - 1) * 28 + 2 * 100) = 568.
+    four = internal.cost_model(dict(H100_2_HOSTS, nRanks=16, nNodes=4))
+    check(four, "all_reduce", "tree", "simple", 568.0, 8 / 1.5)
+
+
+def test_socket_rows_leave_the_network_rows_alone():
+    """inter_link 'net' keeps NCCL's rows: its LL crosses with its own lower latency."""
+    net = internal.cost_model(dict(H100_2_HOSTS, interLink="net"))
+    assert cell(net, "all_reduce", "ring", "ll")[0] < cell(net, "all_reduce", "ring", "simple")[0]
+    sock = internal.cost_model(H100_2_HOSTS)
+    assert cell(sock, "all_reduce", "ring", "ll")[0] == cell(sock, "all_reduce", "ring", "simple")[0]
+
+
+def test_socket_ring_has_no_plateau_factor():
+    # NCCL's 1.4 on a multi-node Ring/Simple all_reduce is for its network rows only:
+    # 442.4 + 1048576 / (1000 * 4.571429) on socket links.
+    t, _ = internal.algo_time(H100_2_HOSTS, "all_reduce", "ring", "simple", 1 << 20)
+    assert t == pytest.approx(442.4 + 1048576 / (1000 * 8 * 8 / 14), rel=REL)
+
+
 def test_cpu_model_over_pcie_uses_pci_row():
     m = internal.cost_model(dict(CPU, intraLink="pcie"))
     # cpu over PCIe: NCCL tables, Ampere caps, NCCL's PCI row (no host FIFO rule).
@@ -341,6 +391,8 @@ def test_single_rank_model_is_empty():
         (dict(bwIntra=math.inf), ["bwIntra"]),
         (dict(bwIntra=-1.0), ["bwIntra"]),
         (dict(intraLink="net"), ["intraLink", "allowed"]),
+        (dict(intraLink="socket"), ["intraLink", "allowed", "'socket'"]),
+        (dict(nRanks=16, nNodes=2, interLink="socket", bwInter=0.0), ["bwInter", "socket"]),
         (dict(nRanks=24, nNodes=3, bwInter=0.0), ["bwInter"]),
     ],
 )
@@ -366,3 +418,5 @@ def test_describe_mentions_source():
     assert "tuning_model_1" in internal.cost_model(mi250)["description"]
     assert "tuning_model_4" in internal.cost_model(dict(mi250, ll128Enabled=True))["description"]
     assert "Hopper" in internal.cost_model(H100)["description"]
+    d = internal.cost_model(H100_2_HOSTS)["description"]
+    assert "inter socket" in d and "socket rows between them" in d

@@ -115,3 +115,49 @@ def test_harness_trace_words_become_named_events(monkeypatch):
         [[("start", 1.0), ("piece", 2.5), ("end", 5.0)], [("start", 1.5)]],
         [[("start", 0.0), ("end", 0.25)]],
     ]
+
+
+# ---------------------------------------------------------------------------------------------
+# Groups across hosts: the runtime's own topology (ffi/planner/topology.cc: GpuGroupTopology)
+
+
+def runtime_topology(nranks, nnodes):
+    from jax_rccl import _jax_rccl
+
+    return planner.Topology.from_native(_jax_rccl.gpu_topology(nranks, nnodes))
+
+
+def test_the_runtime_topology_across_hosts(monkeypatch):
+    """Across hosts the runtime plans with the network proxy's socket links, its measured rate,
+    and JAX_RCCL_NET_BUFFSIZE's Simple steps (JAX_RCCL_BUFFSIZE's within one host)."""
+    one, two = runtime_topology(4, 1), runtime_topology(4, 2)
+    assert (two.nnodes, two.inter_link, two.bw_inter) == (2, "socket", 0.5)
+    assert two.buff_sizes[2] == 1 << 20 and one.buff_sizes[2] == 4 << 20
+    assert (one.nchannels, two.nchannels) == (32, 32)
+    assert runtime_topology(8, 2).nchannels == 16
+    monkeypatch.setenv("JAX_RCCL_NET_BUFFSIZE", str(1 << 19))
+    assert runtime_topology(4, 2).buff_sizes[2] == 1 << 19
+    with pytest.raises(ValueError, match="nranks must be >= 1 and a multiple of nnodes"):
+        runtime_topology(3, 2)
+
+
+@pytest.mark.parametrize("nranks", [2, 4, 8, 16])
+@pytest.mark.parametrize("coll", COLLS)
+def test_groups_across_hosts_take_simple(nranks, coll):
+    """Through the proxy an LL or LL128 step reaches its peer no sooner than a Simple one and
+    carries flags too: on one H100 split into two faked hosts, LL ran at 0.16-0.31 of Simple's
+    rate at 16 MB and 3.5 times slower at 64 KB (4 processes), no faster at 8 KB; the planner
+    chose LL up to 1 MB on NCCL's network rows (1 MB all_reduce: 2.45 ms against Tree/Simple's
+    0.51)."""
+    topo = runtime_topology(nranks, 2)
+    for nbytes in SIZES:
+        t = choice(topo, coll, nbytes)
+        assert t["protocol"] == "simple", (nbytes, t)
+
+
+def test_a_tree_all_reduce_where_it_crosses_less():
+    """4 ranks on 2 hosts: a Ring carries 1.5 S across each way, the double binary tree S; the Tree
+    was faster at every size measured (8 KB to 256 MB: 19.0 ms against 27.6 at 256 MB)."""
+    topo = runtime_topology(4, 2)
+    for nbytes in SIZES[1:]:
+        assert choice(topo, "all_reduce", nbytes)["algorithm"] == "tree", nbytes
