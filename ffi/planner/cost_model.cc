@@ -509,10 +509,9 @@ std::string DescribeCostModel(const CostModel& model, const TopologyView& topo) 
   os << "cost model: " << topo.nRanks << " ranks, " << topo.nNodes << " node(s), arch "
      << ArchName(topo.arch) << ", intra " << LinkName(topo.intraLink)
      << (topo.nNodes > 1 ? detail::StrCat(", inter ", LinkName(topo.interLink)) : std::string())
-     << ", " << topo.nChannels
-     << " channels x " << topo.bwIntra << "/" << topo.bwInter << " GB/s (intra/inter); "
-     << ModelSource(topo) << "; LL128 " << (topo.ll128Enabled ? "on" : "off") << "; tree depth "
-     << model.treeDepth << "\n";
+     << ", " << topo.nChannels << " channels x " << topo.bwIntra << "/" << topo.bwInter
+     << " GB/s (intra/inter); " << ModelSource(topo) << "; LL128 "
+     << (topo.ll128Enabled ? "on" : "off") << "; tree depth " << model.treeDepth << "\n";
   os << "latency us / bandwidth GB/s";
   for (int a = 0; a < kNumAlgos; ++a) {
     for (int p = 0; p < kNumProtos; ++p) {

@@ -120,8 +120,8 @@ TopologyView GpuGroupTopology(Arch arch, int nRanks, int nNodes, int64_t nchanne
   // H200s over NV18: 16 channels gave 140 GB/s busbw at 128 MB, 32 gave 181). A region holds a
   // connection from every rank on every channel (nChannels x nRanks x 4.7 MiB), so groups of more
   // than 4 ranks keep 16.
-  const int ch = nchannels > 0 ? static_cast<int>(std::min<int64_t>(nchannels, 32))
-                               : (nRanks <= 4 ? 32 : 16);
+  const int ch =
+      nchannels > 0 ? static_cast<int>(std::min<int64_t>(nchannels, 32)) : (nRanks <= 4 ? 32 : 16);
   t.nChannels = ch;
   int p2p = 1;  // the planner's p2p channel counts are powers of two
   while (p2p * 2 <= ch) p2p *= 2;

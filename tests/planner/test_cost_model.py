@@ -195,7 +195,9 @@ def test_socket_rows_leave_the_network_rows_alone():
     net = internal.cost_model(dict(H100_2_HOSTS, interLink="net"))
     assert cell(net, "all_reduce", "ring", "ll")[0] < cell(net, "all_reduce", "ring", "simple")[0]
     sock = internal.cost_model(H100_2_HOSTS)
-    assert cell(sock, "all_reduce", "ring", "ll")[0] == cell(sock, "all_reduce", "ring", "simple")[0]
+    assert (
+        cell(sock, "all_reduce", "ring", "ll")[0] == cell(sock, "all_reduce", "ring", "simple")[0]
+    )
 
 
 def test_socket_ring_has_no_plateau_factor():
