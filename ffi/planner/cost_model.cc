@@ -475,20 +475,22 @@ float AlgoTime(const CostModel& model, const TopologyView& topo, Coll coll, Algo
   if (bw == 0) return -1.0f;
 
   const int logSize = Log2i(nBytes >> 6);
+  // RCCL's and NCCL's corrections by size fit their own kernels and networks; the socket rows are
+  // measured as they stand (and give every protocol Simple's latency, so no Ring plateau either).
+  const bool corrected = !topo.socketNet();
   if (IsAmd(topo.arch)) {
     const AmdTuning& t = AmdTuningFor(topo);
     const int ix = std::min(logSize, kNumCorrectionSizes - 1);
-    if (algo == Algo::kTree) {
+    if (corrected && algo == Algo::kTree) {
       bw *= t.treeCorrection[p][ix];
-    } else if (topo.nNodes > 1) {
+    } else if (corrected && topo.nNodes > 1) {
       bw *= t.ringCorrection[p][ix];
     }
   } else {
-    if (algo == Algo::kTree && logSize < kNvTreeCorrectionSizes)
+    if (corrected && algo == Algo::kTree && logSize < kNvTreeCorrectionSizes)
       bw *= kNvTreeCorrection[p][logSize];
     if (nChannels != 0) bw = bw / topo.nChannels * nChannels;
-    // (Not on socket links: their rows give every protocol Simple's latency.)
-    if (algo == Algo::kRing && proto == Proto::kSimple && topo.nNodes > 1 && !topo.socketNet() &&
+    if (corrected && algo == Algo::kRing && proto == Proto::kSimple && topo.nNodes > 1 &&
         coll == Coll::kAllReduce &&
         nBytes / (static_cast<int64_t>(topo.nChannels) * topo.nRanks) >= 64) {
       lat *= 1.4f;  // ring plateau; 1.9 before Ampere, which we do not model

@@ -200,11 +200,19 @@ def test_socket_rows_leave_the_network_rows_alone():
     )
 
 
-def test_socket_ring_has_no_plateau_factor():
-    # NCCL's 1.4 on a multi-node Ring/Simple all_reduce is for its network rows only:
-    # 442.4 + 1048576 / (1000 * 4.571429) on socket links.
+def test_socket_rows_take_no_corrections_by_size():
+    # NCCL's 1.4 on a multi-node Ring/Simple all_reduce and its Tree correction are for its own
+    # rows: 442.4 + 1048576 / (1000 * 4.571429) and 368 + 1048576 / (1000 * 8) on socket links.
     t, _ = internal.algo_time(H100_2_HOSTS, "all_reduce", "ring", "simple", 1 << 20)
     assert t == pytest.approx(442.4 + 1048576 / (1000 * 8 * 8 / 14), rel=REL)
+    t, _ = internal.algo_time(H100_2_HOSTS, "all_reduce", "tree", "simple", 1 << 20)
+    assert t == pytest.approx(368.0 + 1048576 / (1000 * 8), rel=REL)
+    # RCCL's ring correction neither (MI300X over sockets: 16 channels x 0.5 GB/s, 16 ranks).
+    amd = dict(MI300X_2X8, interLink="socket", bwInter=0.5)
+    bw = internal.cost_model(amd)["bandwidth_gbs"]["all_reduce"]["ring"]["simple"]
+    lat = internal.cost_model(amd)["latency_us"]["all_reduce"]["ring"]["simple"]
+    t, _ = internal.algo_time(amd, "all_reduce", "ring", "simple", 1 << 20)
+    assert t == pytest.approx(lat + 1048576 / (1000 * bw), rel=REL)
 
 
 def test_cpu_model_over_pcie_uses_pci_row():
