@@ -192,7 +192,7 @@ constexpr float kCpuSocketStepUs = 60.0f;
 // LL and LL128 send their flags across too (kSocketProtoBw of Simple's rate), and take Simple's
 // latencies there.
 // Measured on one H100, 2 and 4 processes split into two faked hosts (docs/benchmark-log.md,
-// 2026-12-06 fourth; benchmarks/gpu_cross_host.py): all_reduce at 256 MB Tree 19.0 ms against Ring
+// 2026-12-06 fourth and fifth; benchmarks/gpu_cross_host.py): all_reduce at 256 MB Tree 19.0 ms against Ring
 // 27.6 on 4 processes (1.45 times; equal on 2), LL 0.16-0.31 and LL128 0.67-0.69 of Simple's rate
 // at 16 MB, and Simple as fast as LL or faster from 8 KB. A step that crosses takes tens of us on
 // an idle path and 200-450 us with 32 channels busy (the proxies' timelines; Ring all_reduce on 4
