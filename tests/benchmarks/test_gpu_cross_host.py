@@ -32,9 +32,9 @@ def _result(process: int, raw: dict, times: dict) -> dict:
     }
 
 
-def test_each_row_is_set_against_raw_at_its_own_bytes(capsys, bench_script):
-    b = bench_script("gpu_cross_host")
-    args = types.SimpleNamespace(
+def _args(raw_socket_counts: list[int], colls: list[str]) -> types.SimpleNamespace:
+    """The parsed command line report() reads: 2 processes, one 64 MB size."""
+    return types.SimpleNamespace(
         nprocs=2,
         command_buffers=False,
         algo="",
@@ -42,10 +42,15 @@ def test_each_row_is_set_against_raw_at_its_own_bytes(capsys, bench_script):
         repeat=1,
         iters=3,
         iter_bytes="1G",
-        raw_socket_counts=[4],
-        coll_list=["all_reduce", "all_gather"],
+        raw_socket_counts=raw_socket_counts,
+        coll_list=colls,
         size_list=[64 * MB],
     )
+
+
+def test_each_row_is_set_against_raw_at_its_own_bytes(capsys, bench_script):
+    b = bench_script("gpu_cross_host")
+    args = _args([4], ["all_reduce", "all_gather"])
     # 64 MB each way at 16 GB/s, 32 MB each way at 8 GB/s (the raw rate grows with the bytes).
     raw = {f"{64 * MB}x4": 64 * MB / 16e9, f"{32 * MB}x4": 32 * MB / 8e9}
     # busbw 12.8 GB/s for both: all_reduce moves 64 MB each way, all_gather 32 MB.
@@ -62,18 +67,7 @@ def test_each_row_is_set_against_raw_at_its_own_bytes(capsys, bench_script):
 
 def test_the_ratio_is_against_the_fastest_socket_count(capsys, bench_script):
     b = bench_script("gpu_cross_host")
-    args = types.SimpleNamespace(
-        nprocs=2,
-        command_buffers=False,
-        algo="",
-        proto="",
-        repeat=1,
-        iters=3,
-        iter_bytes="1G",
-        raw_socket_counts=[1, 4, 8],
-        coll_list=["all_reduce"],
-        size_list=[64 * MB],
-    )
+    args = _args([1, 4, 8], ["all_reduce"])
     # 4, 16 and 20 GB/s on 1, 4 and 8 sockets; the path at 16 GB/s: 0.80 of the fastest.
     raw = {f"{64 * MB}x{k}": 64 * MB / (g * 1e9) for k, g in ((1, 4), (4, 16), (8, 20))}
     times = {f"all_reduce/{64 * MB}": 64 * MB / 16e9}
