@@ -225,8 +225,11 @@ void BindRuntime(nb::module_& m) {
             GpuGroupTopology(a, nranks, nnodes, p.nchannels, p.buffsize, p.net_buffsize, ll128));
       },
       nb::arg("nranks"), nb::arg("nnodes") = 1, nb::arg("arch") = "sm90", nb::arg("ll128") = false,
-      "The topology the GPU runtime plans with for a group of `nranks` GPUs on `nnodes` hosts "
-      "under the current settings (a TopologyView dict; `arch` the build's target).");
+      "The topology the GPU runtime starts from for a group of `nranks` GPUs on `nnodes` hosts "
+      "under the current settings (a TopologyView dict), for `arch` and `ll128` as given (the "
+      "runtime: its build's target, LL128 where the device code has it). The runtime may then "
+      "take fewer channels: the fewest any rank can keep resident, and across hosts at most "
+      "JAX_RCCL_NET_NCHANNELS.");
 }
 
 }  // namespace jax_rccl

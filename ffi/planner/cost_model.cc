@@ -191,13 +191,15 @@ constexpr float kCpuSocketStepUs = 60.0f;
 //               nodes also load.
 // LL and LL128 send their flags across too (kSocketProtoBw of Simple's rate), and take Simple's
 // latencies there.
+// A Ring's steps that cross are its own share (N of its n hops cross nodes: nsteps * N / n of
+// them), where NCCL's formula counts 2 * nNodes for an all_reduce whatever the ranks per node.
 // Measured on one H100, 2 and 4 processes split into two faked hosts (docs/benchmark-log.md,
-// 2026-12-06 fourth and fifth; benchmarks/gpu_cross_host.py): all_reduce at 256 MB Tree 19.0 ms against Ring
-// 27.6 on 4 processes (1.45 times; equal on 2), LL 0.16-0.31 and LL128 0.67-0.69 of Simple's rate
-// at 16 MB, and Simple as fast as LL or faster from 8 KB. A step that crosses takes tens of us on
-// an idle path and 200-450 us with 32 channels busy (the proxies' timelines; Ring all_reduce on 4
-// processes: 1.03 ms at 1 MB against Tree's 0.51, 0.17 and 0.14 ms at 64 KB and 8 KB, about 60 us
-// of each call being launch and dispatch): kSocketStepUs is between.
+// 2026-12-06 fourth and fifth; benchmarks/gpu_cross_host.py): all_reduce at 256 MB Tree 19.0 ms
+// against Ring 27.6 on 4 processes (1.45 times; equal on 2), LL 0.16-0.31 and LL128 0.67-0.69 of
+// Simple's rate at 16 MB, and Simple as fast as LL or faster from 8 KB. A step that crosses takes
+// tens of us on an idle path and 200-450 us with 32 channels busy (the proxies' timelines; Ring
+// all_reduce on 4 processes: 1.03 ms at 1 MB against Tree's 0.51, 0.17 and 0.14 ms at 64 KB and 8
+// KB, about 60 us of each call being launch and dispatch): kSocketStepUs is between.
 constexpr float kSocketStepUs = 100.0f;
 constexpr float kSocketProtoBw[kNumProtos] = {0.25f, 0.7f, 1.0f};
 
@@ -416,7 +418,11 @@ StatusOr<CostModel> BuildCostModel(const TopologyView& topo) {
             float netOverhead = 0;
             if (nNodes > 1) netOverhead = netOverheadBase * (lp == simple ? 3 : 1);
             intraLat = std::max(intraLat, netOverhead);
-            lat += (nsteps - nInterSteps) * intraLat + nInterSteps * interLat;
+            // NCCL counts 2 * nNodes crossings for an all_reduce (nNodes - 1 for all_gather and
+            // reduce_scatter), whatever the ranks per node; on socket links, where a crossing
+            // costs most, the ring's own share: N of its n hops cross, so nsteps * N / n.
+            const float cross = socket ? float(nsteps) * nNodes / nRanks : float(nInterSteps);
+            lat += (nsteps - cross) * intraLat + cross * interLat;
           }
         } else {
           lat += 2 * ((nRanks / nNodes - 1) * intraLat + Log2i(nNodes) * interLat);

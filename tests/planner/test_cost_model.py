@@ -166,11 +166,12 @@ def test_socket_rows_all_reduce():
     latencies (a step reaches the peer's kernel only once all of it is in), LL and LL128 pay for
     their flags, and a Tree sends each byte across once each way."""
     m = internal.cost_model(H100_2_HOSTS)
-    # busBw = 16 channels * min(20, 0.5) = 8. Ring: nsteps 14, 4 of them across (2 * nNodes);
-    # latency 8.4 + 10 * max(3.4, netOverhead 3 * 1.0) + 4 * 100 = 442.4 for every protocol.
-    check(m, "all_reduce", "ring", "simple", 442.4, 8 * 8 / 14)
-    check(m, "all_reduce", "ring", "ll", 442.4, 8 * 0.25 * 8 / 14)
-    check(m, "all_reduce", "ring", "ll128", 442.4, 8 * 0.7 * 8 / 14)
+    # busBw = 16 channels * min(20, 0.5) = 8. Ring: nsteps 14, of which 14 * 2/8 = 3.5 cross (2 of
+    # the ring's 8 hops do; NCCL's network rows would count 2 * nNodes = 4); latency
+    # 8.4 + 10.5 * max(3.4, netOverhead 3 * 1.0) + 3.5 * 100 = 394.1 for every protocol.
+    check(m, "all_reduce", "ring", "simple", 394.1, 8 * 8 / 14)
+    check(m, "all_reduce", "ring", "ll", 394.1, 8 * 0.25 * 8 / 14)
+    check(m, "all_reduce", "ring", "ll128", 394.1, 8 * 0.7 * 8 / 14)
     # Tree: ratio 1 on two nodes; latency 0 + 2 * ((4 - 1) * 28 + log2(2) * 100) = 368.
     check(m, "all_reduce", "tree", "simple", 368.0, 8.0)
     check(m, "all_reduce", "tree", "ll", 368.0, 8 * 0.25)
@@ -179,15 +180,23 @@ def test_socket_rows_all_reduce():
 
 def test_socket_rows_other_collectives_and_more_nodes():
     m = internal.cost_model(H100_2_HOSTS)
-    # all_gather: nsteps 7, one across: 8.4 + 6 * 3.4 + 100 = 128.8; bw 8 * 8/7.
-    check(m, "all_gather", "ring", "simple", 128.8, 8 * 8 / 7)
-    check(m, "all_gather", "ring", "ll", 128.8, 8 * 0.25 * 8 / 7)
+    # all_gather: nsteps 7, 7 * 2/8 = 1.75 across: 8.4 + 5.25 * 3.4 + 175 = 201.25; bw 8 * 8/7.
+    check(m, "all_gather", "ring", "simple", 201.25, 8 * 8 / 7)
+    check(m, "all_gather", "ring", "ll", 201.25, 8 * 0.25 * 8 / 7)
     # broadcast: one hop across: 8.4 + 100; ratio 1.
     check(m, "broadcast", "ring", "simple", 108.4, 8.0)
     # Four nodes: an inner node of the tree also takes its second child's half (ratio 1 / 1.5);
     # latency 0 + 2 * ((4 - 1) * 28 + 2 * 100) = 568.
     four = internal.cost_model(dict(H100_2_HOSTS, nRanks=16, nNodes=4))
     check(four, "all_reduce", "tree", "simple", 568.0, 8 / 1.5)
+
+
+def test_socket_ring_with_a_rank_per_node_crosses_at_every_step():
+    # 2 ranks on 2 nodes: both hops of the ring cross, 2 steps of all_reduce: 8.4 + 2 * 100,
+    # against a Tree's 0 + 2 * (0 * 28 + 1 * 100) = 200 (the two ran alike measured).
+    m = internal.cost_model(dict(H100_2_HOSTS, nRanks=2))
+    check(m, "all_reduce", "ring", "simple", 208.4, 16 * 0.5 * 2 / 2)
+    check(m, "all_reduce", "tree", "simple", 200.0, 8.0)
 
 
 def test_socket_rows_leave_the_network_rows_alone():
@@ -202,9 +211,9 @@ def test_socket_rows_leave_the_network_rows_alone():
 
 def test_socket_rows_take_no_corrections_by_size():
     # NCCL's 1.4 on a multi-node Ring/Simple all_reduce and its Tree correction are for its own
-    # rows: 442.4 + 1048576 / (1000 * 4.571429) and 368 + 1048576 / (1000 * 8) on socket links.
+    # rows: 394.1 + 1048576 / (1000 * 4.571429) and 368 + 1048576 / (1000 * 8) on socket links.
     t, _ = internal.algo_time(H100_2_HOSTS, "all_reduce", "ring", "simple", 1 << 20)
-    assert t == pytest.approx(442.4 + 1048576 / (1000 * 8 * 8 / 14), rel=REL)
+    assert t == pytest.approx(394.1 + 1048576 / (1000 * 8 * 8 / 14), rel=REL)
     t, _ = internal.algo_time(H100_2_HOSTS, "all_reduce", "tree", "simple", 1 << 20)
     assert t == pytest.approx(368.0 + 1048576 / (1000 * 8), rel=REL)
     # RCCL's ring correction neither (MI300X over sockets: 16 channels x 0.5 GB/s, 16 ranks).

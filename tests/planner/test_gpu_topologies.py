@@ -121,10 +121,19 @@ def test_harness_trace_words_become_named_events(monkeypatch):
 # Groups across hosts: the runtime's own topology (ffi/planner/topology.cc: GpuGroupTopology)
 
 
-def runtime_topology(nranks, nnodes, arch="sm90"):
+def runtime_topology(nranks, nnodes, arch="sm90", ll128=False):
     from jax_rccl import _jax_rccl
 
-    return planner.Topology.from_native(_jax_rccl.gpu_topology(nranks, nnodes, arch=arch))
+    return planner.Topology.from_native(
+        _jax_rccl.gpu_topology(nranks, nnodes, arch=arch, ll128=ll128)
+    )
+
+
+@pytest.fixture(autouse=True)
+def _default_settings(monkeypatch):
+    # The runtime's topology follows the settings: these tests take their defaults.
+    for name in ("JAX_RCCL_NCHANNELS", "JAX_RCCL_BUFFSIZE", "JAX_RCCL_NET_BUFFSIZE"):
+        monkeypatch.delenv(name, raising=False)
 
 
 def test_the_runtime_topology_across_hosts(monkeypatch):
@@ -141,16 +150,16 @@ def test_the_runtime_topology_across_hosts(monkeypatch):
         runtime_topology(3, 2)
 
 
-@pytest.mark.parametrize("arch", ["sm90", "gfx942"])
+@pytest.mark.parametrize("arch, ll128", [("sm90", False), ("sm90", True), ("gfx942", False)])
 @pytest.mark.parametrize("nranks", [2, 4, 8, 16])
 @pytest.mark.parametrize("coll", COLLS)
-def test_groups_across_hosts_take_simple(arch, nranks, coll):
+def test_groups_across_hosts_take_simple(arch, ll128, nranks, coll):
     """Through the proxy an LL or LL128 step reaches its peer no sooner than a Simple one and
     carries flags too: on one H100 split into two faked hosts, LL ran at 0.16-0.31 of Simple's
     rate at 16 MB and 3.5 times slower at 64 KB (4 processes), no faster at 8 KB; the planner
     chose LL up to 1 MB on NCCL's network rows (1 MB all_reduce: 2.45 ms against Tree/Simple's
     0.51)."""
-    topo = runtime_topology(nranks, 2, arch)
+    topo = runtime_topology(nranks, 2, arch, ll128)
     assert topo.link == ("xgmi" if arch == "gfx942" else "nvlink")
     for nbytes in SIZES:
         t = choice(topo, coll, nbytes)
