@@ -22,8 +22,8 @@ TopologyView CpuTopology(int nRanks, const Params& params) {
   t.nNodes = 1;
   t.arch = Arch::kCpu;
   t.intraLink = LinkKind::kLoopback;
-  t.interLink = LinkKind::kNet;
-  t.bwIntra = 8.0f;  // GB/s a channel gets from host memory (a rough figure)
+  t.interLink = LinkKind::kSocket;  // hosts are joined by the socket transport
+  t.bwIntra = 8.0f;                 // GB/s a channel gets from host memory (a rough figure)
   t.nChannels = params.nchannels > 0 ? static_cast<int>(params.nchannels) : 2;
   t.p2pnChannels = 2;
   t.p2pnChannelsPerPeer = 1;

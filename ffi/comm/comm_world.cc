@@ -86,14 +86,14 @@ static StatusOr<std::unique_ptr<Communicator>> CrossProcessCommunicator(
                  "world table has no 'endpoints')");
     }
   }
-  // The topology every process derives alike: shm links within a node, the network between
-  // nodes (hosts; processes when sockets are forced).
+  // The topology every process derives alike: shm links within a node, socket links between
+  // nodes (hosts; processes when sockets are forced), which the host executor's rows cost.
   topo.intraLink = LinkKind::kShm;
   topo.directPeers = false;
   const int nNodes = CountNodes(NodeKeys(placement, forceSocket));
   if (nNodes > 1) {
     topo.nNodes = nNodes;
-    topo.interLink = LinkKind::kNet;
+    topo.interLink = LinkKind::kSocket;
     topo.bwInter = kCpuSocketBwGBs;
   }
   auto transport = std::make_unique<HostFifoTransport>(topo, /*shared=*/true);

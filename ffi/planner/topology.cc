@@ -18,9 +18,9 @@ bool PowerOfTwo(int64_t v) {
 
 // The names allowed for a field holding one of n enum values, "a, b, c".
 template <typename E>
-std::string Allowed(int n, const char* (*name)(E), int skip = -1) {
+std::string Allowed(int n, const char* (*name)(E), int skip = -1, int first = 0) {
   std::string s;
-  for (int i = 0; i < n; ++i) {
+  for (int i = first; i < n; ++i) {
     if (i == skip) continue;
     if (!s.empty()) s += ", ";
     s += name(static_cast<E>(i));
@@ -52,9 +52,14 @@ Status ValidateTopology(const TopologyView& t) {
                  ? detail::StrCat("'", LinkName(t.intraLink), "'")
                  : std::to_string(intra),
              " (intraLink)");
-  JR_REQUIRE(int(t.interLink) >= 0 && int(t.interLink) < kNumLinkKinds, Code::kInvalidArgument,
-             "topology.inter_link must be one of ", Allowed(kNumLinkKinds, LinkName),
-             "; got value ", int(t.interLink), " (interLink)");
+  const int inter = int(t.interLink);
+  JR_REQUIRE(inter >= kFirstInterNodeLink && inter < kNumLinkKinds, Code::kInvalidArgument,
+             "topology.inter_link joins nodes; allowed: ",
+             Allowed(kNumLinkKinds, LinkName, -1, kFirstInterNodeLink), "; got ",
+             inter >= 0 && inter < kFirstInterNodeLink
+                 ? detail::StrCat("'", LinkName(t.interLink), "'")
+                 : std::to_string(inter),
+             " (interLink)");
   JR_REQUIRE(t.nChannels >= 1 && t.nChannels <= kMaxChannels, Code::kInvalidArgument,
              "topology.nchannels must be in 1..", kMaxChannels, ", got ", t.nChannels,
              " (nChannels)");

@@ -124,8 +124,8 @@ enum class LinkKind : int8_t {
   kXgmi,    // AMD Infinity Fabric
   kNvlink,  // NVIDIA NVLink / NVSwitch
   kNet,     // a network between nodes (RCCL/NCCL's: the kernels' steps go straight to the NIC)
-  kSocket,  // TCP sockets between nodes, every step staged in host memory by a proxy thread (the
-            // GPU runtime's groups across hosts, ffi/comm/proxy.h)
+  kSocket,  // TCP sockets between nodes, every step staged in host memory by a proxy or progress
+            // thread (the GPU runtime's groups across hosts, ffi/comm/proxy.h; the CPU runtime's)
 };
 constexpr int kNumLinkKinds = 7;
 // Links between nodes (the last kinds): never a node's own.

@@ -2,7 +2,7 @@
 differently, and the cost model says why.
 
 The CPU runtime plans a group spanning processes of one host with one node and shm links, and a
-group across hosts with one node per host, network links between them and ``bw_inter`` from the
+group across hosts with one node per host, socket links between them and ``bw_inter`` from the
 socket row (ffi/comm/comm_world.cc; the cost model's CPU network row charges each inter-node step a
 socket hand-off). Here both topologies are built as the runtime builds them.
 """
@@ -14,7 +14,7 @@ from jax_rccl.planner import Task, Topology, explain, plan
 
 # What the runtime uses for 4 ranks in 4 processes: one host, or 2 hosts x 2 processes.
 ONE_HOST = Topology(nranks=4, nnodes=1, arch="cpu", link="shm", nchannels=2, direct_peers=False)
-TWO_HOSTS = ONE_HOST.replace(nnodes=2, inter_link="net", bw_inter=0.6)
+TWO_HOSTS = ONE_HOST.replace(nnodes=2, inter_link="socket", bw_inter=0.6)
 NBYTES = 64 * 1024
 
 
@@ -56,5 +56,5 @@ def test_explain_names_the_topology_and_the_prediction():
     a = explain([task], ONE_HOST, algorithm="Ring,Tree")
     b = explain([task], TWO_HOSTS, algorithm="Ring,Tree")
     assert "1 node(s) x 4 ranks" in a and "ring / simple" in a, a
-    assert "2 node(s) x 2 ranks" in b and "net between nodes" in b and "tree / simple" in b, b
+    assert "2 node(s) x 2 ranks" in b and "socket between nodes" in b and "tree / simple" in b, b
     assert "predicted" in a and "predicted" in b

@@ -110,6 +110,7 @@ INVALID_FIELDS = [
     ("nNodes", 16, "nnodes", "1..nranks"),
     ("intraLink", "net", "link", "allowed: loopback, shm, pcie, xgmi, nvlink"),
     ("intraLink", "socket", "link", "allowed: loopback, shm, pcie, xgmi, nvlink; got 'socket'"),
+    ("interLink", "nvlink", "inter_link", "joins nodes; allowed: net, socket; got 'nvlink'"),
     ("nChannels", 0, "nchannels", "1..128"),
     ("nChannels", 129, "nchannels", "1..128"),
     ("p2pnChannels", 3, "p2p_nchannels", "power of two in 1..128"),
