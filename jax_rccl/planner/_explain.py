@@ -77,7 +77,8 @@ def explain_plan(plan: Plan) -> str:
         f"jax_rccl plan for rank {d['rank']} of {d['nranks']}: arch {t.arch}, {t.nnodes} node(s) "
         f"x {t.local_ranks} ranks, {t.link} inside a node"
         + (f", {t.inter_link} between nodes" if t.nnodes > 1 else "")
-        + f"; {t.nchannels} channels x {t.bw_intra:g} GB/s",
+        + f"; {t.nchannels} channels x {t.bw_intra:g} GB/s"
+        + (f" inside, {t.bw_inter:g} GB/s between nodes" if t.nnodes > 1 and t.bw_inter else ""),
     ]
     ntasks = len(d["tasks"])
     nk = len(d["kernels"])

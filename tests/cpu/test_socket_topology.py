@@ -57,4 +57,6 @@ def test_explain_names_the_topology_and_the_prediction():
     b = explain([task], TWO_HOSTS, algorithm="Ring,Tree")
     assert "1 node(s) x 4 ranks" in a and "ring / simple" in a, a
     assert "2 node(s) x 2 ranks" in b and "socket between nodes" in b and "tree / simple" in b, b
+    assert "2 channels x 8 GB/s inside, 0.6 GB/s between nodes" in b, b
+    assert "between nodes" not in a, a
     assert "predicted" in a and "predicted" in b
