@@ -535,10 +535,11 @@ StatusOr<GpuComm*> GetOrCreateComm(const std::vector<int64_t>& devices, const Pa
     if (o < 0) remote.push_back(d);
     ordinals.push_back(o);
   }
-  TopologyView topo = GpuTopology(static_cast<int>(devices.size()), 1, params);
+  const int nRanks = static_cast<int>(devices.size());
   std::unique_ptr<GpuComm> comm;
   if (remote.empty()) {
-    comm = std::make_unique<GpuComm>(devices, ordinals, topo, params.timeout);
+    comm = std::make_unique<GpuComm>(devices, ordinals, GpuTopology(nRanks, 1, params),
+                                     params.timeout);
   } else {
     // Devices of other processes: the world table places them.
     JR_ASSIGN_OR_RETURN(comm::GroupPlacement placement, comm::PlaceGroup(devices));
@@ -559,9 +560,9 @@ StatusOr<GpuComm*> GetOrCreateComm(const std::vector<int64_t>& devices, const Pa
                  " (host '", placement.host[r], "', process ", placement.process[r],
                  ") has no network endpoint (the world table has no 'endpoints')");
     }
-    const int nNodes = comm::CountNodes(placement.host);
-    if (nNodes > 1) topo = GpuTopology(static_cast<int>(devices.size()), nNodes, params);
-    comm = std::make_unique<GpuComm>(devices, ordinals, topo, params.timeout);
+    comm = std::make_unique<GpuComm>(devices, ordinals,
+                                     GpuTopology(nRanks, comm::CountNodes(placement.host), params),
+                                     params.timeout);
     std::unique_ptr<comm::ShmGroup> shm;
     if (anyOnHost) {
       host::TransportGeometry g;  // the segments carry only the IPC records

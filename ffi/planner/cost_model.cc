@@ -241,10 +241,6 @@ constexpr DirectTraffic kCpuDirectTraffic[CostModel::kNumCostColls] = {
 
 // ============================================================================== helpers ==
 
-bool IsAmd(Arch a) {
-  return a == Arch::kGfx90a || a == Arch::kGfx942;
-}
-
 // rcclTuningModel[topo->tuning] for an AMD topology (see the table comments).
 const AmdTuning& AmdTuningFor(const TopologyView& topo) {
   if (topo.arch == Arch::kGfx942) return kAmdTuning5;

@@ -16,9 +16,6 @@ namespace {
 constexpr uint32_t kAllAlgos = (1u << kNumAlgos) - 1;
 constexpr uint32_t kAllProtos = (1u << kNumProtos) - 1;
 
-bool IsAmd(Arch a) {
-  return a == Arch::kGfx90a || a == Arch::kGfx942;
-}
 bool ValidAlgo(Algo a) {
   return static_cast<int>(a) >= 0 && static_cast<int>(a) < kNumAlgos;
 }

@@ -28,6 +28,12 @@ std::string Allowed(int n, const char* (*name)(E), int skip = -1, int first = 0)
   return s;
 }
 
+// A link value as an error quotes it: its name where it has one, else the number.
+std::string LinkText(int v) {
+  return v >= 0 && v < kNumLinkKinds ? detail::StrCat("'", LinkName(LinkKind(v)), "'")
+                                     : std::to_string(v);
+}
+
 }  // namespace
 
 Status ValidateRanksAndNodes(int nRanks, int nNodes) {
@@ -47,18 +53,11 @@ Status ValidateTopology(const TopologyView& t) {
   const int intra = int(t.intraLink);
   JR_REQUIRE(intra >= 0 && intra < kFirstInterNodeLink, Code::kInvalidArgument,
              "topology.link joins the ranks of one node; allowed: ",
-             Allowed(kFirstInterNodeLink, LinkName), "; got ",
-             intra >= kFirstInterNodeLink && intra < kNumLinkKinds
-                 ? detail::StrCat("'", LinkName(t.intraLink), "'")
-                 : std::to_string(intra),
-             " (intraLink)");
+             Allowed(kFirstInterNodeLink, LinkName), "; got ", LinkText(intra), " (intraLink)");
   const int inter = int(t.interLink);
   JR_REQUIRE(inter >= kFirstInterNodeLink && inter < kNumLinkKinds, Code::kInvalidArgument,
              "topology.inter_link joins nodes; allowed: ",
-             Allowed(kNumLinkKinds, LinkName, -1, kFirstInterNodeLink), "; got ",
-             inter >= 0 && inter < kFirstInterNodeLink
-                 ? detail::StrCat("'", LinkName(t.interLink), "'")
-                 : std::to_string(inter),
+             Allowed(kNumLinkKinds, LinkName, -1, kFirstInterNodeLink), "; got ", LinkText(inter),
              " (interLink)");
   JR_REQUIRE(t.nChannels >= 1 && t.nChannels <= kMaxChannels, Code::kInvalidArgument,
              "topology.nchannels must be in 1..", kMaxChannels, ", got ", t.nChannels,
@@ -84,8 +83,7 @@ Status ValidateTopology(const TopologyView& t) {
   // every topology of more than one rank (a one-rank plan is a copy, never costed); bwInter on
   // more than 2 nodes (NCCL's formula takes bwIntra up to 2 nodes), on the host executor's links
   // across nodes and on socket links (the socket bounds a ring there: the lower of the two).
-  // Elsewhere the
-  // value is not read and may be 0, but it is never negative or infinite.
+  // Elsewhere the value is not read and may be 0, but it is never negative or infinite.
   JR_REQUIRE(std::isfinite(t.bwIntra) && t.bwIntra >= 0, Code::kInvalidArgument,
              "topology.bw_intra must be a finite value >= 0 GB/s, got ", t.bwIntra, " (bwIntra)");
   JR_REQUIRE(std::isfinite(t.bwInter) && t.bwInter >= 0, Code::kInvalidArgument,
@@ -117,8 +115,7 @@ TopologyView GpuGroupTopology(Arch arch, int nRanks, int nNodes, int64_t nchanne
   t.nRanks = nRanks;
   t.nNodes = 1;
   t.arch = arch;
-  const bool amd = arch == Arch::kGfx90a || arch == Arch::kGfx942;
-  t.intraLink = amd ? LinkKind::kXgmi : LinkKind::kNvlink;
+  t.intraLink = IsAmd(arch) ? LinkKind::kXgmi : LinkKind::kNvlink;
   t.interLink = LinkKind::kSocket;
   t.bwIntra = 30.0f;  // GB/s per channel (the cost model's NVLink-class figure)
   // Channels: each is one block streaming its share, and a block's rate bounds a channel's (two

@@ -144,6 +144,10 @@ const char* PatternName(Pattern p);
 const char* ArchName(Arch a);
 const char* LinkName(LinkKind l);
 int ArchWarpSize(Arch a);
+// AMD architectures (RCCL's tables and kernels; the others take NVIDIA's).
+inline bool IsAmd(Arch a) {
+  return a == Arch::kGfx90a || a == Arch::kGfx942;
+}
 
 // Parsers accept the names above (case-insensitive); errors name the argument and the allowed
 // values.
