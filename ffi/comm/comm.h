@@ -239,8 +239,11 @@ class Communicator {
   std::string peerWhy_;  // what PeerFailed found (under livenessMu_)
 };
 
-// Nodes of equal size holding consecutive ranks (what the planner's rings and trees assume), from
-// each rank's node key (its host): their count, or 1 when the group is not laid out that way.
+// The nodes a group plans with, from each rank's node key (its host): the planner's nodes hold
+// equal runs of consecutive ranks (ffi/planner/types.h: NodeOf), so the keys' count when they are
+// laid out that way; otherwise (unequal runs, or a key's ranks apart) every rank its own node, so
+// that no hop that may cross hosts is costed as one within a node (the hops within a host then cost
+// as crossings: slower rows, never LL over a socket). One key: 1.
 int CountNodes(const std::vector<std::string>& keys);
 
 // The communicators of this process, keyed by their group.

@@ -28,18 +28,18 @@ std::vector<std::string> NodeKeys(const GroupPlacement& g, bool forceSocket) {
 int CountNodes(const std::vector<std::string>& keys) {
   std::vector<std::string> order;
   std::vector<int> sizes;
+  bool regular = true;
   for (const std::string& k : keys) {
     if (order.empty() || order.back() != k) {
-      if (std::find(order.begin(), order.end(), k) != order.end()) return 1;  // not consecutive
+      if (std::find(order.begin(), order.end(), k) != order.end()) regular = false;
       order.push_back(k);
       sizes.push_back(0);
     }
     ++sizes.back();
   }
-  for (int s : sizes) {
-    if (s != sizes.front()) return 1;
-  }
-  return static_cast<int>(order.size());
+  for (int s : sizes) regular = regular && s == sizes.front();
+  if (order.size() <= 1) return 1;
+  return regular ? static_cast<int>(order.size()) : static_cast<int>(keys.size());
 }
 
 // Per channel the bandwidth a TCP socket of the host runtime gets between two nodes (GB/s), the

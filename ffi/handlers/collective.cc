@@ -70,7 +70,7 @@ StatusOr<Plan> PlanSlot(const CallAttrs& attrs, SlotBase& slot, const TopologyVi
   req.persistent = true;
   JR_ASSIGN_OR_RETURN(Plan plan, MakePlan(req));
   if (attrs.params.debug == "INFO" || attrs.params.debug == "TRACE") {
-    LogPlan(attrs, slot.rank, plan, where);
+    LogPlan(attrs, slot.rank, plan, topo.nNodes, where);
   }
   return plan;
 }

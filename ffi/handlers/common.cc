@@ -380,16 +380,16 @@ RankTasks MakeRankTasks(const CallAttrs& attrs, int rank, const Leaves& leaves,
   return rt;
 }
 
-void LogPlan(const CallAttrs& attrs, int rank, const Plan& plan, const char* where) {
+void LogPlan(const CallAttrs& attrs, int rank, const Plan& plan, int nNodes, const char* where) {
   if (rank != 0 && attrs.params.debug != "TRACE") return;
   for (const TaskPlan& tp : plan.tasks) {
     std::fprintf(stderr,
                  "jax_rccl INFO %s%s: rank %d task %d %s %s x %llu: %s/%s, %d channel(s) x %d "
-                 "threads, kernel %d\n",
+                 "threads, kernel %d, %d node(s)\n",
                  attrs.name.c_str(), where, rank, tp.index, CollName(tp.coll),
                  DataTypeName(tp.dtype), static_cast<unsigned long long>(tp.count),
                  tp.coll == Coll::kSend || tp.coll == Coll::kRecv ? "p2p" : AlgoName(tp.algo),
-                 ProtoName(tp.proto), tp.nChannels, tp.nThreads, tp.kernel);
+                 ProtoName(tp.proto), tp.nChannels, tp.nThreads, tp.kernel, nNodes);
   }
 }
 

@@ -120,7 +120,8 @@ struct RankTasks {
 RankTasks MakeRankTasks(const CallAttrs& attrs, int rank, const Leaves& leaves, bool oneRankCopies);
 
 // JAX_RCCL_DEBUG=INFO: one line per task of a plan built (rank 0 only, as NCCL's INFO; every
-// rank with TRACE). `where` follows the name ("" or " (GPU)").
-void LogPlan(const CallAttrs& attrs, int rank, const Plan& plan, const char* where);
+// rank with TRACE), ending with the topology's node count. `where` follows the name ("" or
+// " (GPU)").
+void LogPlan(const CallAttrs& attrs, int rank, const Plan& plan, int nNodes, const char* where);
 
 }  // namespace jax_rccl

@@ -244,6 +244,36 @@ def test_every_collective_across_two_hosts(mps_env, nprocs, cb):  # noqa: F811
     _no_segments(results)
 
 
+@pytest.mark.parametrize("layout", ["AAAB", "ABAB"])
+def test_every_collective_on_hosts_of_unequal_or_apart_ranks(mps_env, layout):  # noqa: F811
+    """4 processes, process p on host `layout[p]`: hostA holding 3 ranks and hostB 1, or each host's
+    ranks apart (A B A B). The planner's nodes hold equal runs of consecutive ranks, so such a
+    group plans every rank as its own node (the socket rows: no hop that may cross hosts costed as
+    one within a host); every collective under every configuration right against NumPy, the
+    connections in step, steps across hosts, and the plans' topology 4 nodes."""
+    results = _run_step_processes(
+        mps_env,
+        4,
+        1 << 20,
+        1,
+        False,
+        script=_COLLECTIVES_WORKER,
+        env_of=lambda p: {"JAX_RCCL_HOSTNAME": f"host{layout[p]}", "JAX_RCCL_DEBUG": "INFO"},
+        timeout=480,
+        keep_output=True,
+    )
+    assert [r["host_of_rank"] for r in results] == [[f"host{h}" for h in layout]] * 4
+    for r in results:
+        per_count = sum(2 if algo == "Tree" else 7 for algo, _ in r["configs"])
+        assert r["checks"] == len(r["counts"]) * per_count, (r["checks"], r["configs"])
+        assert r["errors"] == 0, r["errors"]
+    nodes = set(re.findall(r"jax_rccl INFO .* (\d+) node\(s\)$", results[0]["output"], re.M))
+    assert nodes == {"4"}, nodes
+    moved = _check_counters(results)
+    assert moved["across hosts"] > 0 and moved["same host"] > 0, moved
+    _no_segments(results)
+
+
 # --- the six-collective step at large sizes ---------------------------------------------------
 
 

@@ -320,11 +320,13 @@ def _run_step_processes(
     *,
     env_of: Callable[[int], dict] | None = None,
     timeout: float = 240,
+    keep_output: bool = False,
 ) -> list:
     """Runs `script` in `nprocs` processes sharing GPU 0 (argv: process, nprocs, port, count,
     steps) and returns each process's RESULT (several RESULT lines of a process: merged, later keys
     win). `env_of(p)`: process p's extra environment, over the defaults below; `timeout`: seconds
-    each process gets to finish (then every process is killed and the test fails)."""
+    each process gets to finish (then every process is killed and the test fails); `keep_output`:
+    each result also holds the process's whole output (key "output")."""
     port = _free_port()
     procs = []
     for p in range(nprocs):
@@ -382,6 +384,8 @@ def _run_step_processes(
         res: dict = {}
         for line in lines:
             res.update(json.loads(line[len("RESULT ") :]))
+        if keep_output:
+            res["output"] = text
         out.append(res)
     return out
 

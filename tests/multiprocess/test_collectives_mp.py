@@ -5,6 +5,7 @@ left behind. Each test starts its own processes (launcher.py, worker.py), each l
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -192,22 +193,39 @@ def test_every_collective_over_sockets(nprocs, local):
     _no_segments(res)
 
 
+def _planned_nodes(proc) -> set[int]:
+    """The node counts in a process's plan lines (JAX_RCCL_DEBUG=INFO)."""
+    found = re.findall(r"jax_rccl INFO .* (\d+) node\(s\)$", proc.stderr, re.MULTILINE)
+    assert found, proc.describe()
+    return {int(n) for n in found}
+
+
 @pytest.mark.needs_world
-def test_two_fake_hosts_mix_shm_and_sockets():
-    """JAX_RCCL_HOSTNAME puts processes 0, 1 on 'hostA' and 2, 3 on 'hostB': shared memory
-    within a host, sockets between (the default transport)."""
-    res = _ok(
-        launch(
-            "collectives",
-            4,
-            1,
-            args=("--chain", "--sizes=64,40000"),
-            env_of=lambda i: {"JAX_RCCL_HOSTNAME": "hostA" if i < 2 else "hostB"},
-            timeout=90,
-            jax_rccl_timeout=TIMEOUT,
-        )
+@pytest.mark.parametrize(
+    "hosts,nodes",
+    [
+        ("AABB", 2),  # hosts holding equal runs of consecutive ranks: a node each
+        ("AAAB", 4),  # unequal runs: every rank its own node (no hop costed as one within a node)
+        ("ABAB", 4),  # a host's ranks not consecutive: likewise
+    ],
+)
+def test_fake_hosts_mix_shm_and_sockets(hosts, nodes):
+    """JAX_RCCL_HOSTNAME puts process i on host `hosts[i]`: shared memory within a host, sockets
+    between (the default transport); every collective right, and the plans' topology has the
+    nodes the layout allows (the planner's nodes hold equal runs of consecutive ranks)."""
+    procs = launch(
+        "collectives",
+        4,
+        1,
+        args=("--chain", "--sizes=64,40000"),
+        env={"JAX_RCCL_DEBUG": "INFO"},
+        env_of=lambda i: {"JAX_RCCL_HOSTNAME": f"host{hosts[i]}"},
+        timeout=90,
+        jax_rccl_timeout=TIMEOUT,
     )
+    res = _ok(procs)
     assert res[0]["hosts"] == ["hostA", "hostB"]
+    assert _planned_nodes(procs[0]) == {nodes}
     _no_segments(res)
 
 
