@@ -1,5 +1,5 @@
 // The GPU connection layout and the kernel's argument block: shared by the host runtime
-// (hip/runtime.hip) and the kernel (hip/kernel.hip). Plain C++ with fixed-width integers.
+// (hip/runtime.hip) and the kernels (hip/kernel_impl.h). Plain C++ with fixed-width integers.
 //
 // Every rank owns one region of device memory holding the connections INTO it: for each channel
 // and each sending rank a header (tail: steps the sender filled; head: steps the receiver

@@ -1,5 +1,6 @@
 // The GPU runtime's host interface (plain C++: no HIP or CUDA headers, so host-compiled code such
-// as the FFI handlers and the Python bindings can include it). Implemented in hip/runtime.hip.
+// as the FFI handlers and the Python bindings can include it). Implemented in hip/runtime.hip
+// (the harness and the floors: hip/harness.hip).
 //
 //   - Geometry / regions: every rank owns a zeroed region of device memory holding the
 //     connections into it (hip/device_conn.h); AllocRegion makes one on the current device.
