@@ -153,13 +153,15 @@ def test_the_runtime_topology_across_hosts(monkeypatch):
 @pytest.mark.parametrize("arch, ll128", [("sm90", False), ("sm90", True), ("gfx942", False)])
 @pytest.mark.parametrize("nranks", [2, 4, 8, 16])
 @pytest.mark.parametrize("coll", COLLS)
-def test_groups_across_hosts_take_simple(arch, ll128, nranks, coll):
+@pytest.mark.parametrize("a_node_per_rank", [False, True], ids=["two_hosts", "a_node_per_rank"])
+def test_groups_across_hosts_take_simple(arch, ll128, nranks, coll, a_node_per_rank):
     """Through the proxy an LL or LL128 step reaches its peer no sooner than a Simple one and
     carries flags too: on one H100 split into two faked hosts, LL ran at 0.16-0.31 of Simple's
     rate at 16 MB and 3.5 times slower at 64 KB (4 processes), no faster at 8 KB; the planner
     chose LL up to 1 MB on NCCL's network rows (1 MB all_reduce: 2.45 ms against Tree/Simple's
-    0.51)."""
-    topo = runtime_topology(nranks, 2, arch, ll128)
+    0.51). A group whose hosts hold unequal or separated runs of ranks plans a node per rank
+    (comm::CountNodes): the same."""
+    topo = runtime_topology(nranks, nranks if a_node_per_rank else 2, arch, ll128)
     assert topo.link == ("xgmi" if arch == "gfx942" else "nvlink")
     for nbytes in SIZES:
         t = choice(topo, coll, nbytes)
