@@ -7,6 +7,8 @@ Tree, LL and Simple (and LL128 where the build has it) at 1, 1001, 65537 and 2^2
 rank against NumPy; the six-collective jitted step at 4 and 16 MB per rank with every
 connection's counters in step at the end; 1,000 steps checked on the device; a process of hostB
 that exits before its second step (the survivors raise, naming a rank, within the timeout).
+Other layouts: 4 processes on hosts of unequal or separated runs of ranks, 6 on three hosts, 8 on
+two: every collective against NumPy and the plans' node count.
 """
 
 from __future__ import annotations
@@ -244,16 +246,26 @@ def test_every_collective_across_two_hosts(mps_env, nprocs, cb):  # noqa: F811
     _no_segments(results)
 
 
-@pytest.mark.parametrize("layout", ["AAAB", "ABAB"])
-def test_every_collective_on_hosts_of_unequal_or_apart_ranks(mps_env, layout):  # noqa: F811
-    """4 processes, process p on host `layout[p]`: hostA holding 3 ranks and hostB 1, or each host's
-    ranks apart (A B A B). The planner's nodes hold equal runs of consecutive ranks, so such a
-    group plans every rank as its own node (the socket rows: no hop that may cross hosts costed as
-    one within a host); every collective under every configuration right against NumPy, the
-    connections in step, steps across hosts, and the plans' topology 4 nodes."""
+@pytest.mark.parametrize(
+    "layout, nodes",
+    [
+        ("AAAB", 4),  # unequal runs: a node per rank (the socket rows on every hop)
+        ("ABAB", 4),  # a host's ranks apart: likewise
+        ("AABBCC", 3),  # three hosts of equal runs: a node each
+        ("AAAABBBB", 2),  # 8 ranks on two hosts (16 channels)
+    ],
+)
+def test_every_collective_on_other_layouts(mps_env, layout, nodes):  # noqa: F811
+    """Process p on host `layout[p]`. The planner's nodes hold equal runs of consecutive ranks:
+    a group laid out so plans a node per host; otherwise (hostA holding 3 ranks and hostB 1, or
+    each host's ranks apart) every rank its own node, so that no hop that may cross hosts is
+    costed as one within a host. Every collective under every configuration right against
+    NumPy, the connections in step, steps across hosts and within one, and the plans' node
+    count."""
+    n = len(layout)
     results = _run_step_processes(
         mps_env,
-        4,
+        n,
         1 << 20,
         1,
         False,
@@ -262,13 +274,14 @@ def test_every_collective_on_hosts_of_unequal_or_apart_ranks(mps_env, layout):  
         timeout=480,
         keep_output=True,
     )
-    assert [r["host_of_rank"] for r in results] == [[f"host{h}" for h in layout]] * 4
+    assert [r["host_of_rank"] for r in results] == [[f"host{h}" for h in layout]] * n
     for r in results:
+        assert r["n"] == n, r["n"]
         per_count = sum(2 if algo == "Tree" else 7 for algo, _ in r["configs"])
         assert r["checks"] == len(r["counts"]) * per_count, (r["checks"], r["configs"])
         assert r["errors"] == 0, r["errors"]
-    nodes = set(re.findall(r"jax_rccl INFO .* (\d+) node\(s\)$", results[0]["output"], re.M))
-    assert nodes == {"4"}, nodes
+    found = set(re.findall(r"jax_rccl INFO .* (\d+) node\(s\)$", results[0]["output"], re.M))
+    assert found == {str(nodes)}, found
     moved = _check_counters(results)
     assert moved["across hosts"] > 0 and moved["same host"] > 0, moved
     _no_segments(results)
