@@ -480,7 +480,7 @@ def test_first_launch_of_a_process_loads_every_kernel():
     import sys
 
     done = subprocess.run(
-        [sys.executable, "-c", _FIRST_LAUNCH], capture_output=True, text=True, timeout=120
+        [sys.executable, "-P", "-c", _FIRST_LAUNCH], capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0 and "OK" in done.stdout, done.stdout + done.stderr
 
@@ -517,7 +517,11 @@ def test_launches_of_several_types_with_one_hardware_queue():
 
     env = dict(os.environ, CUDA_DEVICE_MAX_CONNECTIONS="1")
     done = subprocess.run(
-        [sys.executable, "-c", _ONE_QUEUE], capture_output=True, text=True, timeout=180, env=env
+        [sys.executable, "-P", "-c", _ONE_QUEUE],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=env,
     )
     assert done.returncode == 0 and "OK" in done.stdout, done.stdout + done.stderr[-4000:]
 

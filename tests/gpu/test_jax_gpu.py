@@ -329,7 +329,7 @@ def test_groups_of_several_gpus_with_any_channel_count(nchannels):
         pytest.skip("needs 2 GPUs")
     env = dict(os.environ, JAX_RCCL_NCHANNELS=nchannels, XLA_PYTHON_CLIENT_PREALLOCATE="false")
     proc = subprocess.run(
-        [sys.executable, "-c", _CHANNELS_SCRIPT],
+        [sys.executable, "-P", "-c", _CHANNELS_SCRIPT],
         env=env,
         capture_output=True,
         text=True,
@@ -432,7 +432,7 @@ def _run_steps(xla_flags: str, steps: int = 1001) -> dict:
     env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"  # this process already holds the GPU's pool
     env.setdefault("JAX_RCCL_TIMEOUT", "60")
     proc = subprocess.run(
-        [sys.executable, "-c", _STEP_SCRIPT, str(steps)],
+        [sys.executable, "-P", "-c", _STEP_SCRIPT, str(steps)],
         env=env,
         capture_output=True,
         text=True,
@@ -527,7 +527,7 @@ def _run_premul_steps(xla_flags: str, steps: int = 1000) -> dict:
     env.setdefault("JAX_RCCL_TIMEOUT", "60")
     types = [np.dtype(d).name for d in PREMUL_DTYPES if _built(d)]
     proc = subprocess.run(
-        [sys.executable, "-c", _PREMUL_STEP_SCRIPT, str(steps), json.dumps(types)],
+        [sys.executable, "-P", "-c", _PREMUL_STEP_SCRIPT, str(steps), json.dumps(types)],
         env=env,
         capture_output=True,
         text=True,
