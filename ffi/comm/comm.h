@@ -243,7 +243,7 @@ class Communicator {
 // equal runs of consecutive ranks (ffi/planner/types.h: NodeOf), so the keys' count when they are
 // laid out that way; otherwise (unequal runs, or a key's ranks apart) every rank its own node, so
 // that no hop that may cross hosts is costed as one within a node (the hops within a host then cost
-// as crossings: slower rows, never LL over a socket). One key: 1.
+// as crossings: slower rows; on the GPU no collective chooses LL over a socket). One key: 1.
 int CountNodes(const std::vector<std::string>& keys);
 
 // The communicators of this process, keyed by their group.

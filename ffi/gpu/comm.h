@@ -56,8 +56,8 @@ StatusOr<int64_t> GlobalIdOfOrdinal(int ordinal);
 // The local ordinal of a global id, or -1 when the device is not in this process.
 int OrdinalOfGlobalId(int64_t id);
 
-// The topology GPU communicators plan with: `nRanks` GPUs on `nNodes` hosts under the settings
-// (planner: GpuGroupTopology), with LL128 where this build's device code has it.
+// The topology GPU communicators plan with: `nRanks` GPUs on `nNodes` nodes (comm::CountNodes)
+// under the settings (planner: GpuGroupTopology), with LL128 where this build's device code has it.
 TopologyView GpuTopology(int nRanks, int nNodes, const Params& params);
 
 // What each rank of a group spanning processes tells the others at its join (through its segment

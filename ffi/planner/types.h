@@ -201,7 +201,8 @@ Status ValidateTopology(const TopologyView& topo);
 // Its rule for ranks and nodes alone (the Python Topology checks it when built).
 Status ValidateRanksAndNodes(int nRanks, int nNodes);
 
-// The topology a GPU communicator of `nRanks` ranks on `nNodes` hosts plans with (the runtime's,
+// The topology a GPU communicator of `nRanks` ranks on `nNodes` nodes plans with (the runtime's: a
+// node per host, or per rank where hosts hold unequal or separated runs of ranks, comm::CountNodes;
 // ffi/gpu/comm.cc; here so that it is one declaration the CPU build and its tests see too): `arch`
 // the build's target (its links within a host: XGMI on AMD, NVLink on NVIDIA), `nchannels`
 // JAX_RCCL_NCHANNELS (0: the default), `buffsize` and `netBuffsize` the Simple buffers within a

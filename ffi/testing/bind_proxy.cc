@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "ffi/bind/bindings.h"
+#include "ffi/comm/comm.h"
 #include "ffi/comm/proxy.h"
 #include "ffi/core/stats.h"
 #include "ffi/planner/work.h"
@@ -342,6 +343,11 @@ double RawSocketTransfer(const std::vector<int>& send_fds, const std::vector<int
 }  // namespace
 
 void BindProxy(nb::module_& m) {
+  m.def(
+      "count_nodes", [](const std::vector<std::string>& keys) { return comm::CountNodes(keys); },
+      nb::arg("keys"),
+      "The nodes the runtimes plan a group with, from each rank's host in rank order "
+      "(ffi/comm/comm.h: CountNodes).");
   m.def("raw_socket_transfer", &RawSocketTransfer, nb::arg("send_fds"), nb::arg("recv_fds"),
         nb::arg("bytes"),
         "Sends `bytes` on each of `send_fds` and receives `bytes` from each of `recv_fds` "

@@ -9,6 +9,8 @@ socket hand-off). Here both topologies are built as the runtime builds them.
 
 from __future__ import annotations
 
+import pytest
+
 from jax_rccl import _jax_rccl
 from jax_rccl.planner import Task, Topology, explain, plan
 
@@ -60,3 +62,25 @@ def test_explain_names_the_topology_and_the_prediction():
     assert "2 channels x 8 GB/s inside, 0.6 GB/s between nodes" in b, b
     assert "between nodes" not in a, a
     assert "predicted" in a and "predicted" in b
+
+
+@pytest.mark.parametrize(
+    "hosts, nodes",
+    [
+        ("", 1),
+        ("A", 1),
+        ("AAAA", 1),  # one host
+        ("AABB", 2),  # equal runs of consecutive ranks: a node per host
+        ("ABC", 3),
+        ("AAABBBCCC", 3),
+        ("AAAB", 4),  # unequal runs: a node per rank
+        ("ABAB", 4),  # a host's ranks apart: likewise
+        ("AABBAA", 6),
+    ],
+)
+def test_the_nodes_a_group_plans_with(hosts, nodes):
+    """The runtimes plan a node per host where hosts hold equal runs of consecutive ranks (the
+    planner's nodes), else a node per rank (comm::CountNodes, for the CPU and GPU runtimes)."""
+    from jax_rccl import _jax_rccl_testing
+
+    assert _jax_rccl_testing.count_nodes([f"host{h}" for h in hosts]) == nodes
