@@ -34,6 +34,9 @@ busbw = S / time * 2(n-1)/n (all_reduce) or (n-1)/n (all_gather). ratio = cross 
 raw GB/s for the same bytes each way, B (the target: 0.8 or more from 16 MB). errors: elements
 of the last result that differ from the closed form (rank r holds r + 1 everywhere), summed over
 the processes.
+A second table gives the cores busy (/proc) over the cross path's timed loops (the machine's
+user / sys / idle; its processes' threads by name: the network interface's helpers, the proxies,
+the rest) and over the best raw transfer of the same bytes.
 Every child process is ended by this script: each run is bounded by --timeout seconds, after
 which the processes still running are killed.
 """
@@ -86,6 +89,42 @@ def iterations(size: int, iters: int, iter_bytes: int) -> int:
     return max(3, min(iters, iter_bytes // max(1, size)))
 
 
+# The classes of a process's threads the CPU columns count apart (ffi/core/thread_name.h).
+THREAD_CLASSES = {"jrccl net": "net", "jrccl proxy": "proxy"}
+
+
+def cpu_sample() -> dict:
+    """CPU time so far, in clock ticks: the machine's (/proc/stat: user, sys = system + irq +
+    softirq, idle = idle + iowait) and this process's threads by class (net: the network
+    interface's helper threads, proxy: the proxy threads, other: the rest), with a monotonic
+    clock."""
+    out = {"t": time.monotonic(), "user": 0, "sys": 0, "idle": 0}
+    try:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:8]]
+        out.update(user=v[0] + v[1], sys=v[2] + v[5] + v[6], idle=v[3] + v[4])
+    except (OSError, ValueError, IndexError):
+        pass
+    for tid in os.listdir("/proc/self/task") if os.path.isdir("/proc/self/task") else []:
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                name = f.read().strip()
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # a thread that ended meanwhile
+        cls = THREAD_CLASSES.get(name, "other")
+        out[cls] = out.get(cls, 0) + int(fields[11]) + int(fields[12])  # utime + stime
+    return out
+
+
+def cpu_cores(before: dict, after: dict) -> dict:
+    """Cores busy between two samples, by what `cpu_sample` counts (idle too)."""
+    hz = os.sysconf("SC_CLK_TCK")
+    wall = max(after["t"] - before["t"], 1e-9)
+    return {k: (after[k] - before.get(k, 0)) / hz / wall for k in after if k != "t"}
+
+
 # --- one JAX process ---------------------------------------------------------------------------
 
 
@@ -114,19 +153,29 @@ def _raw_sockets(client, kv, p: int, peer: int, cfg: dict) -> dict:
             (size, r) for size in cfg["raw_sizes"] for r in range(cfg["repeat"])
         ]
         secs: dict[int, list[float]] = {}
+        cpus: dict[int, list[dict]] = {}
         for size, r in runs:
             kv.kv_set(client, f"{tag}/go/{size}.{r}/{p}", "1")
             kv.kv_get(client, f"{tag}/go/{size}.{r}/{peer}", 60)
+            c0 = cpu_sample()
             t = native.raw_socket_transfer(*fds, size // k)
+            c1 = cpu_sample()
             if r != "warm":
                 secs.setdefault(size, []).append(t)
+                cpus.setdefault(size, []).append(cpu_cores(c0, c1))
         for s in outs + ins + [lsock]:
             s.close()
         kv.kv_set(client, f"{tag}/done/{p}", "1")
         kv.kv_get(client, f"{tag}/done/{peer}", 60)
         for size, ts in secs.items():
             out[f"{size}x{k}"] = statistics.median(ts)
+            out[f"{size}x{k}/cpu"] = _mean_cores(cpus[size])
     return out
+
+
+def _mean_cores(samples: list[dict]) -> dict:
+    keys = {k for c in samples for k in c}
+    return {k: statistics.mean(c.get(k, 0.0) for c in samples) for k in keys}
 
 
 def worker(cfg: dict) -> dict:
@@ -163,6 +212,7 @@ def worker(cfg: dict) -> dict:
         "times": {},
         "errors": {},
         "net": {},
+        "cpu": {},
     }
     if cfg["raw"] and p in (0, n // 2):
         try:
@@ -193,23 +243,27 @@ def worker(cfg: dict) -> dict:
             y.block_until_ready()
         iters = iterations(size, cfg["iters"], cfg["iter_bytes"])
         times = []
+        cpus = []
         net: dict[str, int] = {}
         for _ in range(cfg["repeat"]):
             barrier()
             # The proxies' counts over the timed loop alone (they flush every 10 ms: a loop's
             # last few ms may land in the next window).
             before = jax_rccl.runtime_stats()
+            c0 = cpu_sample()
             t0 = time.perf_counter()
             for _ in range(iters):
                 y = fn(x)
             y.block_until_ready()
             times.append((time.perf_counter() - t0) / iters)
+            cpus.append(cpu_cores(c0, cpu_sample()))
             after = jax_rccl.runtime_stats()
             for k in after:
                 if k.startswith("net_"):
                     net[k] = net.get(k, 0) + int(after[k]) - int(before[k])
         out["times"][key] = statistics.median(times)
         out["net"][key] = net
+        out["cpu"][key] = _mean_cores(cpus)
         got = np.asarray(y.addressable_shards[0].data)
         if coll == "all_reduce":
             want = np.full(count, n * (n + 1) / 2, np.float32)
@@ -400,11 +454,15 @@ def report(args, res: dict[str, list | None], mps: Mps) -> None:
         if res.get(path):
             print(f"# {path}: the world table's host by rank {res[path][0]['hosts']}")
     raw: dict = {}
+    raw_cpu: dict[str, list[dict]] = {}
     for r in res.get("cross") or []:
         if r.get("raw_error"):
             print(f"# raw sockets failed in process {r['process']}: {r['raw_error']}")
         for k, v in r["raw"].items():  # both ends of the pair: the faster (the stricter ratio)
-            raw[k] = min(raw.get(k, v), v)
+            if k.endswith("/cpu"):
+                raw_cpu.setdefault(k[: -len("/cpu")], []).append(v)
+            else:
+                raw[k] = min(raw.get(k, v), v)
     counts = args.raw_socket_counts
     print(
         f"# raw: process 0 <-> process {half}, B bytes each way at once over k TCP sockets "
@@ -455,10 +513,56 @@ def report(args, res: dict[str, list | None], mps: Mps) -> None:
             line += f"{ratio} | {_net_shares(res.get('cross') or [], key)} | "
             line += ", ".join(errs) or "0"
             print(line, flush=True)
+    _cpu_tables(args, res, raw, raw_cpu)
     for path in PATHS:
         for r in res.get(path) or []:
             if r["stats"].get("errors"):
                 print(f"# {path}: process {r['process']} runtime_stats {r['stats']}")
+
+
+def _cpu_tables(args, res: dict, raw: dict, raw_cpu: dict[str, list[dict]]) -> None:
+    """Cores busy over the cross path's timed loops and over the best raw transfer of the same
+    bytes: the machine's (user / sys / idle) and, for the cross path, its processes' threads by
+    class, summed over the processes."""
+    cross = res.get("cross") or []
+    if not cross or not cross[0].get("cpu"):
+        return
+    n, counts = args.nprocs, args.raw_socket_counts
+    print(
+        f"\n# CPU, cores busy of {os.cpu_count()} (/proc): machine user / sys / idle over the cross"
+        " path's timed loops; its processes' threads summed: net (the network interface's helper"
+        " threads), proxy, other (JAX and the rest); raw: the machine over the best raw transfer"
+        " of the row's B (its k sockets each way)"
+    )
+    head = (
+        f"{'coll':>10} {'size':>7} | {'usr':>5} {'sys':>5} {'idle':>5} | {'net':>5} {'proxy':>5} "
+        f"{'other':>5} | {'raw k':>5} {'usr':>5} {'sys':>5} {'idle':>5}"
+    )
+    print(head)
+    print("-" * len(head))
+    for coll in args.coll_list:
+        for size in args.size_list:
+            key = f"{coll}/{size}"
+            recs = [r["cpu"][key] for r in cross if key in r.get("cpu", {})]
+            if not recs:
+                continue
+            m = {k: statistics.mean(c.get(k, 0.0) for c in recs) for k in ("user", "sys", "idle")}
+            p = {k: sum(c.get(k, 0.0) for c in recs) for k in ("net", "proxy", "other")}
+            line = (
+                f"{coll:>10} {label(size):>7} | "
+                f"{m['user']:5.1f} {m['sys']:5.1f} {m['idle']:5.1f} | "
+                f"{p['net']:5.1f} {p['proxy']:5.1f} {p['other']:5.1f} | "
+            )
+            b = link_bytes(coll, n, size)
+            rates = {k: b / raw[f"{b}x{k}"] for k in counts if f"{b}x{k}" in raw}
+            if rates:
+                k = max(rates, key=lambda j: rates[j])
+                cs = raw_cpu.get(f"{b}x{k}", [])
+                r = {j: statistics.mean(c.get(j, 0.0) for c in cs) for j in ("user", "sys", "idle")}
+                line += f"{k:>5} {r['user']:5.1f} {r['sys']:5.1f} {r['idle']:5.1f}"
+            else:
+                line += f"{'-':>5}"
+            print(line)
 
 
 def _net_shares(results: list[dict], key: str) -> str:

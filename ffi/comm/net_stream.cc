@@ -12,6 +12,8 @@
 #include <cstring>
 #include <utility>
 
+#include "ffi/core/thread_name.h"
+
 namespace jax_rccl {
 namespace comm {
 namespace tcp {
@@ -25,7 +27,10 @@ constexpr uint32_t kNetCloseAck = 0x6a726e33u;  // "jrn3": the receiver read the
 }  // namespace
 
 Helper::Helper() : wake_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {
-  thread_ = std::thread([this]() { Loop(); });
+  thread_ = std::thread([this]() {
+    NameThisThread("jrccl net");
+    Loop();
+  });
 }
 
 Helper::~Helper() {

@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "ffi/core/stats.h"
+#include "ffi/core/thread_name.h"
 #include "ffi/planner/work.h"
 
 namespace jax_rccl {
@@ -85,7 +86,10 @@ Status NetProxy::Connect(Clock::time_point deadline) {
     return opened;
   }
   if (!traceDir_.empty()) trace_.reserve(traceCap_);
-  thread_ = std::thread([this]() { Loop(); });
+  thread_ = std::thread([this]() {
+    NameThisThread("jrccl proxy");
+    Loop();
+  });
   return Status::Ok();
 }
 

@@ -17,6 +17,8 @@
 #include <deque>
 #include <thread>
 
+#include "ffi/core/thread_name.h"
+
 namespace jax_rccl {
 namespace comm {
 
@@ -289,7 +291,10 @@ Status SocketLinks::Connect(Clock::time_point deadline, const std::atomic<bool>*
   for (int r = 0; r < n; ++r) {
     if (socketRank_[size_t(r)]) tr_->SetWakeFd(r, wakeFd_);
   }
-  thread_ = std::thread([this]() { ProgressLoop(); });
+  thread_ = std::thread([this]() {
+    NameThisThread("jrccl socket");
+    ProgressLoop();
+  });
   return Status::Ok();
 }
 

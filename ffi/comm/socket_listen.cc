@@ -25,6 +25,7 @@
 
 #include "ffi/comm/hmac.h"
 #include "ffi/comm/world.h"
+#include "ffi/core/thread_name.h"
 
 namespace jax_rccl {
 namespace comm {
@@ -255,6 +256,7 @@ bool Advance(Listener& L, Pending& p, const std::string& secret) {
 }
 
 void AcceptLoop(Listener* Lp, std::string secret) {
+  NameThisThread("jrccl accept");
   Listener& L = *Lp;
   std::vector<Pending> pending;
   std::vector<pollfd> fds;

@@ -5,6 +5,7 @@ left behind. Each test starts its own processes (launcher.py, worker.py), each l
 
 from __future__ import annotations
 
+import os
 import re
 import time
 
@@ -191,6 +192,8 @@ def test_every_collective_over_sockets(nprocs, local):
         )
     )
     _no_segments(res)
+    if os.path.isdir("/proc/self/task"):  # the transport's threads are named (top -H, ps -L)
+        assert {"jrccl socket", "jrccl accept"} <= set(res[0]["threads"]), res[0]
 
 
 def _planned_nodes(proc) -> set[int]:

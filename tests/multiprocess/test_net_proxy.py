@@ -15,6 +15,7 @@ import random
 import re
 import sys
 import tempfile
+import threading
 import time
 
 import pytest
@@ -27,6 +28,32 @@ STEPS = 8  # kSteps: slots per connection
 
 
 # ---- the worker (one process: the ranks of some hosts) ----
+
+
+class _ThreadNames:
+    """The names of this process's threads (/proc/self/task/*/comm), sampled every millisecond
+    on a thread of its own until stop()."""
+
+    def __init__(self) -> None:
+        self.names: set[str] = set()
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+        self.thread.start()
+
+    def _loop(self) -> None:
+        while not self.done.is_set():
+            for tid in os.listdir("/proc/self/task"):
+                try:
+                    with open(f"/proc/self/task/{tid}/comm") as f:
+                        self.names.add(f.read().strip())
+                except OSError:
+                    pass  # a thread that ended meanwhile
+            time.sleep(0.001)
+
+    def stop(self) -> list[str]:
+        self.done.set()
+        self.thread.join()
+        return sorted(self.names)
 
 
 def worker(args: dict) -> dict:
@@ -54,6 +81,7 @@ def worker(args: dict) -> dict:
             {"programs": args["programs"], "step_bytes": args["step_bytes"]}
         ]
         t0 = time.monotonic()
+        sampler = _ThreadNames() if args.get("thread_names") else None
         out["rounds"] = []
         out["stats"] = []
         for i, rd in enumerate(rounds):
@@ -81,6 +109,8 @@ def worker(args: dict) -> dict:
             out.setdefault("bytes", []).append(res.get("bytes", 0))
         out["seconds"] = time.monotonic() - t0
         out["conns"] = out["rounds"][0]
+        if sampler is not None:
+            out["thread_names"] = sampler.stop()
         if args.get("nofile_soft"):
             import resource
 
@@ -227,6 +257,20 @@ def test_one_process_two_fake_hosts_and_several_tasks():
     programs = _plan_programs(tasks, topo)
     results = _run(topo, programs, [0, 0])
     _check(results, programs)
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="no /proc (thread names)")
+def test_the_runtime_threads_carry_names():
+    """The proxy, the network interface's helpers and the listener's accept thread are named
+    (top -H, ps -L, /proc/PID/task/*/comm): a user can tell their CPU time apart."""
+    from jax_rccl.planner import Task
+
+    topo = _topology(2, 2)
+    programs = _plan_programs([Task("all_reduce", 1 << 18, "float32")], topo)
+    results = _run(topo, programs, [0, 1], thread_names=True, recv_delay_us=2000)
+    _check(results, programs)
+    for r in results:
+        assert {"jrccl proxy", "jrccl net", "jrccl accept"} <= set(r["thread_names"]), r
 
 
 @pytest.mark.parametrize("net_threads", [0, 2], ids=["proxy_pumps", "helper_threads"])

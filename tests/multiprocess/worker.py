@@ -314,7 +314,27 @@ def prog_collectives(args):
                 _check(name, arr, want[name], failures)
     if failures:
         raise AssertionError("\n".join(failures[:20]))
-    report(ok=True, session=session(), hosts=hosts(), checked=sorted(want) if k > 1 else None)
+    report(
+        ok=True,
+        session=session(),
+        hosts=hosts(),
+        checked=sorted(want) if k > 1 else None,
+        threads=runtime_threads(),
+    )
+
+
+def runtime_threads() -> list[str]:
+    """The names of this process's jax_rccl threads alive now (ffi/core/thread_name.h)."""
+    names = set()
+    for tid in os.listdir("/proc/self/task") if os.path.isdir("/proc/self/task") else []:
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                name = f.read().strip()
+        except OSError:
+            continue
+        if name.startswith("jrccl"):
+            names.add(name)
+    return sorted(names)
 
 
 def _psum_fn(jax, jr, mesh):
