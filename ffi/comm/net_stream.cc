@@ -24,7 +24,13 @@ constexpr uint32_t kNetClose = 0x6a726e30u;     // "jrn0": the sender closes the
 constexpr uint32_t kNetCredit = 0x6a726e32u;    // "jrn2": the receiver posted `bytes` receives
 constexpr uint32_t kNetCloseAck = 0x6a726e33u;  // "jrn3": the receiver read the channel's close
 
+std::atomic<int> gHelperPollMs{100};
+
 }  // namespace
+
+void SetHelperPollTimeoutMs(int ms) {
+  gHelperPollMs.store(ms > 0 ? ms : 100);
+}
 
 Helper::Helper() : wake_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {
   thread_ = std::thread([this]() {
@@ -41,8 +47,13 @@ Helper::~Helper() {
 }
 
 void Helper::Add(Stream* s) {
-  std::lock_guard<std::mutex> lock(mu_);
-  streams_.push_back(s);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    streams_.push_back(s);
+  }
+  // The helper may be in a poll() over the streams it had: a new stream's first events (a
+  // sending end's credits, which no Post() rings for) would wait for that poll's timeout.
+  Wake();
 }
 
 void Helper::Remove(Stream* s) {
@@ -73,7 +84,7 @@ void Helper::Loop() {
         who.push_back(s);
       }
     }
-    if (poll(fds.data(), nfds_t(fds.size()), 100) <= 0) continue;
+    if (poll(fds.data(), nfds_t(fds.size()), gHelperPollMs.load()) <= 0) continue;
     if (fds[0].revents & POLLIN) {
       uint64_t v;
       (void)!read(wake_, &v, sizeof(v));

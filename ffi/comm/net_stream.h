@@ -57,6 +57,11 @@ namespace tcp {
 // communicator's record exchange, keep a stream of their own).
 constexpr int kSharedChannels = 1 << 16;
 
+// How long a helper's poll() waits when nothing rings it, in ms (100): a safety net only, as
+// every event a helper acts on either rings it or comes on a socket it polls. Tests raise it, so
+// that an event nothing rings for shows as a stall.
+void SetHelperPollTimeoutMs(int ms);
+
 struct MessageHeader {
   uint32_t magic;
   uint32_t channel;

@@ -19,6 +19,7 @@
 
 #include "ffi/bind/bindings.h"
 #include "ffi/comm/comm.h"
+#include "ffi/comm/net_stream.h"
 #include "ffi/comm/proxy.h"
 #include "ffi/core/stats.h"
 #include "ffi/planner/work.h"
@@ -348,6 +349,10 @@ void BindProxy(nb::module_& m) {
       nb::arg("keys"),
       "The nodes the runtimes plan a group with, from each rank's host in rank order "
       "(ffi/comm/comm.h: CountNodes).");
+  m.def("set_net_helper_poll_ms", &comm::tcp::SetHelperPollTimeoutMs, nb::arg("ms"),
+        "How long the network interface's helper threads wait in poll() when nothing rings "
+        "them (ms; the default 100 for 0 or less): tests raise it so an event nothing rings for "
+        "shows as a stall.");
   m.def("raw_socket_transfer", &RawSocketTransfer, nb::arg("send_fds"), nb::arg("recv_fds"),
         nb::arg("bytes"),
         "Sends `bytes` on each of `send_fds` and receives `bytes` from each of `recv_fds` "

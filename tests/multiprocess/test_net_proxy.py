@@ -70,6 +70,7 @@ def worker(args: dict) -> dict:
             hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
             resource.setrlimit(resource.RLIMIT_NOFILE, (args["nofile_soft"], hard))
         native.set_session_secret(world["secret"])
+        native.set_net_helper_poll_ms(args.get("helper_poll_ms", 0))
         port = native.socket_listen("127.0.0.1")
         publish(folder, f"{p}.ep", f"127.0.0.1:{port}")
         deadline = time.monotonic() + 30
@@ -271,6 +272,28 @@ def test_the_runtime_threads_carry_names():
     _check(results, programs)
     for r in results:
         assert {"jrccl proxy", "jrccl net", "jrccl accept"} <= set(r["thread_names"]), r
+
+
+@pytest.mark.parametrize("net_streams", [0, 1], ids=["stream_per_channel", "one_stream"])
+def test_a_helper_polls_a_new_stream_at_once(net_streams):
+    """A helper thread polls a stream from its creation on: the sending end's first credits,
+    which no post rings the helper for, are read when they come, not at the end of the poll the
+    helper was in when the stream came (raised here to 60 s, past the run's timeout, so a stream
+    left out shows as the run's error). One helper per stream (8 helpers)."""
+    from jax_rccl.planner import Task
+
+    topo = _topology(2, 2)
+    programs = _plan_programs([Task("all_reduce", 1 << 12, "float32")], topo)
+    results = _run(
+        topo,
+        programs,
+        [0, 1],
+        timeout=5.0,
+        net_threads=8,
+        net_streams=net_streams,
+        helper_poll_ms=60_000,
+    )
+    _check(results, programs)
 
 
 @pytest.mark.parametrize("net_threads", [0, 2], ids=["proxy_pumps", "helper_threads"])
