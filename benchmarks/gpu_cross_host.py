@@ -14,12 +14,13 @@ very slow), twice:
   IPC within a host, the network proxy over loopback TCP between the hosts;
 - ipc: the same processes all on 'hostA' (CUDA IPC between every pair).
 
-In the cross run, processes 0 and n/2 first measure the raw loopback socket (before any jax_rccl
-collective): B bytes each way at once over k plain TCP sockets each way, blocking sends and
-receives of 4 MiB in C++, one thread per socket (``jax_rccl._jax_rccl_testing.
-raw_socket_transfer``, as benchmarks/net_proxy.py), on connections opened once per k and warmed
-up with one transfer (the proxy's connections stay open too); time = the median of --repeat, the
-faster end's; GB/s = B / time, one direction. A ring crosses between the hosts once each way
+In the cross run, processes 0 and n/2 also measure the raw loopback socket, beside each row
+(just before its timed loops, so both see the same state of the machine): B bytes each way at
+once over k plain TCP sockets each way, blocking sends and receives of 4 MiB in C++, one thread
+per socket (``jax_rccl._jax_rccl_testing.raw_socket_transfer``, as benchmarks/net_proxy.py), on
+connections opened once per k before any jax_rccl collective and warmed up with one transfer
+(the proxy's connections stay open too); time = the median of --repeat, the faster end's; GB/s =
+B / time, one direction. A ring crosses between the hosts once each way
 (n = 2; n = 4 as ranks 0, 1 | 2, 3), each crossing carrying what busbw counts: B = S x 2(n-1)/n
 for all_reduce, S x (n-1)/n for all_gather (n = 2: S and S/2), so each collective's row is set
 against the raw socket moving the same bytes each way (the raw rate mostly grows with the bytes
@@ -90,14 +91,14 @@ def iterations(size: int, iters: int, iter_bytes: int) -> int:
 
 
 # The classes of a process's threads the CPU columns count apart (ffi/core/thread_name.h).
-THREAD_CLASSES = {"jrccl net": "net", "jrccl proxy": "proxy"}
+THREAD_CLASSES = {"jrccl net": "net", "jrccl socket": "net", "jrccl proxy": "proxy"}
 
 
 def cpu_sample() -> dict:
     """CPU time so far, in clock ticks: the machine's (/proc/stat: user, sys = system + irq +
     softirq, idle = idle + iowait) and this process's threads by class (net: the network
-    interface's helper threads, proxy: the proxy threads, other: the rest), with a monotonic
-    clock."""
+    interface's helper threads, or the host runtime's socket thread on CPU devices; proxy: the
+    proxy threads; other: the rest), with a monotonic clock."""
     out = {"t": time.monotonic(), "user": 0, "sys": 0, "idle": 0}
     try:
         with open("/proc/stat") as f:
@@ -128,49 +129,74 @@ def cpu_cores(before: dict, after: dict) -> dict:
 # --- one JAX process ---------------------------------------------------------------------------
 
 
-def _raw_sockets(client, kv, p: int, peer: int, cfg: dict) -> dict:
-    """B bytes each way (each of --sizes' B) between this process and `peer` over k TCP sockets
-    each way, on connections opened once per k and warmed up (as the proxy's stay open): seconds,
-    the median of --repeat, by "BxK"."""
-    from jax_rccl import _jax_rccl_testing as native
+class RawSockets:
+    """Plain TCP sockets between this process and `peer` (k each way for each k of
+    --raw-sockets), opened once before any jax_rccl collective and warmed up (as the proxy's
+    connections stay open), then measured beside each row: B bytes each way at once, --repeat
+    times per k; seconds (the median) and cores busy by "BxK"."""
 
-    out = {}
-    for k in cfg["raw_sockets"]:
-        tag = f"bench/raw/{k}"
-        lsock = socket.socket()
-        lsock.bind(("127.0.0.1", 0))
-        lsock.listen(k)
-        lsock.settimeout(60)
-        kv.kv_set(client, f"{tag}/port/{p}", str(lsock.getsockname()[1]))
-        port = int(kv.kv_get(client, f"{tag}/port/{peer}", 60))
-        outs = [socket.create_connection(("127.0.0.1", port), timeout=60) for _ in range(k)]
-        ins = [lsock.accept()[0] for _ in range(k)]
-        for s in outs + ins:
-            s.settimeout(None)  # blocking, as raw_socket_transfer needs
-            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        fds = ([s.fileno() for s in outs], [s.fileno() for s in ins])
-        runs = [(max(cfg["raw_sizes"]), "warm")] + [
-            (size, r) for size in cfg["raw_sizes"] for r in range(cfg["repeat"])
-        ]
-        secs: dict[int, list[float]] = {}
-        cpus: dict[int, list[dict]] = {}
-        for size, r in runs:
-            kv.kv_set(client, f"{tag}/go/{size}.{r}/{p}", "1")
-            kv.kv_get(client, f"{tag}/go/{size}.{r}/{peer}", 60)
-            c0 = cpu_sample()
-            t = native.raw_socket_transfer(*fds, size // k)
-            c1 = cpu_sample()
-            if r != "warm":
-                secs.setdefault(size, []).append(t)
-                cpus.setdefault(size, []).append(cpu_cores(c0, c1))
-        for s in outs + ins + [lsock]:
-            s.close()
-        kv.kv_set(client, f"{tag}/done/{p}", "1")
-        kv.kv_get(client, f"{tag}/done/{peer}", 60)
-        for size, ts in secs.items():
-            out[f"{size}x{k}"] = statistics.median(ts)
-            out[f"{size}x{k}/cpu"] = _mean_cores(cpus[size])
-    return out
+    def __init__(self, client, kv, p: int, peer: int, cfg: dict) -> None:
+        from jax_rccl import _jax_rccl_testing as native
+
+        self.native, self.client, self.kv = native, client, kv
+        self.p, self.peer, self.repeat = p, peer, cfg["repeat"]
+        self.socks: dict[int, tuple[list, list, socket.socket]] = {}
+        self.secs: dict[str, list[float]] = {}
+        self.cpus: dict[str, list[dict]] = {}
+        self.runs = 0
+        self.failed = False
+        for k in cfg["raw_sockets"]:
+            tag = f"bench/raw/{k}"
+            lsock = socket.socket()
+            lsock.bind(("127.0.0.1", 0))
+            lsock.listen(k)
+            lsock.settimeout(60)
+            kv.kv_set(client, f"{tag}/port/{p}", str(lsock.getsockname()[1]))
+            port = int(kv.kv_get(client, f"{tag}/port/{peer}", 60))
+            outs = [socket.create_connection(("127.0.0.1", port), timeout=60) for _ in range(k)]
+            ins = [lsock.accept()[0] for _ in range(k)]
+            for s in outs + ins:
+                s.settimeout(None)  # blocking, as raw_socket_transfer needs
+                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self.socks[k] = (outs, ins, lsock)
+            self._transfer(k, max(cfg["raw_sizes"]))  # warm-up
+
+    def _transfer(self, k: int, size: int) -> tuple[float, dict]:
+        outs, ins, _ = self.socks[k]
+        self.runs += 1
+        tag = f"bench/raw/{k}/go/{self.runs}"
+        self.kv.kv_set(self.client, f"{tag}/{self.p}", "1")
+        self.kv.kv_get(self.client, f"{tag}/{self.peer}", 60)
+        c0 = cpu_sample()
+        t = self.native.raw_socket_transfer(
+            [s.fileno() for s in outs], [s.fileno() for s in ins], size // k
+        )
+        return t, cpu_cores(c0, cpu_sample())
+
+    def measure(self, size: int) -> None:
+        """B = `size` bytes each way over each k, --repeat times (both ends call it together);
+        after a failure, nothing more (the other end stops too, on its own failure)."""
+        if self.failed:
+            return
+        try:
+            for k in self.socks:
+                for _ in range(self.repeat):
+                    t, c = self._transfer(k, size)
+                    self.secs.setdefault(f"{size}x{k}", []).append(t)
+                    self.cpus.setdefault(f"{size}x{k}", []).append(c)
+        except Exception:
+            self.failed = True
+            raise
+
+    def close(self) -> dict:
+        for outs, ins, lsock in self.socks.values():
+            for s in outs + ins + [lsock]:
+                s.close()
+        out: dict = {}
+        for key, ts in self.secs.items():
+            out[key] = statistics.median(ts)
+            out[f"{key}/cpu"] = _mean_cores(self.cpus[key])
+        return out
 
 
 def _mean_cores(samples: list[dict]) -> dict:
@@ -214,12 +240,13 @@ def worker(cfg: dict) -> dict:
         "net": {},
         "cpu": {},
     }
+    raw = None
     if cfg["raw"] and p in (0, n // 2):
         try:
-            out["raw"] = _raw_sockets(client, kv, p, n // 2 - p, cfg)
+            raw = RawSockets(client, kv, p, n // 2 - p, cfg)
         except Exception as e:  # noqa: BLE001 - the table says why the column is empty
             out["raw_error"] = f"{type(e).__name__}: {e}"
-    barrier()  # the raw sockets are closed before jax_rccl's first collective
+    barrier()  # the raw sockets are open and warm before jax_rccl's first collective
 
     def make(coll: str):
         def body(v):
@@ -242,6 +269,15 @@ def worker(cfg: dict) -> dict:
             y = fn(x)
             y.block_until_ready()
         iters = iterations(size, cfg["iters"], cfg["iter_bytes"])
+        if cfg["raw"]:
+            # The raw socket beside the row, on the same machine state (both ends of the pair
+            # or neither: whether the sockets opened is agreed first).
+            barrier()
+            if raw is not None:
+                try:
+                    raw.measure(link_bytes(coll, n, size))
+                except Exception as e:  # noqa: BLE001 - the table says why the column is empty
+                    out["raw_error"] = f"{type(e).__name__}: {e}"
         times = []
         cpus = []
         net: dict[str, int] = {}
@@ -276,6 +312,8 @@ def worker(cfg: dict) -> dict:
         for coll in cfg["colls"]:
             for size in cfg["sizes"]:
                 measure(coll, size)
+    if raw is not None:
+        out["raw"] = raw.close()
     out["stats"] = {k: int(v) for k, v in jax_rccl.runtime_stats().items()}
     w = _bootstrap.world()
     out["hosts"] = [d["host"] for d in sorted(w["devices"], key=lambda d: ids.index(d["id"]))]
