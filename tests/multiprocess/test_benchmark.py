@@ -1,7 +1,6 @@
-"""benchmarks/multiprocess.py and benchmarks/gpu_cross_host.py (on CPU devices) end to end, small:
-its JAX workers check every result they time
-(jax_rccl kept and donated in place, the local floor), so a broken benchmark or a wrong in-place
-all-reduce across processes fails here."""
+"""Benchmarks end to end, small: benchmarks/multiprocess.py, whose JAX workers check every result
+they time (jax_rccl kept and donated in place, the local floor), so a broken benchmark or a wrong
+in-place all-reduce across processes fails here; benchmarks/gpu_cross_host.py on CPU devices."""
 
 import os
 import subprocess
