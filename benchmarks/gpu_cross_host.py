@@ -3,8 +3,8 @@ loopback socket, in one run.
 
     .venv/bin/python -P benchmarks/gpu_cross_host.py [--nprocs 2|4] [--sizes 1M,4M,16M,64M,256M]
         [--colls all_reduce,all_gather] [--paths cross,ipc] [--iters 20] [--iter-bytes 1G]
-        [--repeat 3] [--raw-sockets 1,4,8] [--algo Ring] [--proto Simple] [--command-buffers]
-        [--timeout 420] [--no-mps]
+        [--repeat 3] [--raw-sockets 1,4,8] [--raw-when beside|before] [--algo Ring]
+        [--proto Simple] [--command-buffers] [--timeout 420] [--no-mps]
 
 The parent starts --nprocs JAX processes (jax.distributed on a local port) that share GPU 0 under
 MPS (a running daemon, or one this script starts as root and stops again; --no-mps: time-sliced,
@@ -20,7 +20,9 @@ once over k plain TCP sockets each way, blocking sends and receives of 4 MiB in 
 per socket (``jax_rccl._jax_rccl_testing.raw_socket_transfer``, as benchmarks/net_proxy.py), on
 connections opened once per k before any jax_rccl collective and warmed up with one transfer
 (the proxy's connections stay open too); time = the median of --repeat, the faster end's; GB/s =
-B / time, one direction. A ring crosses between the hosts once each way
+B / time, one direction. --raw-when before: every row's raw figure before the first collective
+(no proxy thread alive yet), as a check on the rows' own.
+A ring crosses between the hosts once each way
 (n = 2; n = 4 as ranks 0, 1 | 2, 3), each crossing carrying what busbw counts: B = S x 2(n-1)/n
 for all_reduce, S x (n-1)/n for all_gather (n = 2: S and S/2), so each collective's row is set
 against the raw socket moving the same bytes each way (the raw rate mostly grows with the bytes
@@ -246,6 +248,12 @@ def worker(cfg: dict) -> dict:
             raw = RawSockets(client, kv, p, n // 2 - p, cfg)
         except Exception as e:  # noqa: BLE001 - the table says why the column is empty
             out["raw_error"] = f"{type(e).__name__}: {e}"
+    if raw is not None and cfg["raw_when"] == "before":
+        try:  # every row's bytes now, before any collective (no proxy alive yet)
+            for b in cfg["raw_sizes"]:
+                raw.measure(b)
+        except Exception as e:  # noqa: BLE001 - the table says why the column is empty
+            out["raw_error"] = f"{type(e).__name__}: {e}"
     barrier()  # the raw sockets are open and warm before jax_rccl's first collective
 
     def make(coll: str):
@@ -269,7 +277,7 @@ def worker(cfg: dict) -> dict:
             y = fn(x)
             y.block_until_ready()
         iters = iterations(size, cfg["iters"], cfg["iter_bytes"])
-        if cfg["raw"]:
+        if cfg["raw"] and cfg["raw_when"] == "beside":
             # The raw socket beside the row, on the same machine state (both ends of the pair
             # or neither: whether the sockets opened is agreed first).
             barrier()
@@ -407,6 +415,7 @@ def launch(args, path: str, mps_env: dict, live: list) -> tuple[list | None, str
             "repeat": args.repeat,
             "raw": path == "cross" and bool(args.raw_socket_counts),
             "raw_sockets": args.raw_socket_counts,
+            "raw_when": args.raw_when,
             "raw_sizes": sorted(
                 {link_bytes(c, n, s) for c in args.coll_list for s in args.size_list}
             ),
@@ -627,6 +636,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--iter-bytes", default="1G", help="calls per timed loop: at most this / size")
     ap.add_argument("--repeat", type=int, default=3, help="timed loops (the median)")
     ap.add_argument("--raw-sockets", default="1,4,8", help="socket counts for raw ('' for none)")
+    ap.add_argument(
+        "--raw-when",
+        default="beside",
+        choices=("beside", "before"),
+        help="raw socket: beside each row (default), or every row's bytes before any collective",
+    )
     ap.add_argument("--algo", default="", help="jax_rccl.config(algorithm=...), e.g. Ring")
     ap.add_argument("--proto", default="", help="jax_rccl.config(protocol=...), e.g. Simple")
     ap.add_argument("--command-buffers", action="store_true", help="XLA command buffers on")
