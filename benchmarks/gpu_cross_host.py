@@ -52,6 +52,7 @@ import os
 import shutil
 import socket
 import statistics
+import struct
 import subprocess
 import sys
 import tempfile
@@ -157,9 +158,14 @@ class RawSockets:
             port = int(kv.kv_get(client, f"{tag}/port/{peer}", 60))
             outs = [socket.create_connection(("127.0.0.1", port), timeout=60) for _ in range(k)]
             ins = [lsock.accept()[0] for _ in range(k)]
+            # Blocking, as raw_socket_transfer needs, but never for good: a peer that gave up
+            # leaves this end's sends and receives failing after 60 s.
+            limit = struct.pack("ll", 60, 0)
             for s in outs + ins:
-                s.settimeout(None)  # blocking, as raw_socket_transfer needs
+                s.settimeout(None)
                 s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, limit)
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, limit)
             self.socks[k] = (outs, ins, lsock)
             self._transfer(k, max(cfg["raw_sizes"]))  # warm-up
 
@@ -248,6 +254,13 @@ def worker(cfg: dict) -> dict:
             raw = RawSockets(client, kv, p, n // 2 - p, cfg)
         except Exception as e:  # noqa: BLE001 - the table says why the column is empty
             out["raw_error"] = f"{type(e).__name__}: {e}"
+        # Both ends measure, or neither: an end whose sockets failed would leave the other
+        # waiting at every row.
+        kv.kv_set(client, f"bench/raw/ok/{p}", "1" if raw is not None else "0")
+        if kv.kv_get(client, f"bench/raw/ok/{n // 2 - p}", 180) != "1" and raw is not None:
+            raw.close()
+            raw = None
+            out["raw_error"] = f"the raw sockets of process {n // 2 - p} failed"
     if raw is not None and cfg["raw_when"] == "before":
         try:  # every row's bytes now, before any collective (no proxy alive yet)
             for b in cfg["raw_sizes"]:
@@ -279,7 +292,7 @@ def worker(cfg: dict) -> dict:
         iters = iterations(size, cfg["iters"], cfg["iter_bytes"])
         if cfg["raw"] and cfg["raw_when"] == "beside":
             # The raw socket beside the row, on the same machine state (both ends of the pair
-            # or neither: whether the sockets opened is agreed first).
+            # or neither, as agreed when they opened).
             barrier()
             if raw is not None:
                 try:
@@ -579,7 +592,9 @@ def _cpu_tables(args, res: dict, raw: dict, raw_cpu: dict[str, list[dict]]) -> N
         f"\n# CPU, cores busy of {os.cpu_count()} (/proc): machine user / sys / idle over the cross"
         " path's timed loops; its processes' threads summed: net (the network interface's helper"
         " threads), proxy, other (JAX and the rest); raw: the machine over the best raw transfer"
-        " of the row's B (its k sockets each way)"
+        " of the row's B (its k sockets each way); the kernel counts CPU time in clock ticks"
+        f" ({os.sysconf('SC_CLK_TCK')} Hz): over the raw transfers' few tens of ms a figure is"
+        " good to a core or two"
     )
     head = (
         f"{'coll':>10} {'size':>7} | {'usr':>5} {'sys':>5} {'idle':>5} | {'net':>5} {'proxy':>5} "
