@@ -199,10 +199,15 @@ Status Stream::Poll() {
 
 bool Stream::CloseInOrder(Lane* lane) {
   if (send_) {
+    bool first;
     {
       std::lock_guard<std::mutex> lock(mu_);
+      first = !lane->closing;
       lane->closing = true;
     }
+    // What this pump cannot write (a full socket) is the helper's to write, and its poll() may
+    // not be waiting for the socket to take bytes: ring it, as a post does.
+    if (first && helper_ != nullptr) helper_->Wake();
     Pump();
   }
   std::lock_guard<std::mutex> io(io_);
