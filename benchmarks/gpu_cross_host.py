@@ -208,8 +208,9 @@ class RawSockets:
 
 
 def _mean_cores(samples: list[dict]) -> dict:
-    keys = {k for c in samples for k in c}
-    return {k: statistics.mean(c.get(k, 0.0) for c in samples) for k in keys}
+    """The mean of each figure over `samples` (0 for one a sample lacks; all 0 for none)."""
+    keys = {"user", "sys", "idle"} | {k for c in samples for k in c}
+    return {k: statistics.mean(c.get(k, 0.0) for c in samples) if samples else 0.0 for k in keys}
 
 
 def worker(cfg: dict) -> dict:
@@ -608,7 +609,7 @@ def _cpu_tables(args, res: dict, raw: dict, raw_cpu: dict[str, list[dict]]) -> N
             recs = [r["cpu"][key] for r in cross if key in r.get("cpu", {})]
             if not recs:
                 continue
-            m = {k: statistics.mean(c.get(k, 0.0) for c in recs) for k in ("user", "sys", "idle")}
+            m = _mean_cores(recs)  # the machine's: alike in every process
             p = {k: sum(c.get(k, 0.0) for c in recs) for k in ("net", "proxy", "other")}
             line = (
                 f"{coll:>10} {label(size):>7} | "
@@ -619,8 +620,7 @@ def _cpu_tables(args, res: dict, raw: dict, raw_cpu: dict[str, list[dict]]) -> N
             rates = {k: b / raw[f"{b}x{k}"] for k in counts if f"{b}x{k}" in raw}
             if rates:
                 k = max(rates, key=lambda j: rates[j])
-                cs = raw_cpu.get(f"{b}x{k}", [])
-                r = {j: statistics.mean(c.get(j, 0.0) for c in cs) for j in ("user", "sys", "idle")}
+                r = _mean_cores(raw_cpu.get(f"{b}x{k}", []))
                 line += f"{k:>5} {r['user']:5.1f} {r['sys']:5.1f} {r['idle']:5.1f}"
             else:
                 line += f"{'-':>5}"

@@ -22,6 +22,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_shm_transport import load_native, publish, spawn, wait_file, world_of  # noqa: E402
+from worker import runtime_threads  # noqa: E402
 
 HERE = os.path.abspath(__file__)
 STEPS = 8  # kSteps: slots per connection
@@ -31,8 +32,8 @@ STEPS = 8  # kSteps: slots per connection
 
 
 class _ThreadNames:
-    """The names of this process's threads (/proc/self/task/*/comm), sampled every millisecond
-    on a thread of its own until stop()."""
+    """The names of this process's jax_rccl threads (worker.py: runtime_threads), sampled every
+    millisecond on a thread of its own until stop()."""
 
     def __init__(self) -> None:
         self.names: set[str] = set()
@@ -42,12 +43,7 @@ class _ThreadNames:
 
     def _loop(self) -> None:
         while not self.done.is_set():
-            for tid in os.listdir("/proc/self/task"):
-                try:
-                    with open(f"/proc/self/task/{tid}/comm") as f:
-                        self.names.add(f.read().strip())
-                except OSError:
-                    pass  # a thread that ended meanwhile
+            self.names.update(runtime_threads())
             time.sleep(0.001)
 
     def stop(self) -> list[str]:
