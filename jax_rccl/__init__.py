@@ -41,10 +41,14 @@ from jax_rccl.api import (
     psum_scatter,
 )
 from jax_rccl.api_permute import precv, psend, pshuffle, pswapaxes
+from jax_rccl.lax_backend import install, installed_platforms, uninstall
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "install",
+    "uninstall",
+    "installed_platforms",
     "planner",
     "params",
     "__version__",

@@ -46,20 +46,50 @@ def _runtime():
     return _ffi
 
 
-# What the lowering remembers of the module being lowered, per thread (a module is lowered by one
-# thread, and several threads may lower modules at once):
-#   position:  (a weak reference to the module, the count of jax_rccl calls lowered into it so far)
-#   last_call: (a weak reference to the module, the block, the latest jax_rccl call's first result)
-_lowering = threading.local()
+class ModuleState:
+    """What the lowering keeps of ONE module being lowered, owned by that module (see
+    `module_state`): the count of jax_rccl calls lowered into it so far (a call's position, part
+    of its identity), the latest call of the innermost block (the chain that keeps calls in
+    program order) and the tokens of jax.lax.psend under `jax_rccl.install()` with what each
+    received. Several threads may lower different modules at once; one module is lowered by
+    one thread."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.last: tuple[object, object] | None = None  # (block, the call's first result)
+        self.sent: dict = {}
+
+    def next_position(self) -> int:
+        self.calls += 1
+        return self.calls - 1
 
 
-def _position_in_module(ctx) -> int:
+# Module -> its state, for as long as the module lives (a new module never sees an old one's
+# blocks or values, even at a reused address).
+_states: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_states_lock = threading.Lock()
+
+
+def module_state(ctx) -> ModuleState:
+    """The state of the module `ctx` lowers into (made at its first jax_rccl call)."""
     module = ctx.module_context.module
-    pos = getattr(_lowering, "position", None)
-    if pos is None or pos[0]() is not module:
-        pos = (weakref.ref(module), 0)
-    _lowering.position = (pos[0], pos[1] + 1)
-    return pos[1]
+    with _states_lock:
+        state = _states.get(module)
+        if state is None:
+            state = _states[module] = ModuleState()
+        return state
+
+
+def module_platforms_of(ctx) -> tuple[str, ...]:
+    """The platforms a rule lowers for: the rule's own (one branch of a multi-platform
+    lowering) or the module's."""
+    return tuple(ctx.platforms) if ctx.platforms else compat.module_platforms(ctx)
+
+
+def gpu_runtime_for(ctx) -> bool:
+    """Whether a GPU platform of `ctx` has a jax_rccl runtime here (always, when lowering for
+    jax.export: the program is compiled where it is called)."""
+    return compat.lowering_for_export(ctx) or bool(_runtime().gpu_platform())
 
 
 def call_identity(ctx, kind, attrs, operand_types, result_types) -> int:
@@ -69,7 +99,7 @@ def call_identity(ctx, kind, attrs, operand_types, result_types) -> int:
     so every process lowering the same program gives a call the same identity; the runtime stamps
     it on every step it sends and the receiver checks it (docs/multiprocess.md)."""
     h = hashlib.blake2b(digest_size=8)
-    h.update(f"{kind}|{_position_in_module(ctx)}".encode())
+    h.update(f"{kind}|{module_state(ctx).next_position()}".encode())
     for k in sorted(attrs):
         v = attrs[k]
         h.update(f"|{k}=".encode())
@@ -309,17 +339,15 @@ def _is_kept_parameter(value) -> bool:
 # run in program order on every device, as XLA runs its own. No token and no side effect: JAX's
 # fast dispatch path stays. (An optimization barrier is not enough: XLA's CPU pipeline removes it.)
 
-# The latest jax_rccl call lowered in this thread (_lowering.last_call). A block compares equal by
-# address, and a later module may reuse a freed block's address: the value is used only while the
-# same module is being lowered.
+# The latest jax_rccl call lowered into the module (ModuleState.last). A block compares equal by
+# address; the state lives and dies with its module, so a later module never sees it.
 
 
 def _after_previous_call(ctx, operands):
     block = ir.InsertionPoint.current.block
-    module = ctx.module_context.module
-    last = getattr(_lowering, "last_call", None)
-    if last is not None and last[0]() is module and last[1] == block:
-        prev = last[2]
+    last = module_state(ctx).last
+    if last is not None and last[0] == block:
+        prev = last[1]
         t = ir.RankedTensorType(prev.type)
         one_type = ir.RankedTensorType.get([1], t.element_type)
         if t.rank == 0:
@@ -334,8 +362,7 @@ def _after_previous_call(ctx, operands):
 
 
 def _remember_call(ctx, value):
-    module = weakref.ref(ctx.module_context.module)
-    _lowering.last_call = (module, ir.InsertionPoint.current.block, value)
+    module_state(ctx).last = (ir.InsertionPoint.current.block, value)
 
 
 def label(api, axes):
@@ -353,7 +380,7 @@ def platform_rule(prim, rule, supported=SUPPORTED_PLATFORMS):
     it is called)."""
 
     def lowering(ctx, *args, **params):
-        platforms = compat.module_platforms(ctx)
+        platforms = module_platforms_of(ctx)
         unsupported = [p for p in platforms if p not in supported]
         if unsupported:
             raise NotImplementedError(

@@ -1,0 +1,527 @@
+"""jax_rccl as the backend of jax.lax's collectives: `install()` and `uninstall()`.
+
+While installed, every jax.lax collective primitive inside ``jax.shard_map`` or ``jax.pmap``
+lowers to jax_rccl's custom calls on the platforms installed (``cpu``, and ``cuda`` / ``rocm``
+where the installed build has the GPU runtime): ``psum``, ``pmax``, ``pmin`` (and ``pmean``
+through psum), the psum JAX inserts itself (``psum_invariant``: the transpose of an implicit
+broadcast, e.g. the gradient all-reduce of replicated parameters), ``all_gather`` (tiled or not,
+``all_gather_invariant``), ``psum_scatter``, ``all_to_all`` (and ``pswapaxes``), ``ppermute``
+(and ``pshuffle``), ``pbroadcast``, ``ragged_all_to_all`` and ``psend`` / ``precv``. Only where
+the collective runs changes: jax.lax's own abstract evaluation, batching, autodiff and typing
+rules stay, and each rule here emits the same custom call that jax_rccl's own primitives emit
+(`jax_rccl.lowering.lower_collective`: one lowering, two front doors).
+
+What jax_rccl cannot express keeps XLA's lowering for that call (dtypes the runtime does not
+carry, ``all_gather`` with ``axis_index_groups``, shapes only known when an exported program is
+called, platforms without a jax_rccl runtime) and says so once on stderr when
+``JAX_RCCL_DEBUG=INFO``.
+
+``JAX_RCCL_LAX=1`` installs it in a program that never imports jax_rccl: JAX starts the
+``jax_plugins`` entry points of installed packages when it starts its backends, and jax_rccl's
+(``jax_rccl.lax_backend.initialize``) installs when the variable is set
+(``JAX_RCCL_LAX=cpu,cuda`` names the platforms).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import numpy as np
+from jax._src.lib.mlir import ir
+from jax._src.lib.mlir.dialects import hlo
+
+from jax_rccl import _compat as compat
+from jax_rccl import _prim_common
+from jax_rccl import lowering as L
+
+mlir = compat.mlir
+
+#: The platforms install() may take over.
+PLATFORMS = L.SUPPORTED_PLATFORMS
+#: The variable that installs jax_rccl as jax.lax's backend at JAX's backend start-up.
+ENV_VAR = "JAX_RCCL_LAX"
+
+_lock = threading.RLock()
+# (platform, primitive) -> the entry JAX had before install() (None: no platform-specific rule)
+_saved: dict[tuple[str, Any], Any] = {}
+_installed: tuple[str, ...] = ()
+
+
+def installed_platforms() -> tuple[str, ...]:
+    """The platforms whose jax.lax collectives lower to jax_rccl now (() when not installed)."""
+    return _installed
+
+
+class _Installation:
+    """What install() returns: also a context manager that restores, on exit, the platforms
+    that were installed before it."""
+
+    def __init__(self, before: tuple[str, ...], now: tuple[str, ...]):
+        self._before = before
+        self.platforms = now
+
+    def __enter__(self) -> _Installation:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._before:
+            install(self._before)
+        else:
+            uninstall()
+
+    def __repr__(self) -> str:
+        return f"jax_rccl.install(platforms={self.platforms!r})"
+
+
+def _check_platforms(platforms, what: str) -> tuple[str, ...]:
+    if isinstance(platforms, str):
+        platforms = (platforms,)
+    try:
+        out = tuple(dict.fromkeys(platforms))
+    except TypeError:
+        raise TypeError(
+            f"jax_rccl.install: {what} must be a sequence of platform names from {PLATFORMS}, "
+            f"got {platforms!r}"
+        ) from None
+    bad = [p for p in out if p not in PLATFORMS]
+    if bad or not out:
+        raise ValueError(
+            f"jax_rccl.install: {what} must name platforms from {PLATFORMS}, got {platforms!r}"
+        )
+    return out
+
+
+def install(platforms: Iterable[str] = PLATFORMS) -> _Installation:
+    """Make jax.lax's collectives inside ``shard_map`` and ``pmap`` run on jax_rccl.
+
+    ``platforms``: which of ``("cpu", "cuda", "rocm")`` to take over (a GPU platform is used only
+    where the installed jax_rccl has its GPU runtime; elsewhere XLA's lowering stays). Calling
+    it again replaces the set. JAX's caches are cleared, so functions jitted before are
+    compiled again with jax_rccl's collectives at their next call. Use it as a statement or as
+    a context manager (``with jax_rccl.install(): ...`` restores the previous state on exit)::
+
+        import jax_rccl
+        jax_rccl.install()          # every jax.lax.psum, all_gather, ... now runs on jax_rccl
+        step = jax.jit(jax.shard_map(train_step, mesh=mesh, in_specs=..., out_specs=...))
+
+    Returns an object whose ``platforms`` are the platforms installed.
+    """
+    platforms = _check_platforms(platforms, "platforms")
+    with _lock:
+        before = _installed
+        _uninstall_rules()
+        for prim, rule in _rules().items():
+            for p in platforms:
+                table = mlir._platform_specific_lowerings[p]
+                _saved[(p, prim)] = table.get(prim)
+            # ONE rule object for every platform: a multi-platform lowering (jax.export with
+            # platforms=("cpu", "cuda")) then emits one custom call, not a copy per platform.
+            shared = _with_fallback(prim, rule)
+            for p in platforms:
+                mlir.register_lowering(prim, shared, platform=p, cacheable=False)
+        _set_installed(platforms)
+    _clear_caches()
+    return _Installation(before, platforms)
+
+
+def uninstall() -> None:
+    """Restore XLA's lowering of jax.lax's collectives (JAX's caches are cleared)."""
+    with _lock:
+        was = bool(_installed)
+        _uninstall_rules()
+        _set_installed(())
+    if was:
+        _clear_caches()
+
+
+def _set_installed(platforms: tuple[str, ...]) -> None:
+    global _installed
+    _installed = platforms
+
+
+def _uninstall_rules() -> None:
+    for (p, prim), entry in _saved.items():
+        table = mlir._platform_specific_lowerings[p]
+        if entry is None:
+            table.pop(prim, None)
+        else:
+            table[prim] = entry
+    _saved.clear()
+
+
+def _clear_caches() -> None:
+    import jax
+
+    jax.clear_caches()
+
+
+def initialize() -> None:
+    """The ``jax_plugins`` entry point: installs when ``JAX_RCCL_LAX`` asks for it (``1``,
+    ``true``, ``on`` or a comma-separated list of platforms). Runs while JAX starts its
+    backends, so it touches no backend."""
+    value = os.environ.get(ENV_VAR, "").strip()
+    if not value or value.lower() in ("0", "false", "off", "no"):
+        return
+    if value.lower() in ("1", "true", "on", "yes", "all"):
+        platforms: tuple[str, ...] = PLATFORMS
+    else:
+        parts = tuple(p.strip() for p in value.split(",") if p.strip())
+        bad = [p for p in parts if p not in PLATFORMS]
+        if bad or not parts:
+            raise ValueError(
+                f"{ENV_VAR}={value!r}: must be 1 (every platform), 0, or a comma-separated list "
+                f"of platforms from {PLATFORMS}"
+            )
+        platforms = parts
+    install(platforms)
+
+
+# --- fallback -----------------------------------------------------------------------------------
+
+_told: set[str] = set()
+
+
+def _debug_level() -> str:
+    return os.environ.get("JAX_RCCL_DEBUG", "WARN").strip().upper()
+
+
+def _say_once(message: str) -> None:
+    if message in _told:
+        return
+    _told.add(message)
+    if _debug_level() in ("INFO", "TRACE"):
+        print(f"jax_rccl INFO {message}", file=sys.stderr, flush=True)
+
+
+class _Fallback(Exception):
+    """Raised by a rule for a call jax_rccl cannot express: XLA's lowering runs instead."""
+
+
+def _xla_rules(prim) -> tuple[dict[str, Callable], Callable | None]:
+    """XLA's rules for `prim` as they were before install(): per platform, and the default."""
+    platform_rules = {}
+    for (p, q), entry in _saved.items():
+        if q is prim and entry is not None:
+            platform_rules[p] = entry.rule
+    for p, table in mlir._platform_specific_lowerings.items():
+        if p not in PLATFORMS and prim in table:
+            platform_rules[p] = table[prim].rule
+    default = mlir._lowerings.get(prim)
+    return platform_rules, (default.rule if default is not None else None)
+
+
+def _with_fallback(prim, rule):
+    def lowering(ctx, *args, **params):
+        platforms = L.module_platforms_of(ctx)
+        why = None
+        ours = [p for p in platforms if p in _installed]
+        if len(ours) != len(platforms):
+            why = f"platform(s) {tuple(p for p in platforms if p not in _installed)}"
+        elif not compat.is_spmd_context(ctx.module_context.axis_context):
+            why = "an axis context outside shard_map and pmap"
+        elif any(p in L.GPU_PLATFORMS for p in platforms) and not L.gpu_runtime_for(ctx):
+            why = "no jax_rccl GPU runtime in this build"
+        if why is None:
+            try:
+                return rule(ctx, *args, **params)
+            except _Fallback as e:
+                why = str(e)
+        _say_once(f"jax.lax.{prim.name}: XLA's lowering kept ({why})")
+        platform_rules, default = _xla_rules(prim)
+        return mlir.lower_per_platform(
+            ctx,
+            prim.name,
+            platform_rules,
+            default,
+            ctx.effects if hasattr(ctx, "effects") else set(),
+            *args,
+            **params,
+        )
+
+    lowering.__name__ = f"jax_rccl_lax_{prim.name}"
+    return lowering
+
+
+# --- the rules ----------------------------------------------------------------------------------
+
+
+def _axes_of(axis_name) -> tuple:
+    return tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
+
+
+def _tuning() -> tuple[str, str, str]:
+    from jax_rccl import api
+
+    return api._tuning()
+
+
+def _require_dtypes(ctx, what: str) -> None:
+    for a in ctx.avals_in:
+        dt = np.dtype(a.dtype)
+        if dt not in _prim_common.SUPPORTED_DTYPES:
+            raise _Fallback(f"{what} of dtype {dt}, which jax_rccl's runtime does not carry")
+
+
+def _require_static(ctx, what: str) -> None:
+    if not all(compat.is_static_shape(a.shape) for a in (*ctx.avals_in, *ctx.avals_out)):
+        raise _Fallback(f"{what} with symbolic shapes")
+
+
+def _groups(axis_index_groups):
+    if axis_index_groups is None:
+        return None
+    return tuple(tuple(int(i) for i in g) for g in axis_index_groups)
+
+
+def _reduction_rule(op: str, api: str):
+    reducers = {"sum": "reduce_sum", "max": "reduce_max", "min": "reduce_min"}
+
+    def rule(ctx, *args, axes, axis_index_groups=None):
+        _require_dtypes(ctx, api)
+        named = tuple(a for a in axes if not isinstance(a, int))
+        positional = tuple(a for a in axes if isinstance(a, int))
+        if positional:  # a local reduction first, as jax.lax
+            from jax import lax
+
+            red = getattr(lax, reducers[op])
+            args = tuple(
+                mlir.lower_fun(lambda x, pos=positional: red(x, pos), multiple_results=False)(
+                    ctx.replace(avals_in=[a], avals_out=[o]), x
+                )[0]
+                for x, a, o in zip(args, ctx.avals_in, ctx.avals_out, strict=True)
+            )
+            ctx = ctx.replace(avals_in=list(ctx.avals_out))
+        if not named:
+            return list(args)
+        return L.lower_collective(
+            ctx,
+            *args,
+            kind="all_reduce",
+            axes=named,
+            groups=_groups(axis_index_groups),
+            op=op,
+            tuning=_tuning(),
+            name=L.label(f"jax.lax.{api}", named),
+        )
+
+    return rule
+
+
+def _move_axis(x, src: int, dst: int):
+    """`x` (an ir.Value) with dimension `src` moved to `dst`."""
+    t = ir.RankedTensorType(x.type)
+    order = [d for d in range(t.rank) if d != src]
+    order.insert(dst, src)
+    if order == list(range(t.rank)):
+        return x
+    return hlo.transpose(x, ir.DenseI64ArrayAttr.get(order))
+
+
+def _reshape(x, shape):
+    t = ir.RankedTensorType(x.type)
+    if list(t.shape) == list(shape):
+        return x
+    return hlo.reshape(ir.RankedTensorType.get(list(shape), t.element_type), x)
+
+
+def _group_size(ctx, axes, groups) -> int:
+    return int(L.replica_groups(ctx, axes, groups).shape[1])
+
+
+def _all_gather_rule(
+    ctx, x, *, all_gather_dimension, axis_name, axis_index_groups, axis_size, tiled, **_
+):
+    api = "jax.lax.all_gather"
+    _require_dtypes(ctx, api)
+    _require_static(ctx, api)
+    if axis_index_groups is not None:
+        raise _Fallback(f"{api} with axis_index_groups")
+    axes = _axes_of(axis_name)
+    (x_aval,), (out_aval,) = ctx.avals_in, ctx.avals_out
+    n = int(axis_size)
+    gathered = x_aval.update(shape=(n, *x_aval.shape))
+    (y,) = L.lower_collective(
+        ctx.replace(avals_out=[gathered]),
+        x,
+        kind="all_gather",
+        axes=axes,
+        tuning=_tuning(),
+        name=L.label(api, axes),
+    )
+    d = int(all_gather_dimension)
+    y = _move_axis(y, 0, d)
+    return [_reshape(y, out_aval.shape)]
+
+
+def _psum_scatter_rule(
+    ctx, x, *, scatter_dimension, axis_name, axis_index_groups, axis_size, tiled, **_
+):
+    api = "jax.lax.psum_scatter"
+    _require_dtypes(ctx, api)
+    _require_static(ctx, api)
+    axes = _axes_of(axis_name)
+    groups = _groups(axis_index_groups)
+    (x_aval,), (out_aval,) = ctx.avals_in, ctx.avals_out
+    n, d = int(axis_size), int(scatter_dimension)
+    xs = tuple(int(s) for s in x_aval.shape)
+    split = (*xs[:d], n, xs[d] // n, *xs[d + 1 :])
+    blocks = _move_axis(_reshape(x, split), d, 0)
+    rest = (*xs[:d], xs[d] // n, *xs[d + 1 :])
+    (y,) = L.lower_collective(
+        ctx.replace(
+            avals_in=[x_aval.update(shape=(n, *rest))], avals_out=[out_aval.update(shape=rest)]
+        ),
+        blocks,
+        kind="reduce_scatter",
+        axes=axes,
+        groups=groups,
+        tuning=_tuning(),
+        name=L.label(api, axes),
+    )
+    return [_reshape(y, out_aval.shape)]
+
+
+def _all_to_all_rule(ctx, x, *, split_axis, concat_axis, axis_name, axis_index_groups, tiled, **_):
+    api = "jax.lax.all_to_all"
+    _require_dtypes(ctx, api)
+    _require_static(ctx, api)
+    axes = _axes_of(axis_name)
+    groups = _groups(axis_index_groups)
+    (x_aval,), (out_aval,) = ctx.avals_in, ctx.avals_out
+    n = _group_size(ctx, axes, groups)
+    if n == 1:
+        return [x]
+    s, c = int(split_axis), int(concat_axis)
+    xs = tuple(int(v) for v in x_aval.shape)
+    block = (*xs[:s], xs[s] // n, *xs[s + 1 :])
+    blocks = _move_axis(_reshape(x, (*xs[:s], n, xs[s] // n, *xs[s + 1 :])), s, 0)
+    (y,) = L.lower_collective(
+        ctx.replace(
+            avals_in=[x_aval.update(shape=(n, *block))],
+            avals_out=[out_aval.update(shape=(n, *block))],
+        ),
+        blocks,
+        kind="all_to_all",
+        axes=axes,
+        groups=groups,
+        tuning=_tuning(),
+        name=L.label(api, axes),
+    )
+    # y[j] is rank j's block for this device: concatenated along concat_axis, rank-major
+    y = _move_axis(y, 0, c)
+    return [_reshape(y, out_aval.shape)]
+
+
+def _ppermute_rule(ctx, x, *, axis_name, perm, **_):
+    api = "jax.lax.ppermute"
+    _require_dtypes(ctx, api)
+    axes = _axes_of(axis_name)
+    return L.lower_collective(
+        ctx,
+        x,
+        kind="ppermute",
+        axes=axes,
+        perm=tuple((int(s), int(d)) for s, d in perm),
+        tuning=_tuning(),
+        sort_groups=True,
+        name=L.label(api, axes),
+    )
+
+
+def _pbroadcast_rule(ctx, x, *, axis_name, source, **_):
+    api = "jax.lax.pbroadcast"
+    _require_dtypes(ctx, api)
+    axes = _axes_of(axis_name)
+    return L.lower_collective(
+        ctx,
+        x,
+        kind="broadcast",
+        axes=axes,
+        root=int(source),
+        tuning=_tuning(),
+        name=L.label(api, axes),
+    )
+
+
+def _ragged_rule(ctx, operand, output, *index, axis_name, axis_index_groups=None, **_):
+    from jax_rccl import _ragged
+
+    _require_dtypes(ctx.replace(avals_in=ctx.avals_in[:2]), "jax.lax.ragged_all_to_all")
+    _require_static(ctx, "jax.lax.ragged_all_to_all")
+    axes = _axes_of(axis_name)
+    groups = _groups(axis_index_groups)
+    n = _group_size(ctx, axes, groups)
+    return _ragged._lower(
+        ctx, operand, output, *index, axes=axes, groups=groups, axis_size=n, tuning=_tuning()
+    )
+
+
+# psend / precv: psend moves its operand as a ppermute and returns a fresh token; precv returns
+# what the psend of its token received. The table lives with the module being lowered.
+
+
+def _psend_rule(ctx, x, *, axis_name, perm, **_):
+    api = "jax.lax.psend"
+    _require_dtypes(ctx, api)
+    axes = _axes_of(axis_name)
+    (received,) = L.lower_collective(
+        ctx.replace(avals_out=list(ctx.avals_in)),
+        x,
+        kind="ppermute",
+        axes=axes,
+        perm=tuple((int(s), int(d)) for s, d in perm),
+        tuning=_tuning(),
+        sort_groups=True,
+        name=L.label(api, axes),
+    )
+    token = hlo.create_token()
+    L.module_state(ctx).sent[token] = (received, axes, tuple(map(tuple, perm)))
+    return [token]
+
+
+def _precv_rule(ctx, token, *, out_shape, axis_name, perm, **_):
+    sent = L.module_state(ctx).sent.get(token)
+    if sent is None:
+        raise NotImplementedError(
+            "jax.lax.precv under jax_rccl.install(): its token must come from a jax.lax.psend "
+            "lowered in the same function (not through a loop carry, a jit boundary or "
+            "lax.create_token())"
+        )
+    received, axes, pairs = sent
+    if axes != _axes_of(axis_name) or pairs != tuple(map(tuple, perm)):
+        raise ValueError(
+            f"jax.lax.precv: axis_name {axis_name!r} and perm {perm!r} must be those of the "
+            f"psend that made its token ({axes!r}, {pairs!r})"
+        )
+    if tuple(ir.RankedTensorType(received.type).shape) != tuple(out_shape.shape):
+        raise ValueError(
+            f"jax.lax.precv: out_shape {out_shape.shape} differs from what psend sent "
+            f"({tuple(ir.RankedTensorType(received.type).shape)})"
+        )
+    return [received]
+
+
+def _rules() -> dict:
+    """jax.lax's collective primitives of the running JAX and jax_rccl's rule for each."""
+    from jax._src.lax import parallel as lax_parallel
+
+    table = {
+        "psum_p": _reduction_rule("sum", "psum"),
+        "pmax_p": _reduction_rule("max", "pmax"),
+        "pmin_p": _reduction_rule("min", "pmin"),
+        "psum_invariant_p": _reduction_rule("sum", "psum"),
+        "all_gather_p": _all_gather_rule,
+        "all_gather_invariant_p": _all_gather_rule,
+        "reduce_scatter_p": _psum_scatter_rule,
+        "all_to_all_p": _all_to_all_rule,
+        "ppermute_p": _ppermute_rule,
+        "pbroadcast_p": _pbroadcast_rule,
+        "ragged_all_to_all_p": _ragged_rule,
+        "psend_p": _psend_rule,
+        "precv_p": _precv_rule,
+    }
+    return {getattr(lax_parallel, k): v for k, v in table.items() if hasattr(lax_parallel, k)}
