@@ -10,6 +10,7 @@ import numpy as np
 from jax._src import config as _config
 from jax._src import core as _core
 from jax._src.interpreters import ad, batching, mlir, pxla  # noqa: F401 - re-exported
+from jax._src.lax import lax as _lax
 from jax._src.sharding_impls import SPMDAxisContext
 
 Primitive = _core.Primitive
@@ -137,6 +138,13 @@ def bound_axis_names() -> tuple:
 
 def axis_exists(name) -> bool:
     return _core.get_axis_env().axis_exists(name)
+
+
+def const_like(example, value):
+    """`value` typed as jax.lax types a constant next to `example`: a weakly typed Python
+    scalar stays a Python scalar of its type (psum(1, axis) is a Python int), anything else a
+    NumPy array of `example`'s dtype."""
+    return _lax._const(example, value)
 
 
 def axis_size(name) -> int:

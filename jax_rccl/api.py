@@ -292,13 +292,19 @@ def _reduce(x, axis_name, api, *, op="sum", axis_index_groups=None, premul=None)
 
     def run(leaves):
         if premul_kind == 0 and op == "sum" and not any(map(compat.is_tracer, leaves)):
-            # Constants, as jax.lax.psum: no communication (psum(1, ax) is the axis size; with
-            # groups of unequal sizes, the size of each device's group).
+            # Constants, as jax.lax.psum: no communication, and typed as jax.lax types them
+            # (psum(1, ax) is the Python int axis size, usable in Python control flow); with
+            # groups of unequal sizes, the size of each device's group (a traced value).
             size = P.group_size_here(axes, groups)
-            return [
-                jnp.asarray(leaf, np.int32 if np.asarray(leaf).dtype == np.bool_ else None) * size
+            leaves = [
+                lax.convert_element_type(leaf, np.int32)
+                if np.asarray(leaf).dtype == np.bool_
+                else leaf
                 for leaf in leaves
             ]
+            if not isinstance(size, int):
+                return [jnp.asarray(leaf) * size for leaf in leaves]
+            return [compat.const_like(leaf, size) * leaf for leaf in leaves]
         if premul_kind:
             for i, leaf in enumerate(leaves):
                 dt = jnp.result_type(leaf)

@@ -333,7 +333,7 @@ def _group_size(ctx, axes, groups) -> int:
 
 
 def _all_gather_rule(
-    ctx, x, *, all_gather_dimension, axis_name, axis_index_groups, axis_size, tiled, **_
+    ctx, x, *, all_gather_dimension, axis_name, axis_size, axis_index_groups=None, **_
 ):
     api = "jax.lax.all_gather"
     _require_dtypes(ctx, api)
