@@ -14,11 +14,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from collectives_util import mesh_1d, mesh_2d, needs_runtime
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
 import jax_rccl
-from tests.jax.collectives_util import mesh_1d, mesh_2d, needs_runtime
 
 pytestmark = needs_runtime
 
@@ -87,7 +87,7 @@ def _x(shape=(8, 6), dtype=np.float32, seed=0):
     return jnp.asarray(rng.standard_normal(shape).astype(dtype))
 
 
-# --- every primitive, 1-D mesh, check_vma on and off ------------------------------------------
+# --- every primitive, 1-D mesh, check_vma on and off -------------------------------------
 
 PERM = [(i, (i + 3) % 8) for i in range(8)]
 
@@ -153,12 +153,10 @@ def test_empty_leaf_takes_no_call():
     both(smap(body, mesh, P("i"), P()), x, uses_collectives=False)
 
 
-# --- N-D meshes, tuple axes, groups --------------------------------------------------------------
+# --- N-D meshes, tuple axes, groups ---------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "axes", ["x", "y", ("x", "y"), ("y", "x")], ids=["x", "y", "xy", "yx"]
-)
+@pytest.mark.parametrize("axes", ["x", "y", ("x", "y"), ("y", "x")], ids=["x", "y", "xy", "yx"])
 def test_2d_mesh(axes):
     mesh = mesh_2d()
     x = _x((8, 4))
@@ -202,7 +200,7 @@ def test_pmap():
     both(make, x)
 
 
-# --- transformations -------------------------------------------------------------------------------
+# --- transformations --------------------------------------------------------------------------
 
 
 def test_grad_inserts_ours():
@@ -272,7 +270,7 @@ def test_grad_of_collectives():
     both(smap(body, mesh, P("i"), P("i")), x)
 
 
-# --- what jax.lax leaves to GPUs runs on CPU ------------------------------------------------------
+# --- what jax.lax leaves to GPUs runs on CPU -------------------------------------------------
 
 
 def test_pbroadcast_on_cpu():
@@ -329,7 +327,7 @@ def test_ragged_all_to_all_on_cpu():
             )
 
 
-# --- install / uninstall ---------------------------------------------------------------------------
+# --- install / uninstall ----------------------------------------------------------------------
 
 
 def test_uninstall_restores_xla():
@@ -397,12 +395,14 @@ def test_fallback_is_said_at_info(capfd, monkeypatch):
     with jax_rccl.install(platforms=("cpu",)):
         out = make()(x)
     assert_same(ref, out)
-    assert "jax.lax.all_gather: XLA's lowering kept (jax.lax.all_gather with axis_index_groups)" in (
-        capfd.readouterr().err
+    said = capfd.readouterr().err
+    assert (
+        "jax.lax.all_gather: XLA's lowering kept (jax.lax.all_gather with axis_index_groups)"
+        in said
     )
 
 
-# --- constants: jax.lax's rules, and jax_rccl's own functions match them --------------------------
+# --- constants: jax.lax's rules, and jax_rccl's own functions match them ---------------------
 
 
 def test_collectives_of_constants_are_concrete():
@@ -422,7 +422,8 @@ def test_collectives_of_constants_are_concrete():
     jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("i"), out_specs=P("i")))(_x())
     assert seen["lax"] == (8, 20.0, 3.0, (8, 16))
     for a, b in zip(
-        jax.tree_util.tree_leaves(seen["ours"]), jax.tree_util.tree_leaves(seen["lax"]),
+        jax.tree_util.tree_leaves(seen["ours"]),
+        jax.tree_util.tree_leaves(seen["lax"]),
         strict=True,
     ):
         assert type(a) is type(b) and a == b, (a, b)
@@ -443,7 +444,7 @@ def test_ring_attention_axis_size_is_static():
     np.testing.assert_array_equal(np.asarray(out), np.asarray(x))
 
 
-# --- JAX_RCCL_LAX: on without importing jax_rccl ---------------------------------------------------
+# --- JAX_RCCL_LAX: on without importing jax_rccl ----------------------------------------------
 
 _ENV_PROGRAM = """
 import os
@@ -487,4 +488,3 @@ def test_env_switch_bad_value(tmp_path):
         timeout=300,
     )
     assert "JAX_RCCL_LAX='tpu'" in r.stderr
-
