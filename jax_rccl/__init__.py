@@ -22,6 +22,7 @@ if _importlib_util.find_spec("jax_rccl._jax_rccl") is None:
 
 from jax_rccl import planner
 from jax_rccl._export import export_checks
+from jax_rccl._export import register_stable as _register_stable
 from jax_rccl._ffi import reset_runtime_stats, runtime_stats
 from jax_rccl._jax_rccl import cpu_topology as _cpu_topology
 from jax_rccl._jax_rccl import params as _native_params
@@ -74,6 +75,9 @@ __all__ = [
     "reset_runtime_stats",
     "runtime_topology",
 ]
+
+
+_register_stable()
 
 
 def params() -> list[dict[str, str]]:

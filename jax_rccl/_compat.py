@@ -140,6 +140,14 @@ def axis_exists(name) -> bool:
     return _core.get_axis_env().axis_exists(name)
 
 
+def register_stable_custom_call_targets(names) -> None:
+    """Tell jax.export that custom calls to `names` keep a stable ABI (it then serializes them
+    without `disabled_checks`)."""
+    from jax._src.export import _export
+
+    _export._CUSTOM_CALL_TARGETS_GUARANTEED_STABLE.update(names)
+
+
 def const_like(example, value):
     """`value` typed as jax.lax types a constant next to `example`: a weakly typed Python
     scalar stays a Python scalar of its type (psum(1, axis) is a Python int), anything else a

@@ -1,12 +1,16 @@
 """jax.export of programs holding jax_rccl collectives.
 
-jax.export refuses to serialize custom calls whose targets it does not know to be stable,
-unless each target is named in ``disabled_checks``. `export_checks()` names every jax_rccl
-target::
+jax_rccl's custom calls have a versioned contract (the `abi_version` attribute, see
+`jax_rccl.lowering.ABI_VERSION`): a newer jax_rccl runs the calls of every older version, so
+importing jax_rccl registers its targets with jax.export as stable, and programs export with no
+``disabled_checks``::
 
-    exp = jax.export.export(jax.jit(f), disabled_checks=jax_rccl.export_checks())(*args)
+    exp = jax.export.export(jax.jit(f))(*args)
     blob = exp.serialize()
     jax.export.deserialize(blob).call(*args)
+
+`export_checks()` (the ``disabled_checks`` naming every target, which earlier releases needed)
+still works.
 
 The serialized program holds the attributes of each call (replica groups of physical device
 ids, the call's identity, overrides), so it is called on the devices it was exported for, by a
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import jax
 
+from jax_rccl import _compat as compat
 from jax_rccl import _ffi, _jax_rccl
 
 
@@ -25,6 +30,11 @@ def target_names() -> tuple[str, ...]:
     names = set(_ffi.TARGETS)
     names |= {n for n in _jax_rccl.cpu_ffi_targets() if n.startswith("jax_rccl_")}
     return tuple(sorted(names))
+
+
+def register_stable() -> None:
+    """Registers every jax_rccl target with jax.export as one whose ABI stays stable."""
+    compat.register_stable_custom_call_targets(target_names())
 
 
 def export_checks() -> list[jax.export.DisabledSafetyCheck]:

@@ -276,6 +276,7 @@ def _lower(ctx, operand, output, *index, axes, groups, axis_size, tuning):
         "algorithm": str(algorithm),
         "protocol": str(protocol),
         "name": label,
+        "abi_version": np.int32(L.ABI_VERSION),
     }
     attrs["call_site"] = np.int64(
         L.call_identity(

@@ -114,15 +114,18 @@ def install(platforms: Iterable[str] = PLATFORMS) -> _Installation:
     with _lock:
         before = _installed
         _uninstall_rules()
+        everywhere = _known_platforms()
         for prim, rule in _rules().items():
-            for p in platforms:
-                table = mlir._platform_specific_lowerings[p]
-                _saved[(p, prim)] = table.get(prim)
-            # ONE rule object for every platform: a multi-platform lowering (jax.export with
-            # platforms=("cpu", "cuda")) then emits one custom call, not a copy per platform.
-            shared = _with_fallback(prim, rule)
-            for p in platforms:
-                mlir.register_lowering(prim, shared, platform=p, cacheable=False)
+            # ONE rule, as JAX's default for the primitive with every platform-specific rule
+            # set aside: JAX then calls it once per call, also in a multi-platform lowering
+            # (jax.export with platforms=("cpu", "cuda") gets one custom call, not a copy per
+            # platform), and it emits jax_rccl's call on the installed platforms and XLA's
+            # rules on the others (a platform switch when the module has both kinds).
+            _saved[("", prim)] = mlir._lowerings.get(prim)
+            _saved[("uncacheable", prim)] = prim in mlir._uncacheable_primitives
+            for p in everywhere:
+                _saved[(p, prim)] = mlir._platform_specific_lowerings[p].pop(prim, None)
+            mlir.register_lowering(prim, _with_fallback(prim, rule), cacheable=False)
         _set_installed(platforms)
     _clear_caches()
     return _Installation(before, platforms)
@@ -138,6 +141,15 @@ def uninstall() -> None:
         _clear_caches()
 
 
+def _known_platforms() -> tuple[str, ...]:
+    from jax._src import xla_bridge
+
+    names = set()
+    for p in xla_bridge.known_platforms():
+        names.update(xla_bridge.expand_platform_alias(p))
+    return tuple(sorted(names | set(PLATFORMS)))
+
+
 def _set_installed(platforms: tuple[str, ...]) -> None:
     global _installed
     _installed = platforms
@@ -145,11 +157,16 @@ def _set_installed(platforms: tuple[str, ...]) -> None:
 
 def _uninstall_rules() -> None:
     for (p, prim), entry in _saved.items():
-        table = mlir._platform_specific_lowerings[p]
-        if entry is None:
-            table.pop(prim, None)
-        else:
-            table[prim] = entry
+        if p == "":
+            if entry is None:
+                mlir._lowerings.pop(prim, None)
+            else:
+                mlir._lowerings[prim] = entry
+        elif p == "uncacheable":
+            if not entry:
+                mlir._uncacheable_primitives.discard(prim)
+        elif entry is not None:
+            mlir._platform_specific_lowerings[p][prim] = entry
     _saved.clear()
 
 
@@ -204,24 +221,26 @@ class _Fallback(Exception):
 def _xla_rules(prim) -> tuple[dict[str, Callable], Callable | None]:
     """XLA's rules for `prim` as they were before install(): per platform, and the default."""
     platform_rules = {}
+    default = None
     for (p, q), entry in _saved.items():
-        if q is prim and entry is not None:
+        if q is not prim or p == "uncacheable" or entry is None:
+            continue
+        if p == "":
+            default = entry.rule
+        else:
             platform_rules[p] = entry.rule
-    for p, table in mlir._platform_specific_lowerings.items():
-        if p not in PLATFORMS and prim in table:
-            platform_rules[p] = table[prim].rule
-    default = mlir._lowerings.get(prim)
-    return platform_rules, (default.rule if default is not None else None)
+    return platform_rules, default
 
 
 def _with_fallback(prim, rule):
-    def lowering(ctx, *args, **params):
+    """The rule registered for `prim` on EVERY platform JAX knows (one object, so a
+    multi-platform lowering calls it once): jax_rccl's call on the installed platforms, XLA's
+    rules on the others (a platform switch when the module is lowered for both kinds)."""
+
+    def ours(ctx, *args, **params):
         platforms = L.module_platforms_of(ctx)
         why = None
-        ours = [p for p in platforms if p in _installed]
-        if len(ours) != len(platforms):
-            why = f"platform(s) {tuple(p for p in platforms if p not in _installed)}"
-        elif not compat.is_spmd_context(ctx.module_context.axis_context):
+        if not compat.is_spmd_context(ctx.module_context.axis_context):
             why = "an axis context outside shard_map and pmap"
         elif any(p in L.GPU_PLATFORMS for p in platforms) and not L.gpu_runtime_for(ctx):
             why = "no jax_rccl GPU runtime in this build"
@@ -231,16 +250,34 @@ def _with_fallback(prim, rule):
             except _Fallback as e:
                 why = str(e)
         _say_once(f"jax.lax.{prim.name}: XLA's lowering kept ({why})")
+        return _xla(ctx, *args, **params)
+
+    def _xla(ctx, *args, **params):
         platform_rules, default = _xla_rules(prim)
+        return _per_platform(ctx, platform_rules, default, *args, **params)
+
+    def _per_platform(ctx, platform_rules, default, *args, **params):
+        effects = ctx.jaxpr_eqn_ctx.effects if hasattr(ctx.jaxpr_eqn_ctx, "effects") else set()
         return mlir.lower_per_platform(
-            ctx,
+            ctx.replace(avals_out=list(ctx.avals_out)),
             prim.name,
             platform_rules,
             default,
-            ctx.effects if hasattr(ctx, "effects") else set(),
+            effects,
             *args,
             **params,
         )
+
+    def lowering(ctx, *args, **params):
+        platforms = L.module_platforms_of(ctx)
+        mine = [p for p in platforms if p in _installed]
+        if len(mine) == len(platforms):
+            return ours(ctx, *args, **params)
+        if not mine:
+            return _xla(ctx, *args, **params)
+        platform_rules, default = _xla_rules(prim)
+        platform_rules.update({p: ours for p in mine})
+        return _per_platform(ctx, platform_rules, default, *args, **params)
 
     lowering.__name__ = f"jax_rccl_lax_{prim.name}"
     return lowering

@@ -36,6 +36,11 @@ mlir = compat.mlir
 SUPPORTED_PLATFORMS = ("cpu", "cuda", "rocm")
 GPU_PLATFORMS = ("cuda", "rocm")
 
+#: The version of the custom calls' contract this lowering writes (`abi_version`, read by
+#: ffi/handlers/common.h: DecodeCallAttrs, which also runs every older version: a program
+#: serialized with jax.export keeps running on newer jax_rccl releases).
+ABI_VERSION = 2
+
 #: The `op` attribute: each reduction op's code, as the native side numbers them.
 OP_CODES = {op: i for i, op in enumerate(_jax_rccl.reduction_ops())}
 
@@ -216,6 +221,7 @@ def lower_collective(
         "algorithm": str(algorithm),
         "protocol": str(protocol),
         "name": name,
+        "abi_version": np.int32(ABI_VERSION),
     }
     # all_reduce keeps its leaves' shapes (row-major): a reshape between a parameter and the call
     # would be a bitcast, across which XLA does not run the call in the parameter's buffer.

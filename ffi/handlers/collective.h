@@ -128,20 +128,10 @@ xla::ffi::Error GuardExecute(const char* who, Counter* errors, Run&& run) {
   }
 }
 
-// The instantiate binding of every target (the attributes in the contract's order).
+// The instantiate binding of every target: the attributes as one dictionary, read by
+// `DecodeCallAttrs` (the contract's ABI versions, kAbiVersion).
 inline auto InstantiateAttrs() {
-  return xla::ffi::Ffi::BindInstantiate()
-      .Attr<xla::ffi::Span<const int64_t>>("replica_groups")
-      .Attr<int64_t>("group_size")
-      .Attr<int32_t>("op")
-      .Attr<int32_t>("premul")
-      .Attr<double>("premul_value")
-      .Attr<int64_t>("root")
-      .Attr<xla::ffi::Span<const int64_t>>("perm")
-      .Attr<std::string_view>("algorithm")
-      .Attr<std::string_view>("protocol")
-      .Attr<int64_t>("call_site")
-      .Attr<std::string_view>("name");
+  return xla::ffi::Ffi::BindInstantiate().Attrs<xla::ffi::Dictionary>();
 }
 
 // One device's part of a call site's state, as every platform keeps it.
@@ -231,15 +221,11 @@ class Collective {
   using Call = typename B::Call;
 
   template <Kind K>
-  static xla::ffi::ErrorOr<std::unique_ptr<State>> Instantiate(
-      xla::ffi::Span<const int64_t> groups, int64_t groupSize, int32_t op, int32_t premul,
-      double premulValue, int64_t root, xla::ffi::Span<const int64_t> perm,
-      std::string_view algorithm, std::string_view protocol, int64_t callSite,
-      std::string_view name) {
+  static xla::ffi::ErrorOr<std::unique_ptr<State>> Instantiate(xla::ffi::Dictionary attrs) {
     return GuardInstantiate<State>(B::kInstantiateWho, [&]() -> StatusOr<std::unique_ptr<State>> {
       auto st = std::make_unique<State>();
-      JR_CHECK(ParseCallAttrs(K, groups, groupSize, op, premul, premulValue, root, perm, algorithm,
-                              protocol, callSite, name, st.get()));
+      JR_CHECK(DecodeCallAttrs(K, attrs, st.get()));
+      const std::string protocol = st->protocolText;
       B::Configure(*st, protocol);
       for (size_t g = 0; g < st->groups.size(); ++g) {
         for (int r = 0; r < static_cast<int>(st->groups[g].size()); ++r) {

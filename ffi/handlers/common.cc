@@ -206,6 +206,48 @@ Status ParseCallAttrs(Kind kind, ffi::Span<const int64_t> groups, int64_t groupS
   return Status::Ok();
 }
 
+namespace {
+
+// One attribute of the call's dictionary, or an error naming it.
+template <typename T>
+StatusOr<T> AttrOf(const ffi::Dictionary& attrs, const char* name) {
+  JR_REQUIRE(attrs.contains(name), Code::kInvalidArgument, "the call has no attribute '", name,
+             "' (a program lowered by another jax_rccl release?)");
+  auto v = attrs.get<T>(name);
+  JR_REQUIRE(v.has_value(), Code::kInvalidArgument, "attribute '", name,
+             "' has the wrong type: ", v.error().message());
+  return *v;
+}
+
+}  // namespace
+
+Status DecodeCallAttrs(Kind kind, const ffi::Dictionary& attrs, CallAttrs* out) {
+  int version = kOldestAbiVersion;
+  if (attrs.contains("abi_version")) {
+    JR_ASSIGN_OR_RETURN(int32_t v, AttrOf<int32_t>(attrs, "abi_version"));
+    version = v;
+  }
+  JR_REQUIRE(version >= kOldestAbiVersion && version <= kAbiVersion, Code::kInvalidArgument,
+             "this program's jax_rccl calls were lowered for contract version ", version,
+             "; this jax_rccl runs versions ", kOldestAbiVersion, " to ", kAbiVersion,
+             " (install the jax_rccl release that exported it, or a newer one)");
+  JR_ASSIGN_OR_RETURN(auto groups, AttrOf<ffi::Span<const int64_t>>(attrs, "replica_groups"));
+  JR_ASSIGN_OR_RETURN(int64_t groupSize, AttrOf<int64_t>(attrs, "group_size"));
+  JR_ASSIGN_OR_RETURN(int32_t op, AttrOf<int32_t>(attrs, "op"));
+  JR_ASSIGN_OR_RETURN(int32_t premul, AttrOf<int32_t>(attrs, "premul"));
+  JR_ASSIGN_OR_RETURN(double premulValue, AttrOf<double>(attrs, "premul_value"));
+  JR_ASSIGN_OR_RETURN(int64_t root, AttrOf<int64_t>(attrs, "root"));
+  JR_ASSIGN_OR_RETURN(auto perm, AttrOf<ffi::Span<const int64_t>>(attrs, "perm"));
+  JR_ASSIGN_OR_RETURN(std::string_view algorithm, AttrOf<std::string_view>(attrs, "algorithm"));
+  JR_ASSIGN_OR_RETURN(std::string_view protocol, AttrOf<std::string_view>(attrs, "protocol"));
+  JR_ASSIGN_OR_RETURN(int64_t callSite, AttrOf<int64_t>(attrs, "call_site"));
+  JR_ASSIGN_OR_RETURN(std::string_view name, AttrOf<std::string_view>(attrs, "name"));
+  out->abiVersion = version;
+  out->protocolText = std::string(protocol);
+  return ParseCallAttrs(kind, groups, groupSize, op, premul, premulValue, root, perm, algorithm,
+                        protocol, callSite, name, out);
+}
+
 Status ReadLeaves(const CallAttrs& attrs, const ffi::RemainingArgs& args,
                   const ffi::RemainingRets& rets, Leaves* leaves) {
   const std::string& who = attrs.name;

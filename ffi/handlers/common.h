@@ -64,7 +64,19 @@ struct CallAttrs {
   Params params;
   int64_t callSite = 0;
   std::string name;
+  std::string protocolText;  // the `protocol` attribute as written
+  int abiVersion = 1;        // the contract version the program was lowered with
 };
+
+// The versions of the contract this runtime runs. 1: the attributes below without `abi_version`
+// (programs serialized before it existed); 2: the same with `abi_version` = 2. A program of a
+// newer version fails at instantiate naming both versions.
+inline constexpr int kAbiVersion = 2;
+inline constexpr int kOldestAbiVersion = 1;
+
+// Reads every attribute of the contract from a call's dictionary (`abi_version` optional:
+// absent means 1), then validates them as ParseCallAttrs does.
+Status DecodeCallAttrs(Kind kind, const xla::ffi::Dictionary& attrs, CallAttrs* out);
 
 // Validates the attributes into `out` (every error names the argument and the allowed values).
 Status ParseCallAttrs(Kind kind, xla::ffi::Span<const int64_t> groups, int64_t groupSize,
