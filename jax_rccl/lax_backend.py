@@ -562,3 +562,109 @@ def _rules() -> dict:
         "precv_p": _precv_rule,
     }
     return {getattr(lax_parallel, k): v for k, v in table.items() if hasattr(lax_parallel, k)}
+
+
+# --- jax_rccl's own primitives on a platform without a jax_rccl runtime ---------------------------
+# A multi-platform export (platforms=("cpu", "tpu")) of a program written with jax_rccl's own
+# functions: XLA's collective for the platforms without a runtime, through jax.lax's rules.
+
+
+def xla_rule(name: str) -> Callable:
+    """jax.lax's own (XLA's) default rule for the primitive `name` of jax.lax, also while
+    install() has replaced it."""
+    from jax._src.lax import parallel as lax_parallel
+
+    prim = getattr(lax_parallel, name)
+    entry = _saved.get(("", prim), mlir._lowerings.get(prim))
+    if entry is None:
+        raise NotImplementedError(f"jax.lax has no default lowering for {name}")
+    return entry.rule
+
+
+def _per_leaf(ctx, leaves, rule, **params):
+    outs = []
+    for x, a, o in zip(leaves, ctx.avals_in, ctx.avals_out, strict=False):
+        outs.extend(rule(ctx.replace(avals_in=[a], avals_out=[o]), x, **params))
+    return outs
+
+
+def own_xla_rule(kind: str) -> Callable:
+    """The XLA lowering of jax_rccl's own primitive of `kind` (its parameters as the primitive
+    binds them), for platforms without a jax_rccl runtime."""
+
+    def unsupported(what):
+        raise NotImplementedError(
+            f"jax_rccl: {what} has no XLA equivalent for a platform without a jax_rccl runtime"
+        )
+
+    def all_reduce(ctx, *args, axes, groups, op, premul, premul_value, invariant, tuning):
+        del premul_value, invariant, tuning
+        if premul or op not in ("sum", "max", "min"):
+            unsupported(f"all_reduce(op={op!r}, premul={bool(premul)})")
+        name = {"sum": "psum_p", "max": "pmax_p", "min": "pmin_p"}[op]
+        return xla_rule(name)(ctx, *args, axes=tuple(axes), axis_index_groups=groups)
+
+    def all_gather(ctx, *leaves, axes, groups, axis_size, tuning, **typing):
+        del tuning, typing
+        return _per_leaf(
+            ctx,
+            leaves,
+            xla_rule("all_gather_p"),
+            all_gather_dimension=0,
+            axis_name=tuple(axes),
+            axis_index_groups=groups,
+            axis_size=axis_size,
+            tiled=False,
+        )
+
+    def reduce_scatter(ctx, *leaves, axes, groups, axis_size, tuning, **typing):
+        del tuning, typing
+        return _per_leaf(
+            ctx,
+            leaves,
+            xla_rule("reduce_scatter_p"),
+            scatter_dimension=0,
+            axis_name=tuple(axes),
+            axis_index_groups=groups,
+            axis_size=axis_size,
+            tiled=False,
+        )
+
+    def all_to_all(ctx, *leaves, axes, groups, axis_size, tuning):
+        del axis_size, tuning
+        return _per_leaf(
+            ctx,
+            leaves,
+            xla_rule("all_to_all_p"),
+            split_axis=0,
+            concat_axis=0,
+            axis_name=tuple(axes),
+            axis_index_groups=groups,
+            tiled=False,
+        )
+
+    def ppermute(ctx, *leaves, axes, perm, tuning):
+        del tuning
+        return _per_leaf(ctx, leaves, xla_rule("ppermute_p"), axis_name=tuple(axes), perm=perm)
+
+    def broadcast(ctx, *leaves, axes, groups, root, tuning):
+        del tuning
+        if groups is not None:
+            unsupported("pbroadcast with axis_index_groups")
+        from jax._src.lax import parallel as lax_parallel
+
+        return _per_leaf(
+            ctx, leaves, lax_parallel._pbroadcast_lowering, axis_name=tuple(axes), source=root
+        )
+
+    rules = {
+        "all_reduce": all_reduce,
+        "all_gather": all_gather,
+        "reduce_scatter": reduce_scatter,
+        "all_to_all": all_to_all,
+        "ppermute": ppermute,
+        "broadcast": broadcast,
+    }
+    if kind not in rules:
+        return lambda ctx, *a, **p: unsupported(f"jax_rccl's {kind}")
+    return rules[kind]

@@ -376,23 +376,18 @@ def label(api, axes):
     return f"{api} over {tuple(axes)!r}"
 
 
-def platform_rule(prim, rule, supported=SUPPORTED_PLATFORMS):
+def platform_rule(prim, rule, supported=SUPPORTED_PLATFORMS, xla=None):
     """`rule` for every platform a module is lowered for: ONE rule, so that JAX's multi-platform
     lowering (jax.export(..., platforms=("cpu", "cuda"))) emits the custom calls once, not one
     copy per platform under a conditional (the calls then stay chained in program order; each
-    platform registers the same targets). Raises NotImplementedError for a platform outside
-    `supported` (the platforms whose runtime has `prim`'s custom call); a GPU platform needs the
-    GPU runtime in this build, except when lowering for jax.export (the program is compiled where
-    it is called)."""
+    platform registers the same targets). A platform outside `supported` (the platforms whose
+    runtime has `prim`'s custom call) gets `xla(ctx, *args, **params)` (XLA's equivalent
+    collective: a platform switch in a program lowered for both kinds), or NotImplementedError
+    without one; a GPU platform needs the GPU runtime in this build, except when lowering for
+    jax.export (the program is compiled where it is called)."""
 
-    def lowering(ctx, *args, **params):
+    def ours(ctx, *args, **params):
         platforms = module_platforms_of(ctx)
-        unsupported = [p for p in platforms if p not in supported]
-        if unsupported:
-            raise NotImplementedError(
-                f"{prim.name}: no jax_rccl runtime for platform(s) {tuple(unsupported)}; "
-                f"supported: {tuple(supported)}"
-            )
         gpus = tuple(p for p in platforms if p in GPU_PLATFORMS)
         if gpus and not compat.lowering_for_export(ctx):
             if not _runtime().gpu_platform():
@@ -403,12 +398,38 @@ def platform_rule(prim, rule, supported=SUPPORTED_PLATFORMS):
                 )
         return rule(ctx, *args, **params)
 
+    def lowering(ctx, *args, **params):
+        platforms = module_platforms_of(ctx)
+        unsupported = [p for p in platforms if p not in supported]
+        if not unsupported:
+            return ours(ctx, *args, **params)
+        if xla is None:
+            raise NotImplementedError(
+                f"{prim.name}: no jax_rccl runtime for platform(s) {tuple(unsupported)}; "
+                f"supported: {tuple(supported)}"
+            )
+        rules = {p: (xla if p in unsupported else ours) for p in platforms}
+        if len(unsupported) == len(platforms):
+            return xla(ctx, *args, **params)
+        effects = getattr(ctx.jaxpr_eqn_ctx, "effects", set())
+        return mlir.lower_per_platform(
+            ctx.replace(avals_out=list(ctx.avals_out)),
+            prim.name,
+            rules,
+            None,
+            effects,
+            *args,
+            **params,
+        )
+
     return lowering
 
 
-def register(prim, rule, supported=SUPPORTED_PLATFORMS):
+def register(prim, rule, supported=SUPPORTED_PLATFORMS, xla=None):
     """Register `rule(ctx, *args, **params)` as `prim`'s lowering for every platform (see
-    `platform_rule`). cacheable=False: JAX would otherwise reuse one lowering for equal equations
-    of a module, and two calls would share one custom call (each needs its own place in the
-    program order)."""
-    mlir.register_lowering(prim, platform_rule(prim, rule, supported), cacheable=False)
+    `platform_rule`; `xla`: the rule of platforms without a jax_rccl runtime).
+
+    cacheable=False, by choice: JAX would otherwise lower equal equations of a module once and
+    call the result for each, so two calls of the program would share one custom call, one
+    position in the program order and one identity; each call site keeps its own."""
+    mlir.register_lowering(prim, platform_rule(prim, rule, supported, xla), cacheable=False)

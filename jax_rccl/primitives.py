@@ -61,6 +61,7 @@ from jax_rccl._prim_common import (
     check_axis_names,
     vary_over,
 )
+from jax_rccl.lax_backend import own_xla_rule
 
 # Read here by jax_rccl.api and the tests, with the primitives.
 CONVERTED_DTYPES = _prim_common.CONVERTED_DTYPES
@@ -359,7 +360,7 @@ all_reduce_p.def_effectful_abstract_eval(_all_reduce_abstract_eval)
 compat.ad.primitive_jvps[all_reduce_p] = _all_reduce_jvp
 compat.ad.primitive_transposes[all_reduce_p] = _all_reduce_transpose
 compat.batching.fancy_primitive_batchers[all_reduce_p] = _all_reduce_batch
-L.register(all_reduce_p, _all_reduce_lowering)
+L.register(all_reduce_p, _all_reduce_lowering, xla=own_xla_rule("all_reduce"))
 
 
 # --- reduce_p (sum to `root`, zeros elsewhere) <-> broadcast_p (from `root`) -----------------
@@ -430,7 +431,11 @@ compat.ad.primitive_transposes[broadcast_p] = partial(
     _linear_transpose, lambda cts, **p: reduce_p.bind(*cts, **p), broadcast_p
 )
 compat.batching.fancy_primitive_batchers[broadcast_p] = partial(_rooted_batch, broadcast_p)
-L.register(broadcast_p, partial(_rooted_lowering, kind="broadcast", api="pbroadcast"))
+L.register(
+    broadcast_p,
+    partial(_rooted_lowering, kind="broadcast", api="pbroadcast"),
+    xla=own_xla_rule("broadcast"),
+)
 
 
 # --- all_gather_p (x[s] -> y[n, s]) <-> reduce_scatter_p (x[n, s] -> y[s]) ------------------
@@ -539,7 +544,11 @@ compat.ad.primitive_transposes[all_gather_p] = partial(
     _linear_transpose, _all_gather_dual, all_gather_p
 )
 compat.batching.fancy_primitive_batchers[all_gather_p] = _all_gather_batch
-L.register(all_gather_p, partial(_moving_lowering, kind="all_gather", api="all_gather"))
+L.register(
+    all_gather_p,
+    partial(_moving_lowering, kind="all_gather", api="all_gather"),
+    xla=own_xla_rule("all_gather"),
+)
 
 
 def _leading_blocks_check(avals, axis_size, api):
@@ -637,7 +646,11 @@ compat.ad.primitive_transposes[reduce_scatter_p] = partial(
 compat.batching.fancy_primitive_batchers[reduce_scatter_p] = partial(
     _blocks_batch, reduce_scatter_p
 )
-L.register(reduce_scatter_p, partial(_moving_lowering, kind="reduce_scatter", api="psum_scatter"))
+L.register(
+    reduce_scatter_p,
+    partial(_moving_lowering, kind="reduce_scatter", api="psum_scatter"),
+    xla=own_xla_rule("reduce_scatter"),
+)
 
 
 # --- all_to_all_p (x[n, s] -> y[n, s]; its own transpose) ------------------------------------
@@ -683,7 +696,11 @@ compat.ad.primitive_transposes[all_to_all_p] = partial(
     _linear_transpose, lambda cts, **p: all_to_all_p.bind(*cts, **p), all_to_all_p
 )
 compat.batching.fancy_primitive_batchers[all_to_all_p] = partial(_blocks_batch, all_to_all_p)
-L.register(all_to_all_p, partial(_moving_lowering, kind="all_to_all", api="all_to_all"))
+L.register(
+    all_to_all_p,
+    partial(_moving_lowering, kind="all_to_all", api="all_to_all"),
+    xla=own_xla_rule("all_to_all"),
+)
 
 
 # --- ppermute_p (transpose: the inverse permutation) -----------------------------------------
@@ -772,7 +789,7 @@ compat.ad.primitive_transposes[ppermute_p] = partial(
     _linear_transpose, _ppermute_transpose_dual, ppermute_p
 )
 compat.batching.fancy_primitive_batchers[ppermute_p] = _ppermute_batch
-L.register(ppermute_p, _ppermute_lowering)
+L.register(ppermute_p, _ppermute_lowering, xla=own_xla_rule("ppermute"))
 
 
 ALL_PRIMITIVES = (

@@ -66,11 +66,11 @@ def test_export_checks_name_every_target():
 
 
 @needs_runtime
-def test_export_without_the_checks_is_refused():
+def test_export_needs_no_disabled_checks():
+    """The targets are registered with jax.export as stable (a versioned contract)."""
     mesh, x = mesh_1d(), sample((64, 4), "float32")
     fn = per_device(BODIES["psum"](jax_rccl), mesh)
-    with pytest.raises(ValueError, match="custom calls"):
-        export.export(fn)(x)
+    assert "jax_rccl_all_reduce" in export.export(fn)(x).mlir_module()
 
 
 @needs_runtime
@@ -209,9 +209,16 @@ def test_gpu_export_lowers_without_a_gpu(platforms):
         assert text.count(f"@jax_rccl_{kind}(") == 1, text
 
 
-def test_export_for_an_unsupported_platform_names_it():
+def test_export_for_a_platform_without_runtime_uses_xla_there():
     mesh, x = mesh_1d(), sample((8 * 8, 4), "float32")
     fn = per_device(BODIES["psum"](jax_rccl), mesh)
+    text = _export(fn, x, platforms=("cpu", "tpu")).mlir_module()
+    assert "jax_rccl_all_reduce" in text and "stablehlo.all_reduce" in text
+
+
+def test_export_of_preduce_for_a_platform_without_runtime_names_it():
+    mesh, x = mesh_1d(), sample((8 * 8, 4), "float32")
+    fn = per_device(lambda v: jax_rccl.preduce(v, "i", 0), mesh)
     with pytest.raises(NotImplementedError, match="no jax_rccl runtime for platform"):
         _export(fn, x, platforms=("cpu", "tpu"))
 
