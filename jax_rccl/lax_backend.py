@@ -176,25 +176,29 @@ def _clear_caches() -> None:
     jax.clear_caches()
 
 
+def platforms_of_setting(value: str) -> tuple[str, ...]:
+    """The platforms a ``JAX_RCCL_LAX`` value names: () for empty or ``0``, every platform for
+    ``1``, else its comma-separated list (a ValueError naming the variable otherwise)."""
+    value = value.strip()
+    if value in ("", "0"):
+        return ()
+    if value == "1":
+        return PLATFORMS
+    parts = tuple(p.strip() for p in value.split(","))
+    if not all(p in PLATFORMS for p in parts):
+        raise ValueError(
+            f"{ENV_VAR}={value!r} is not valid: use empty, 0, 1, or a comma-separated list of "
+            f"{', '.join(PLATFORMS)}"
+        )
+    return parts
+
+
 def initialize() -> None:
-    """The ``jax_plugins`` entry point: installs when ``JAX_RCCL_LAX`` asks for it (``1``,
-    ``true``, ``on`` or a comma-separated list of platforms). Runs while JAX starts its
-    backends, so it touches no backend."""
-    value = os.environ.get(ENV_VAR, "").strip()
-    if not value or value.lower() in ("0", "false", "off", "no"):
-        return
-    if value.lower() in ("1", "true", "on", "yes", "all"):
-        platforms: tuple[str, ...] = PLATFORMS
-    else:
-        parts = tuple(p.strip() for p in value.split(",") if p.strip())
-        bad = [p for p in parts if p not in PLATFORMS]
-        if bad or not parts:
-            raise ValueError(
-                f"{ENV_VAR}={value!r}: must be 1 (every platform), 0, or a comma-separated list "
-                f"of platforms from {PLATFORMS}"
-            )
-        platforms = parts
-    install(platforms)
+    """The ``jax_plugins`` entry point: installs when ``JAX_RCCL_LAX`` asks for it. JAX calls it
+    while it starts its backends, so it touches no backend."""
+    platforms = platforms_of_setting(os.environ.get(ENV_VAR, ""))
+    if platforms:
+        install(platforms)
 
 
 # --- fallback -----------------------------------------------------------------------------------
@@ -542,22 +546,91 @@ def _precv_rule(ctx, token, *, out_shape, axis_name, perm, **_):
     return [received]
 
 
+# --- element types the runtime does not carry ------------------------------------------------
+# bool travels as uint8 (max and min of 0/1 are jax.lax's or and and); complex as its real and
+# imaginary parts on a new innermost axis of 2 (sums add the parts; data moves untouched). Each
+# rule runs on the carried types and its results are converted back.
+
+
+def _carried(aval):
+    dt = np.dtype(aval.dtype)
+    if dt == np.bool_:
+        return aval.update(dtype=np.dtype(np.uint8))
+    if np.issubdtype(dt, np.complexfloating):
+        part = np.float32 if dt == np.complex64 else np.float64
+        return aval.update(shape=(*aval.shape, 2), dtype=np.dtype(part))
+    return aval
+
+
+def _to_carried(x, aval, carried):
+    if carried is aval:
+        return x
+    t = ir.RankedTensorType(x.type)
+    elem = mlir.dtype_to_ir_type(np.dtype(carried.dtype))
+    if np.dtype(aval.dtype) == np.bool_:
+        return hlo.convert(ir.RankedTensorType.get(list(t.shape), elem), x)
+    part_t = ir.RankedTensorType.get([*t.shape, 1], elem)
+    re = hlo.reshape(part_t, hlo.real(x))
+    im = hlo.reshape(part_t, hlo.imag(x))
+    return hlo.concatenate([re, im], ir.IntegerAttr.get(ir.IntegerType.get_signless(64), t.rank))
+
+
+def _from_carried(y, aval, carried):
+    if carried is aval:
+        return y
+    shape = [int(d) for d in aval.shape]
+    out_t = ir.RankedTensorType.get(shape, mlir.dtype_to_ir_type(np.dtype(aval.dtype)))
+    if np.dtype(aval.dtype) == np.bool_:
+        return hlo.convert(out_t, y)
+    elem = mlir.dtype_to_ir_type(np.dtype(carried.dtype))
+    idx = ir.DenseI64ArrayAttr.get
+    rank = len(shape)
+    parts = []
+    for k in (0, 1):
+        part = hlo.SliceOp(y, idx([0] * rank + [k]), idx([*shape, k + 1]), idx([1] * (rank + 1)))
+        parts.append(hlo.reshape(ir.RankedTensorType.get(shape, elem), part.result))
+    return hlo.complex(*parts)
+
+
+def _carry_types(rule, *, n_data=None, reduction=None):
+    """`rule` run on carried element types (the first `n_data` operands; all by default).
+    `reduction`: the op of a reduction rule, for which complex takes sums only."""
+
+    def wrapped(ctx, *args, **params):
+        n = len(args) if n_data is None else n_data
+        ins = list(ctx.avals_in)
+        carried_in = [_carried(a) if i < n else a for i, a in enumerate(ins)]
+        if all(c is a for c, a in zip(carried_in, ins, strict=True)):
+            return rule(ctx, *args, **params)
+        if reduction not in (None, "sum") and any(
+            np.issubdtype(np.dtype(a.dtype), np.complexfloating) for a in ins[:n]
+        ):
+            raise _Fallback(f"{reduction} of complex values")
+        outs = list(ctx.avals_out)
+        carried_out = [_carried(a) for a in outs]
+        args = [_to_carried(x, a, c) for x, a, c in zip(args, ins, carried_in, strict=True)]
+        ys = rule(ctx.replace(avals_in=carried_in, avals_out=carried_out), *args, **params)
+        return [_from_carried(y, a, c) for y, a, c in zip(ys, outs, carried_out, strict=True)]
+
+    return wrapped
+
+
 def _rules() -> dict:
     """jax.lax's collective primitives of the running JAX and jax_rccl's rule for each."""
     from jax._src.lax import parallel as lax_parallel
 
     table = {
-        "psum_p": _reduction_rule("sum", "psum"),
-        "pmax_p": _reduction_rule("max", "pmax"),
-        "pmin_p": _reduction_rule("min", "pmin"),
-        "psum_invariant_p": _reduction_rule("sum", "psum"),
-        "all_gather_p": _all_gather_rule,
-        "all_gather_invariant_p": _all_gather_rule,
-        "reduce_scatter_p": _psum_scatter_rule,
-        "all_to_all_p": _all_to_all_rule,
-        "ppermute_p": _ppermute_rule,
-        "pbroadcast_p": _pbroadcast_rule,
-        "ragged_all_to_all_p": _ragged_rule,
+        "psum_p": _carry_types(_reduction_rule("sum", "psum"), reduction="sum"),
+        "pmax_p": _carry_types(_reduction_rule("max", "pmax"), reduction="max"),
+        "pmin_p": _carry_types(_reduction_rule("min", "pmin"), reduction="min"),
+        "psum_invariant_p": _carry_types(_reduction_rule("sum", "psum"), reduction="sum"),
+        "all_gather_p": _carry_types(_all_gather_rule),
+        "all_gather_invariant_p": _carry_types(_all_gather_rule),
+        "reduce_scatter_p": _carry_types(_psum_scatter_rule, reduction="sum"),
+        "all_to_all_p": _carry_types(_all_to_all_rule),
+        "ppermute_p": _carry_types(_ppermute_rule),
+        "pbroadcast_p": _carry_types(_pbroadcast_rule),
+        "ragged_all_to_all_p": _carry_types(_ragged_rule, n_data=2),
         "psend_p": _psend_rule,
         "precv_p": _precv_rule,
     }

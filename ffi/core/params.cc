@@ -107,6 +107,18 @@ StatusOr<Params> LoadValidParams() {
   if (p.transport != "auto" && p.transport != "shm" && p.transport != "socket") {
     return bad("JAX_RCCL_TRANSPORT", "auto, shm, socket");
   }
+  if (!p.lax.empty() && p.lax != "0" && p.lax != "1") {
+    std::string rest = p.lax;
+    bool ok = true;
+    while (ok) {
+      const size_t comma = rest.find(',');
+      const std::string item = rest.substr(0, comma);
+      ok = item == "cpu" || item == "cuda" || item == "rocm";
+      if (comma == std::string::npos) break;
+      rest = rest.substr(comma + 1);
+    }
+    if (!ok) return bad("JAX_RCCL_LAX", "empty, 0, 1, or a comma-separated list of cpu, cuda, rocm");
+  }
   if (!p.net_trace.empty()) {
     struct stat st;
     if (stat(p.net_trace.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) ||

@@ -67,7 +67,11 @@ namespace jax_rccl {
     "per channel and direction; every process of a group sets the same")                          \
   X(hostname, "JAX_RCCL_HOSTNAME", String, "",                                                    \
     "Host name this process gives its peers (processes with the same one share memory); empty: "  \
-    "the machine's host name. Tests set it to run one machine's processes as several hosts")
+    "the machine's host name. Tests set it to run one machine's processes as several hosts")      \
+  X(lax, "JAX_RCCL_LAX", String, "",                                                              \
+    "1: jax.lax's collectives run on jax_rccl (jax_rccl.install()) in every program, also one "   \
+    "that never imports jax_rccl; a comma-separated list of cpu, cuda, rocm: on those platforms; " \
+    "empty or 0: off")
 
 struct Params {
 #define JAX_RCCL_PARAM_FIELD_Int(name, def) int64_t name = def;

@@ -138,6 +138,46 @@ def test_dtypes(dtype):
     both(smap(body, mesh, P("i"), (P(), P(), P("i"))), x)
 
 
+@pytest.mark.parametrize("dtype", [np.bool_, np.complex64, np.complex128])
+def test_types_the_runtime_carries_converted(dtype):
+    """bool moves as uint8 (pmax/pmin: or/and), complex as its two parts (sums add them)."""
+    mesh = mesh_1d()
+    rng = np.random.default_rng(3)
+    z = rng.standard_normal((8, 5)) + 1j * rng.standard_normal((8, 5))
+    if dtype == np.bool_:
+        x = jnp.asarray(rng.integers(0, 2, size=(8, 5)).astype(bool))
+
+        def body(v):
+            return (
+                lax.pmax(v, "i"),
+                lax.pmin(v, "i"),
+                lax.all_gather(v, "i", tiled=True),
+                lax.ppermute(v, "i", PERM),
+                lax.all_to_all(jnp.tile(v, (8, 1)), "i", 0, 0, tiled=True),
+            )
+
+        outs = (P(), P(), P("i"), P("i"), P("i"))
+    else:
+        x = jnp.asarray(
+            (rng.standard_normal((8, 5)) + 1j * rng.standard_normal((8, 5))).astype(dtype)
+        )
+
+        def body(v):
+            return (
+                lax.psum(v, "i"),
+                lax.all_gather(v, "i", axis=1, tiled=True),
+                lax.psum_scatter(jnp.tile(v, (8, 1)), "i", tiled=True),
+                lax.ppermute(v, "i", PERM),
+            )
+
+        outs = (P(), P("i"), P("i"), P("i"))
+    with jax.enable_x64(dtype == np.complex128):
+        if dtype != np.bool_:
+            x = jnp.asarray(z.astype(dtype))
+            assert x.dtype == dtype
+        both(smap(body, mesh, P("i"), outs), x)
+
+
 @pytest.mark.parametrize("shape", [(8,), (8, 1), (8, 3, 5), (16, 7)])
 def test_shapes(shape):
     mesh = mesh_1d()
