@@ -528,3 +528,57 @@ def test_env_switch_bad_value(tmp_path):
         timeout=300,
     )
     assert "JAX_RCCL_LAX='tpu'" in r.stderr
+
+
+# --- every data-moving primitive under each transformation ---------------------------------------
+
+TRANSFORMED = ["psum", "pmax", "all_gather_tiled", "psum_scatter", "all_to_all", "ppermute"]
+
+
+def _vmapped(body):
+    return lambda v: jax.vmap(body)(jnp.stack([v, 2 * v]))
+
+
+def _grad(body):
+    def f(v):
+        return jax.grad(lambda u: jnp.sum(jnp.sin(body(u))))(v)
+
+    return f
+
+
+def _scanned(body):
+    def f(v):
+        def step(c, _):
+            return c + body(v), None
+
+        out, _ = lax.scan(step, jnp.zeros_like(body(v)), None, length=2)
+        return out
+
+    return f
+
+
+@pytest.mark.parametrize("transform", ["vmap", "grad", "scan"])
+@pytest.mark.parametrize("name", TRANSFORMED)
+def test_transformed(name, transform):
+    if (name, transform) == ("pmax", "grad"):
+        pytest.skip("jax.lax has no differentiation rule for pmax")
+    body, _ = BODIES[name]
+    wrap = {"vmap": _vmapped, "grad": _grad, "scan": _scanned}[transform]
+    both(smap(wrap(body), mesh_1d(), P("i"), P("i"), check_vma=False), _x((8, 6)))
+
+
+def test_pmap_moving_primitives():
+    x = _x((8, 8, 3))
+
+    def make():
+        return jax.pmap(
+            lambda v: (
+                lax.psum_scatter(v, "i", tiled=True),
+                lax.all_to_all(v, "i", 0, 0, tiled=True),
+                lax.pmax(v, "i"),
+                jax.grad(lambda u: jnp.sum(lax.all_gather(u, "i") ** 2))(v),
+            ),
+            axis_name="i",
+        )
+
+    both(make, x)
