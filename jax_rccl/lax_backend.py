@@ -675,7 +675,7 @@ def own_xla_rule(kind: str) -> Callable:
         if premul or op not in ("sum", "max", "min"):
             unsupported(f"all_reduce(op={op!r}, premul={bool(premul)})")
         name = {"sum": "psum_p", "max": "pmax_p", "min": "pmin_p"}[op]
-        return xla_rule(name)(ctx, *args, axes=tuple(axes), axis_index_groups=groups)
+        return _per_leaf(ctx, args, xla_rule(name), axes=tuple(axes), axis_index_groups=groups)
 
     def all_gather(ctx, *leaves, axes, groups, axis_size, tuning, **typing):
         del tuning, typing

@@ -149,3 +149,19 @@ def test_own_primitives_export_for_a_platform_without_runtime():
     for op in ("stablehlo.all_reduce", "stablehlo.all_gather", "stablehlo.collective_permute"):
         assert op in text, op
     _check(_call(exp, _x()), _x())
+
+
+def test_grouped_call_exports_for_a_platform_without_runtime():
+    """A pytree psum is one grouped call on the CPU and one XLA all-reduce per leaf elsewhere."""
+    mesh = mesh_1d()
+    f = jax.jit(
+        jax.shard_map(
+            lambda v: jax_rccl.psum((v, 2 * v), "i"), mesh=mesh, in_specs=P("i"), out_specs=P()
+        )
+    )
+    exp = export.export(f, platforms=("cpu", "tpu"))(_x())
+    assert exp.mlir_module().count("stablehlo.all_reduce") == 2
+    a, b = _call(exp, _x())
+    total = np.asarray(_x()).reshape(8, 8, 3).sum(0)
+    np.testing.assert_array_equal(np.asarray(a), total)
+    np.testing.assert_array_equal(np.asarray(b), 2 * total)
