@@ -4,7 +4,6 @@ jit(shard_map) next to its jax.lax twin, and comparing the two."""
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
 
 import jax
@@ -20,22 +19,10 @@ import jax_rccl
 os.environ.setdefault("JAX_RCCL_TIMEOUT", "60")
 
 
-@functools.cache
-def runtime_available() -> bool:
-    """True once the CPU runtime behind the custom calls is built and registers."""
-    try:
-        from jax_rccl import _ffi
-
-        _ffi.ensure_registered()
-        return True
-    except Exception:  # noqa: BLE001 - not built yet (or broken): execution tests skip
-        return False
-
-
-needs_runtime = pytest.mark.skipif(
-    not runtime_available(),
-    reason="the jax_rccl CPU runtime is not built into the installed package",
-)
+# The CPU runtime registered with JAX (tests/jax/conftest.py: `registered_runtime`). It is part of
+# every build, so a registration that fails (a broken build, a bad setting) fails every test that
+# needs it with the registration's own error; it never turns into skips.
+needs_runtime = pytest.mark.usefixtures("registered_runtime")
 
 
 def mesh_1d(order=None) -> Mesh:

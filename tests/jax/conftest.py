@@ -39,3 +39,11 @@ def pytest_collection_modifyitems(config, items):
     )
     for it in mine:
         it.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def registered_runtime():
+    """jax_rccl's CPU runtime registered with JAX; its error, if any, fails the test."""
+    from jax_rccl import _ffi
+
+    _ffi.ensure_registered()
