@@ -228,6 +228,22 @@ def test_axis_index_groups():
     both(smap(body, mesh, P("i"), (P("i"),) * 3, check_vma=False), x)
 
 
+def test_groups_and_scalars():
+    mesh = mesh_1d()
+    x = _x((8, 4))
+    groups = [[0, 1, 2, 3], [4, 5, 6, 7]]
+
+    def body(v):
+        return (
+            lax.all_to_all(jnp.tile(v, (4, 1)), "i", 0, 0, tiled=True, axis_index_groups=groups),
+            lax.pmin(v, "i", axis_index_groups=groups),
+            lax.all_gather(v[0, 0], "i"),
+            lax.psum(v[0, 0], "i", axis_index_groups=groups)[None],
+        )
+
+    both(smap(body, mesh, P("i"), (P("i"),) * 4, check_vma=False), x)
+
+
 def test_pmap():
     x = _x((8, 5))
 
