@@ -202,10 +202,33 @@ def world() -> dict | None:
 
 
 def runtime_stats() -> dict[str, int]:
-    """The runtime's counters: plans_built, executions, instantiations, ... (CPU and GPU
-    handlers count into the same ones), and net_*: the network proxies of GPU groups across
-    hosts (bytes each way; their connections' time, the part with every slot full and the part
-    idle: docs/multiprocess.md); GPU builds add gpu_communicators (a gauge)."""
+    """The runtime's counters since the process started (or since
+    :func:`reset_runtime_stats`), summed over every device of this process.
+
+    Returns:
+        A dict of integers: ``executions`` counts each device's run of a call, so a collective
+        over 8 devices of this process run 10 times counts 80; ``plans_built`` and
+        ``instantiations`` (once per compiled program and device), ``rendezvous_timeouts``,
+        ``mismatches`` (executions whose ranks disagreed on the call), ``errors``; the gauges
+        ``communicators`` and ``rendezvous_pending``; ``net_*``: the network proxies of GPU
+        groups across hosts (bytes each way; their connections' time, the part with every slot
+        full and the part idle: docs/multiprocess.md). GPU builds add ``gpu_communicators``.
+        CPU and GPU handlers count into the same counters. :func:`jax_rccl.profile` gives the
+        same figures per call site, with times.
+
+    Example:
+        >>> import jax, numpy as np, jax_rccl as jr
+        >>> from jax.sharding import Mesh, PartitionSpec as P
+        >>> mesh = Mesh(jax.devices(), "i")  # 8 devices
+        >>> f = jax.jit(jax.shard_map(lambda x: jr.psum(x, "i"), mesh=mesh,
+        ...                           in_specs=P("i"), out_specs=P("i")))
+        >>> _ = f(np.arange(8.0)).block_until_ready()  # compiled (and planned) here
+        >>> jr.reset_runtime_stats()
+        >>> for _ in range(10):
+        ...     _ = f(np.arange(8.0)).block_until_ready()
+        >>> jr.runtime_stats()["executions"]  # 10 calls x 8 devices
+        80
+    """
     stats = dict(_jax_rccl.runtime_stats())
     gpu = _native_gpu()
     if gpu is not None:
@@ -214,4 +237,16 @@ def runtime_stats() -> dict[str, int]:
 
 
 def reset_runtime_stats() -> None:
+    """Sets the runtime's counters (:func:`runtime_stats`) to zero; the gauges
+    (``communicators``, ``rendezvous_pending``) keep their values.
+
+    Returns:
+        None.
+
+    Example:
+        >>> import jax_rccl as jr
+        >>> jr.reset_runtime_stats()
+        >>> jr.runtime_stats()["executions"]
+        0
+    """
     _jax_rccl.reset_runtime_stats()
