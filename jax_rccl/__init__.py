@@ -21,6 +21,7 @@ if _importlib_util.find_spec("jax_rccl._jax_rccl") is None:
     )
 
 from jax_rccl import planner
+from jax_rccl._explain import Explanation, explain
 from jax_rccl._export import export_checks
 from jax_rccl._export import register_stable as _register_stable
 from jax_rccl._ffi import reset_runtime_stats, runtime_stats
@@ -70,6 +71,8 @@ __all__ = [
     "all_reduce",
     "preduce",
     "config",
+    "explain",
+    "Explanation",
     "export_checks",
     "runtime_stats",
     "reset_runtime_stats",
