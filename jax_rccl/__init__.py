@@ -27,6 +27,7 @@ from jax_rccl._export import register_stable as _register_stable
 from jax_rccl._ffi import reset_runtime_stats, runtime_stats
 from jax_rccl._jax_rccl import cpu_topology as _cpu_topology
 from jax_rccl._jax_rccl import params as _native_params
+from jax_rccl._profile import Profile, profile
 from jax_rccl._ragged import ragged_all_to_all
 from jax_rccl.api import (
     all_gather,
@@ -76,6 +77,8 @@ __all__ = [
     "export_checks",
     "runtime_stats",
     "reset_runtime_stats",
+    "profile",
+    "Profile",
     "runtime_topology",
 ]
 
