@@ -56,6 +56,11 @@ class Profile:
     time) and ``busbw_gbs`` (the bus bandwidth of NCCL's tests: algbw times 2(n-1)/n for
     all_reduce, (n-1)/n for all_gather, reduce_scatter and all_to_all, 1 otherwise).
     ``runtime_stats`` holds the differences of :func:`jax_rccl.runtime_stats` over the block.
+
+    The time is each device's wall time in the call, from the handler's entry to its return:
+    on CPU the whole collective (waiting for peers included); on GPUs the host's part (the
+    launch), not the kernel's run, and calls replayed inside a CUDA graph are not seen (nor
+    counted by runtime_stats).
     """
 
     def __init__(self) -> None:
