@@ -1,5 +1,6 @@
 #include "ffi/core/params.h"
 
+#include <arpa/inet.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -137,6 +138,21 @@ StatusOr<Params> LoadValidParams() {
       rest = rest.substr(comma + 1);
     }
     if (!ok) return bad("JAX_RCCL_LAX", "is not allowed");
+  }
+  if (!p.socket_ifaddr.empty()) {
+    unsigned char addr[sizeof(struct in6_addr)];
+    if (inet_pton(AF_INET, p.socket_ifaddr.c_str(), addr) != 1 &&
+        inet_pton(AF_INET6, p.socket_ifaddr.c_str(), addr) != 1) {
+      return bad("JAX_RCCL_SOCKET_IFADDR", "is not an IPv4 or IPv6 address");
+    }
+  }
+  if (!p.socket_ifname.empty()) {
+    // NCCL's syntax: '^' (exclude), then '=' (exact names), then comma-separated names.
+    size_t at = p.socket_ifname[0] == '^' ? 1 : 0;
+    if (at < p.socket_ifname.size() && p.socket_ifname[at] == '=') ++at;
+    if (p.socket_ifname.find_first_not_of(", \t", at) == std::string::npos) {
+      return bad("JAX_RCCL_SOCKET_IFNAME", "names no interface");
+    }
   }
   if (!p.net_trace.empty()) {
     struct stat st;

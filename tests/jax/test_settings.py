@@ -70,6 +70,8 @@ KINDS = [
     ("JAX_RCCL_PROTO", "x", "has an unknown name 'x'"),
     ("JAX_RCCL_LAX", "tpu", "is not allowed"),
     ("JAX_RCCL_NET_TRACE", "/nonexistent/folder", "is not a folder this process can write"),
+    ("JAX_RCCL_SOCKET_IFADDR", "my-host", "is not an IPv4 or IPv6 address"),
+    ("JAX_RCCL_SOCKET_IFNAME", "^=", "names no interface"),
 ]
 
 
@@ -93,6 +95,9 @@ def test_every_bad_setting_is_the_same_value_error(monkeypatch, var, value, prob
         ("JAX_RCCL_ALGO", "^Tree"),
         ("JAX_RCCL_PROTO", "LL,Simple"),
         ("JAX_RCCL_LAX", "cpu,cuda"),
+        ("JAX_RCCL_SOCKET_IFADDR", "127.0.0.1"),
+        ("JAX_RCCL_SOCKET_IFADDR", "::1"),
+        ("JAX_RCCL_SOCKET_IFNAME", "^docker,lo"),
     ],
 )
 def test_good_values_are_taken(monkeypatch, var, value):
