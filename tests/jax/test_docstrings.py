@@ -52,6 +52,13 @@ def _public_functions() -> dict[str, object]:
 
 PUBLIC = _public_functions()
 CHECKED = sorted(n for n in PUBLIC if n.rsplit(".", 1)[1] not in DOCUMENTED_ELSEWHERE)
+#: The classes jax_rccl's functions return (Explanation, Profile): documented, with every public
+#: method; their examples are those of the functions that make them.
+RESULT_CLASSES = {
+    f"jax_rccl.{n}": getattr(jax_rccl, n)
+    for n in jax_rccl.__all__
+    if inspect.isclass(getattr(jax_rccl, n))
+}
 
 
 def test_the_public_api_is_listed():
@@ -80,11 +87,16 @@ def test_every_public_function_has_a_full_docstring(name):
         assert "Differences from jax.lax" in doc, f"{name}: no comparison with jax.lax"
 
 
-@pytest.mark.parametrize("name", sorted(PUBLIC))
+def test_the_result_classes_are_listed():
+    assert set(RESULT_CLASSES) == {"jax_rccl.Explanation", "jax_rccl.Profile"}
+
+
+@pytest.mark.parametrize("name", sorted({**PUBLIC, **RESULT_CLASSES}))
 def test_the_public_methods_have_docstrings(name):
-    obj = PUBLIC[name]
+    obj = {**PUBLIC, **RESULT_CLASSES}[name]
     if not inspect.isclass(obj):
         return
+    assert inspect.getdoc(obj), f"{name} has no docstring"
     for attr, member in vars(obj).items():
         if attr.startswith("_") or not callable(getattr(obj, attr)):
             continue
