@@ -208,10 +208,19 @@ def _topology(platform: str, devices: list, n: int) -> tuple[_planner.Topology, 
     """The topology the runtime plans a group of `n` `devices` with, and a note when the figure
     is the single-process one standing in for another."""
     if platform != "cpu":
-        raise NotImplementedError(
-            f"jax_rccl.explain: plans of the {platform} runtime are not shown yet (its topology "
-            "is built where the communicator starts); jax_rccl.planner.plan with a preset shows "
-            "a GPU machine's plans"
+        gpu = _ffi._native_gpu()
+        if gpu is None:
+            raise NotImplementedError(
+                f"jax_rccl.explain: the program runs on {platform}, and this jax_rccl build has "
+                "no GPU runtime (build it with JAX_RCCL_GPU=cuda or rocm)"
+            )
+        # The topology the GPU runtime starts a group of one host from (ffi/gpu/comm.cc:
+        # GpuTopology): its build's architecture, LL128 where its device code has it.
+        arch = "gfx942" if gpu.build_info().startswith("HIP") else "sm90"
+        native = _jax_rccl.gpu_topology(n, 1, arch, bool(gpu.has_ll128()))
+        return (
+            _planner.Topology.from_native(native),
+            "the GPU runtime's starting topology (a communicator may keep fewer channels)",
         )
     topo = _planner.Topology.from_native(_jax_rccl.cpu_topology(n))
     processes = {getattr(d, "process_index", 0) for d in devices}
@@ -335,6 +344,7 @@ def explain(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Explanation:
         first = [int(d) for d in groups[0] if d >= 0]
         devices = [by_id[d] for d in first if d in by_id]
         platform = devices[0].platform if devices else jax.default_backend()
+        platform = "cpu" if platform == "cpu" else platform.lower()
         topo, topo_note = _topology(platform, devices, n)
         perm = attrs.get("perm", [])
         rank = int(perm[0]) if kind == "ppermute" and perm else 0

@@ -157,3 +157,25 @@ def test_the_plans_are_the_runtimes():
         want = ran[key]
         assert want[0] == coll and want[2] == proto and want[3] == nch, (key, want)
         assert want[1] == (algo if coll not in ("send", "recv") else "p2p"), (key, want)
+
+
+def test_gpu_plans_use_the_gpu_runtimes_topology(monkeypatch):
+    """On a GPU the topology is the GPU runtime's (its build's architecture, LL128 where its
+    device code has it); without a GPU runtime in the build, the error says so."""
+    from jax_rccl import _explain, _ffi
+
+    monkeypatch.setattr(_ffi, "_native_gpu", lambda: None)
+    with pytest.raises(NotImplementedError, match="no GPU runtime"):
+        _explain._topology("cuda", [], 4)
+
+    class FakeGpu:
+        def build_info(self):
+            return "HIP 6.2"
+
+        def has_ll128(self):
+            return True
+
+    monkeypatch.setattr(_ffi, "_native_gpu", FakeGpu)
+    topo, note = _explain._topology("rocm", [], 4)
+    assert (topo.arch, topo.nranks, topo.ll128) == ("gfx942", 4, True)
+    assert "GPU runtime's starting topology" in note
