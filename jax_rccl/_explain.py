@@ -266,19 +266,43 @@ class Explanation:
                 lines.append("    removed by XLA's optimizations: it does not run")
             if call["note"]:
                 lines.append(f"    {call['note']}")
+            p2p: dict[tuple, list[int]] = {}
             for t in call["tasks"]:
-                lines.extend("    " + s for s in _task_lines(t, cpu))
+                if t["coll"] in ("send", "recv"):
+                    key = tuple(t[k] for k in _P2P_KEYS)
+                    p2p.setdefault(key, []).append(int(t["peer"]))
+                else:
+                    lines.extend("    " + s for s in _task_lines(t, cpu))
+            for key, peers in p2p.items():
+                lines.append("    " + _p2p_line(dict(zip(_P2P_KEYS, key, strict=True)), peers))
         return "\n".join(lines)
+
+
+_P2P_KEYS = ("coll", "dtype", "count", "nbytes", "protocol", "nchannels", "why")
+
+
+def _ranks(peers: list[int]) -> str:
+    """ "rank 3", or "ranks 0-3" / "ranks 1, 5" for several."""
+    if len(peers) == 1:
+        return f"rank {peers[0]}"
+    if peers == list(range(peers[0], peers[-1] + 1)):
+        return f"ranks {peers[0]}-{peers[-1]}"
+    return "ranks " + ", ".join(map(str, peers))
+
+
+def _p2p_line(t: dict[str, Any], peers: list[int]) -> str:
+    """The point-to-point tasks of one kind and size, with every peer, on one line."""
+    arrow = "->" if t["coll"] == "send" else "<-"
+    each = " each" if len(peers) > 1 else ""
+    return (
+        f"{t['coll']} {t['dtype']} x {t['count']} ({_size(t['nbytes'])}){each} {arrow} "
+        f"{_ranks(peers)}: point-to-point, {t['protocol']} on {t['nchannels']} channel(s) "
+        f"({t['why']})"
+    )
 
 
 def _task_lines(t: dict[str, Any], cpu: bool) -> list[str]:
     what = f"{t['coll']} {t['dtype']} x {t['count']} ({_size(t['nbytes'])})"
-    if t["coll"] in ("send", "recv"):
-        arrow = "->" if t["coll"] == "send" else "<-"
-        return [
-            f"{what} {arrow} rank {t['peer']}: point-to-point, {t['protocol']} on "
-            f"{t['nchannels']} channel(s) ({t['why']})"
-        ]
     shape = f"{t['nchannels']} channel(s)"
     if not cpu:
         shape += f" x {t['nthreads']} threads per block"

@@ -179,3 +179,18 @@ def test_gpu_plans_use_the_gpu_runtimes_topology(monkeypatch):
     topo, note = _explain._topology("rocm", [], 4)
     assert (topo.arch, topo.nranks, topo.ll128) == ("gfx942", 4, True)
     assert "GPU runtime's starting topology" in note
+
+
+def test_point_to_point_tasks_share_a_line_per_kind():
+    f = jax.shard_map(
+        lambda x: jr.all_to_all(x, "i", 0, 0, tiled=True),
+        mesh=_mesh(),
+        in_specs=P("i"),
+        out_specs=P("i"),
+    )
+    e = jr.explain(f, np.ones((64, 4), np.float32))
+    (call,) = e.to_dict()["calls"]
+    assert [t["peer"] for t in call["tasks"] if t["coll"] == "send"] == list(range(8))
+    text = str(e)
+    assert "send float32 x 4 (16 B) each -> ranks 0-7: point-to-point" in text
+    assert "recv float32 x 4 (16 B) each <- ranks 0-7: point-to-point" in text
