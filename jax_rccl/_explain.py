@@ -310,7 +310,7 @@ def _task_lines(t: dict[str, Any], cpu: bool) -> list[str]:
         f"{what}: {t['algorithm']}/{t['protocol']} on {shape}, predicted "
         f"{t['predicted_us']:.1f} us: {t['why']}"
     )
-    rows = [head, f"  {'algorithm':<10}{'protocol':<9}{'predicted':>12}  "]
+    rows = [head, f"  {'algorithm':<10}{'protocol':<9}{'predicted':>12}"]
     for a in t["alternatives"]:
         time = f"{a['time_us']:.1f} us" if a["time_us"] is not None else "-"
         mark = "chosen" if a["status"] == "chosen" else a["note"]
