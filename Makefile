@@ -21,7 +21,7 @@ $(PY):
 # scikit-build-core keeps its build folder, so a second install rebuilds only what changed. The
 # compile steps show as they go ("[k/n] ..."); the whole log is in build/install.log.
 install: $(PY)
-	$(PY) -m pip install -q "jax>=0.10.2" "nanobind>=2.0" "scikit-build-core>=0.10"
+	$(PY) -m pip install -q "jax>=0.10.2,<0.12" "nanobind>=2.0" "scikit-build-core>=0.10"
 	@mkdir -p build
 	@echo "building and installing jax_rccl (a first build takes a few minutes on 2 cores)"
 	@$(PY) -m pip install -v --no-build-isolation ".[test]" 2>&1 | tee build/install.log | \

@@ -21,11 +21,13 @@ if _importlib_util.find_spec("jax_rccl._jax_rccl") is None:
     )
 
 from jax_rccl import planner
+from jax_rccl._explain import Explanation, explain
 from jax_rccl._export import export_checks
 from jax_rccl._export import register_stable as _register_stable
 from jax_rccl._ffi import reset_runtime_stats, runtime_stats
 from jax_rccl._jax_rccl import cpu_topology as _cpu_topology
 from jax_rccl._jax_rccl import params as _native_params
+from jax_rccl._profile import Profile, profile
 from jax_rccl._ragged import ragged_all_to_all
 from jax_rccl.api import (
     all_gather,
@@ -70,9 +72,13 @@ __all__ = [
     "all_reduce",
     "preduce",
     "config",
+    "explain",
+    "Explanation",
     "export_checks",
     "runtime_stats",
     "reset_runtime_stats",
+    "profile",
+    "Profile",
     "runtime_topology",
 ]
 
@@ -81,7 +87,20 @@ _register_stable()
 
 
 def params() -> list[dict[str, str]]:
-    """Every parameter: name, environment variable, type, default, current value and doc."""
+    """Every setting of the runtime (the ``JAX_RCCL_*`` environment variables).
+
+    Returns:
+        One dict per setting: ``name``, ``env`` (the variable), ``type`` (int, float, string),
+        ``default``, ``value`` (as this process reads it now), ``allowed`` (the values it takes)
+        and ``doc``. A value that does not parse is shown as its default, with a warning; when
+        jax_rccl first runs, such a value is a ValueError instead.
+
+    Example:
+        >>> import jax_rccl
+        >>> timeout = {p["env"]: p for p in jax_rccl.params()}["JAX_RCCL_TIMEOUT"]
+        >>> timeout["default"], timeout["allowed"]
+        ('300', 'a finite number of seconds > 0')
+    """
     table, warnings = _native_params()
     for w in warnings:
         import warnings as _w
@@ -91,8 +110,23 @@ def params() -> list[dict[str, str]]:
 
 
 def runtime_topology(nranks: int) -> dict[str, object]:
-    """The topology the CPU runtime plans a group of ``nranks`` devices with (a dict of
-    TopologyView fields; ``planner.Topology.from_native`` turns it into a Topology)."""
+    """The topology the CPU runtime plans a group of ``nranks`` devices with.
+
+    Args:
+        nranks: the number of devices in the group (>= 1).
+
+    Returns:
+        A dict of the native planner's topology fields (nRanks, arch, intraLink, nChannels,
+        buffSizes, ...); ``planner.Topology.from_native`` turns it into a Topology for
+        ``planner.plan``. :func:`jax_rccl.explain` uses it to show a jitted function's plans.
+
+    Example:
+        >>> import jax_rccl
+        >>> from jax_rccl import planner
+        >>> topo = planner.Topology.from_native(jax_rccl.runtime_topology(4))
+        >>> topo.nranks, topo.arch, topo.link
+        (4, 'cpu', 'loopback')
+    """
     if not isinstance(nranks, int) or nranks < 1:
         raise ValueError(f"nranks must be an integer >= 1, got {nranks!r}")
     return dict(_cpu_topology(nranks))

@@ -13,8 +13,10 @@ JAX's global device ids.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import os
+import sys
 import threading
 import warnings
 
@@ -71,6 +73,40 @@ def unknown_settings(environ=None) -> list[str]:
     return out
 
 
+def check_settings() -> None:
+    """Raises ValueError for the first ``JAX_RCCL_*`` setting whose value is not allowed:
+    ``jax_rccl: JAX_RCCL_ALGO='bogus' has an unknown name 'bogus'; allowed: ...`` (the variable,
+    its value and the values allowed; every setting, JAX_RCCL_ALGO and JAX_RCCL_PROTO included,
+    the same way)."""
+    try:
+        _jax_rccl.check_params()
+    except ValueError as e:
+        # Raised afresh so that the error shows this call, not the binding's internals.
+        raise ValueError(str(e)) from None
+
+
+def _library_dirs() -> tuple[str, ...]:
+    import jaxlib
+
+    dirs = [os.path.dirname(os.path.abspath(m.__file__)) for m in (jax, jaxlib)]
+    dirs.append(os.path.dirname(os.path.abspath(__file__)))  # jax_rccl
+    dirs.append(os.path.dirname(os.path.abspath(contextlib.__file__)))  # the standard library
+    return tuple(d + os.sep for d in dirs)
+
+
+def user_stacklevel() -> int:
+    """The ``stacklevel`` for ``warnings.warn``, called in the function that asks, that names the
+    innermost frame outside jax_rccl, JAX and the standard library: the user's line that led
+    here (through jax.jit's tracing and lowering), not a line of jax_rccl."""
+    skip = _library_dirs()
+    frame = sys._getframe(1)
+    level = 1
+    while frame is not None and frame.f_code.co_filename.startswith(skip):
+        frame = frame.f_back
+        level += 1
+    return level if frame is not None else 2
+
+
 _registered = False
 
 
@@ -86,10 +122,11 @@ def ensure_registered() -> None:
         # "Types used by FFI handlers must be registered before the handler registration".
         jax.devices()
         # A bad JAX_RCCL_* value is a ValueError naming it here, before anything is lowered; a
-        # JAX_RCCL_* variable that nothing reads (a misspelt setting) is a warning naming it.
-        _jax_rccl.check_params()
+        # JAX_RCCL_* variable that nothing reads (a misspelt setting) is a warning naming it,
+        # attributed to the user's line that first used jax_rccl.
+        check_settings()
         for message in unknown_settings():
-            warnings.warn(message, stacklevel=3)
+            warnings.warn(message, stacklevel=user_stacklevel())
         # Several JAX processes: meet them once and hand the world table to the runtime
         # before anything is lowered (a no-op in a single-process program).
         _bootstrap.ensure_world()
@@ -165,10 +202,33 @@ def world() -> dict | None:
 
 
 def runtime_stats() -> dict[str, int]:
-    """The runtime's counters: plans_built, executions, instantiations, ... (CPU and GPU
-    handlers count into the same ones), and net_*: the network proxies of GPU groups across
-    hosts (bytes each way; their connections' time, the part with every slot full and the part
-    idle: docs/multiprocess.md); GPU builds add gpu_communicators (a gauge)."""
+    """The runtime's counters since the process started (or since
+    :func:`reset_runtime_stats`), summed over every device of this process.
+
+    Returns:
+        A dict of integers: ``executions`` counts each device's run of a call, so a collective
+        over 8 devices of this process run 10 times counts 80; ``plans_built`` and
+        ``instantiations`` (once per compiled program and device), ``rendezvous_timeouts``,
+        ``mismatches`` (executions whose ranks disagreed on the call), ``errors``; the gauges
+        ``communicators`` and ``rendezvous_pending``; ``net_*``: the network proxies of GPU
+        groups across hosts (bytes each way; their connections' time, the part with every slot
+        full and the part idle: docs/multiprocess.md). GPU builds add ``gpu_communicators``.
+        CPU and GPU handlers count into the same counters. :func:`jax_rccl.profile` gives the
+        same figures per call site, with times.
+
+    Example:
+        >>> import jax, numpy as np, jax_rccl as jr
+        >>> from jax.sharding import Mesh, PartitionSpec as P
+        >>> mesh = Mesh(jax.devices(), "i")  # 8 devices
+        >>> f = jax.jit(jax.shard_map(lambda x: jr.psum(x, "i"), mesh=mesh,
+        ...                           in_specs=P("i"), out_specs=P("i")))
+        >>> _ = f(np.arange(8.0)).block_until_ready()  # compiled (and planned) here
+        >>> jr.reset_runtime_stats()
+        >>> for _ in range(10):
+        ...     _ = f(np.arange(8.0)).block_until_ready()
+        >>> jr.runtime_stats()["executions"]  # 10 calls x 8 devices
+        80
+    """
     stats = dict(_jax_rccl.runtime_stats())
     gpu = _native_gpu()
     if gpu is not None:
@@ -177,4 +237,16 @@ def runtime_stats() -> dict[str, int]:
 
 
 def reset_runtime_stats() -> None:
+    """Sets the runtime's counters (:func:`runtime_stats`) to zero; the gauges
+    (``communicators``, ``rendezvous_pending``) keep their values.
+
+    Returns:
+        None.
+
+    Example:
+        >>> import jax_rccl as jr
+        >>> jr.reset_runtime_stats()
+        >>> jr.runtime_stats()["executions"]
+        0
+    """
     _jax_rccl.reset_runtime_stats()

@@ -55,14 +55,54 @@ def ragged_all_to_all(
     axis_name,
     axis_index_groups=None,
 ):
-    """Send ragged slices of `operand` to the devices of `axis_name` (as
-    jax.lax.ragged_all_to_all): slice i, rows [input_offsets[i], +send_sizes[i]), goes to the
-    device of index i // (K / n) and lands at rows [output_offsets[i], +send_sizes[i]) of its
-    result; the result is `output` with every received slice written in. recv_sizes[i] must
-    equal the size its sender sends (send_sizes == all_to_all(recv_sizes, tiled=True)).
+    """Send ragged slices of ``operand`` to the devices of ``axis_name``, as
+    :func:`jax.lax.ragged_all_to_all`.
 
-    A slice past the operand or the output, a negative offset or size, or sizes that disagree
-    fail the call at run time on every device with a message naming the rank and the slice."""
+    With n devices in the group and K entries in each index array (K a multiple of n, K / n slices
+    per peer), slice i of this device, rows ``[input_offsets[i], input_offsets[i] +
+    send_sizes[i])`` of ``operand``, goes to the device of index ``i // (K / n)`` and lands at rows
+    ``[output_offsets[i], output_offsets[i] + send_sizes[i])`` of its result.
+
+    Args:
+        operand: the array whose rows (leading dimension) are sent.
+        output: the array the received rows are written into (its other rows are kept); the same
+            trailing dimensions and dtype as ``operand``.
+        input_offsets, send_sizes: integer arrays [K]: where each slice starts in ``operand`` and
+            how many rows it has.
+        output_offsets: integer array [K]: where slice i lands in its receiver's result.
+        recv_sizes: integer array [K]: the rows this device receives from each sender's slice;
+            equal to what the sender sends (``send_sizes`` is ``all_to_all(recv_sizes,
+            tiled=True)``).
+        axis_name: a mesh axis name, or a tuple of names (keyword-only).
+        axis_index_groups: optional list of lists of axis indices, all of one size, covering every
+            index once.
+
+    Returns:
+        ``output`` with every received slice written in.
+
+    Differences from jax.lax.ragged_all_to_all:
+        it runs on CPU (jax.lax's lowers on GPUs only),
+        under jax.vmap, jvp and grad; a slice past the operand or the output, a negative offset
+        or size, or sizes that disagree fail the call on every device with a message naming the
+        rank and the slice, never a partial write.
+
+    Example:
+        >>> import jax, numpy as np, jax_rccl as jr
+        >>> from jax.sharding import Mesh, PartitionSpec as P
+        >>> mesh = Mesh(jax.devices(), "i")  # 8 devices
+        >>> def run(fn):  # fn on each device's block of an array split over the 8 devices
+        ...     return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+        >>> import jax.numpy as jnp
+        >>> def f(x):  # every device sends its one row to device 0, which stacks them in order
+        ...     k = jax.lax.axis_index("i")
+        ...     to_0 = jnp.array([1, 0, 0, 0, 0, 0, 0, 0])
+        ...     return jr.ragged_all_to_all(
+        ...         x, jnp.zeros((8, 1)), input_offsets=jnp.zeros(8, int), send_sizes=to_0,
+        ...         output_offsets=jnp.full(8, k), recv_sizes=jnp.full(8, k == 0, int),
+        ...         axis_name="i")
+        >>> print(run(f)(np.arange(8.0).reshape(8, 1))[:8, 0])  # device 0's result
+        [0. 1. 2. 3. 4. 5. 6. 7.]
+    """
     api = "ragged_all_to_all"
     axes = A._axes(axis_name, api)
     groups, n = A._groups(axis_index_groups, axes, api)

@@ -72,23 +72,45 @@ def config(
     protocol: str | None = None,
     in_place: bool | str | None = None,
 ):
-    """Force the algorithm and/or protocol of the collectives traced inside this block, and
-    whether their all-reduces run in their operands' buffers.
+    """A context manager that forces the algorithm and/or protocol of the jax_rccl collectives
+    traced inside its block, and whether their all-reduces run in their operands' buffers.
 
-    Values use NCCL's syntax (``"Ring"``, ``"Tree"``, ``"Ring,Tree"``, ``"^LL128"``); None
-    keeps the enclosing setting, ``""`` defers to JAX_RCCL_ALGO / JAX_RCCL_PROTO.
+    Args:
+        algorithm: NCCL's syntax: a comma list of ``"Tree"``, ``"Ring"``, ``"Direct"`` (any case),
+            ``"^"`` in front to exclude them (``"^Tree"``). None keeps the enclosing setting;
+            ``""`` defers to ``JAX_RCCL_ALGO``.
+        protocol: the same syntax over ``"LL"``, ``"LL128"``, ``"Simple"``; None keeps, ``""``
+            defers to ``JAX_RCCL_PROTO``.
+        in_place: psum, pmax, pmin, pmean, all_reduce: ``"auto"`` (the default) lets a result share
+            its operand's buffer when the operand is a temporary of the program (a gradient) or a
+            donated argument of the jitted function itself (pmap), and writes a fresh buffer for an
+            argument of shard_map's body, whose donation is not visible where jax_rccl lowers it
+            (XLA would copy an argument the caller keeps). ``True`` shares the buffer of every
+            operand, for shard_map inputs that are donated (``jax.jit(...,
+            donate_argnums=...)``: reduced where they lie, nothing allocated or copied); ``False``
+            none. Results are the same either way.
 
-    ``in_place`` (psum, pmax, pmin, pmean, all_reduce): ``"auto"`` (the default) lets a
-    result share its operand's buffer when the operand is a temporary of the program (a
-    gradient) or a donated argument of the jitted function itself (pmap), and writes a fresh
-    buffer for an argument of shard_map's body, whose donation is not visible where jax_rccl
-    lowers it (XLA would copy an argument the caller keeps before the call). ``True`` shares
-    the buffer of every operand, for shard_map inputs that are donated (``jax.jit(...,
-    donate_argnums=...)``: reduced where they lie, nothing allocated or copied); ``False``
-    none. Results are the same either way.
+    Yields:
+        Nothing: the settings hold for what is traced inside the ``with`` block.
 
-    The settings are part of jax.jit's cache key, so a jitted function is retraced under new
-    ones.
+    An unknown name is a ValueError when the block is entered, naming the argument. The settings
+    are part of jax.jit's cache key: a jitted function is traced again under new ones. The choice
+    must be one the planner can run for each collective (``Tree`` is all-reduce only; on CPU the
+    runtime runs ``Direct`` and ``Ring`` with ``Simple``).
+
+    Differences from jax.lax:
+        jax.lax has no such control (XLA picks its own algorithm).
+
+    Example:
+        >>> import jax, numpy as np, jax_rccl as jr
+        >>> from jax.sharding import Mesh, PartitionSpec as P
+        >>> mesh = Mesh(jax.devices(), "i")  # 8 devices
+        >>> def run(fn):  # fn on each device's block of an array split over the 8 devices
+        ...     return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+        >>> with jr.config(algorithm="Ring"):
+        ...     f = run(lambda x: jr.psum(x, "i"))
+        ...     print(f(np.arange(8.0)))
+        [28. 28. 28. 28. 28. 28. 28. 28.]
     """
     from jax_rccl import _jax_rccl
 
@@ -100,11 +122,9 @@ def config(
         if val is not None and not isinstance(val, str):
             raise TypeError(f"jax_rccl.config: {arg} must be a str or None, got {val!r}")
         if val:
-            try:
-                # unknown names fail here, not at the first call, naming this argument
-                parsers[arg](val, f"jax_rccl.config({arg}=...)")
-            except ValueError as e:
-                raise ValueError(f"jax_rccl.config: {e}") from None
+            # unknown names fail here, not at the first call, naming this argument:
+            # "jax_rccl.config: algorithm='Rnig' has an unknown name 'Rnig'; allowed: ..."
+            parsers[arg](val, f"jax_rccl.config: {arg}")
     in_place_mode = _in_place_mode(in_place)
     with contextlib.ExitStack() as stack:
         if in_place_mode is not None:
@@ -372,22 +392,141 @@ def _premul(premul, op, api):
 
 
 def psum(x, axis_name, *, axis_index_groups=None):
-    """All-reduce sum over `axis_name` (as jax.lax.psum; bool leaves become int32)."""
+    """All-reduce sum over ``axis_name``, as :func:`jax.lax.psum`.
+
+    Args:
+        x: an array or a pytree of arrays, traced inside :func:`jax.shard_map` (or another
+            transformation that binds ``axis_name``: jax.pmap, jax.vmap with ``axis_name``).
+        axis_name: a mesh axis name, or a tuple of names (the group is their product).
+        axis_index_groups: optional list of lists of axis indices that together cover every
+            index once; each group reduces on its own. Their sizes may differ.
+
+    Returns:
+        A pytree like ``x``: each leaf of the same shape and dtype (bool leaves become int32, as in
+        jax.lax) holding the sum over the devices of its group, the same on each of them. Values
+        that are not traced (``psum(1, "i")``) are multiplied by the group size without any
+        communication, as jax.lax does.
+
+    Differences from jax.lax.psum:
+        Runs on jax_rccl's runtime (CPU: its host executor; GPU: its own kernels) with the
+        algorithm and protocol its planner picks (:func:`jax_rccl.explain` shows the choice;
+        :func:`jax_rccl.config`, ``JAX_RCCL_ALGO`` and ``JAX_RCCL_PROTO`` force it). Every leaf of
+        ``x`` goes out in one grouped call. Arguments are checked at trace time, each error naming
+        the argument.
+
+    Example:
+        >>> import jax, numpy as np, jax_rccl as jr
+        >>> from jax.sharding import Mesh, PartitionSpec as P
+        >>> mesh = Mesh(jax.devices(), "i")  # 8 devices
+        >>> def run(fn):  # fn on each device's block of an array split over the 8 devices
+        ...     return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+        >>> print(run(lambda x: jr.psum(x, "i"))(np.arange(8.0)))
+        [28. 28. 28. 28. 28. 28. 28. 28.]
+        >>> halves = [[0, 1, 2, 3], [4, 5, 6, 7]]
+        >>> print(run(lambda x: jr.psum(x, "i", axis_index_groups=halves))(np.arange(8)))
+        [ 6  6  6  6 22 22 22 22]
+    """
     return _reduce(x, axis_name, "psum", op="sum", axis_index_groups=axis_index_groups)
 
 
 def pmax(x, axis_name, *, axis_index_groups=None):
-    """All-reduce max over `axis_name` (as jax.lax.pmax)."""
+    """All-reduce maximum over ``axis_name``, as :func:`jax.lax.pmax`.
+
+    Args:
+        x: an array or a pytree of arrays, traced inside :func:`jax.shard_map` (or another
+            transformation that binds ``axis_name``: jax.pmap, jax.vmap with ``axis_name``).
+        axis_name: a mesh axis name, or a tuple of names (the group is their product).
+        axis_index_groups: optional list of lists of axis indices that together cover every
+            index once; each group reduces on its own. Their sizes may differ.
+
+    Returns:
+        A pytree like ``x``: each leaf of the same shape and dtype holding the elementwise maximum
+        over the devices of its group. Complex leaves are refused (no order).
+
+    Differences from jax.lax.pmax:
+        Runs on jax_rccl's runtime (CPU: its host executor; GPU: its own kernels) with the
+        algorithm and protocol its planner picks (:func:`jax_rccl.explain` shows the choice;
+        :func:`jax_rccl.config`, ``JAX_RCCL_ALGO`` and ``JAX_RCCL_PROTO`` force it). Every leaf of
+        ``x`` goes out in one grouped call. Arguments are checked at trace time, each error naming
+        the argument.
+
+    Example:
+        >>> import jax, numpy as np, jax_rccl as jr
+        >>> from jax.sharding import Mesh, PartitionSpec as P
+        >>> mesh = Mesh(jax.devices(), "i")  # 8 devices
+        >>> def run(fn):  # fn on each device's block of an array split over the 8 devices
+        ...     return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+        >>> print(run(lambda x: jr.pmax(x, "i"))(np.array([3, 1, 4, 1, 5, 9, 2, 6])))
+        [9 9 9 9 9 9 9 9]
+    """
     return _reduce(x, axis_name, "pmax", op="max", axis_index_groups=axis_index_groups)
 
 
 def pmin(x, axis_name, *, axis_index_groups=None):
-    """All-reduce min over `axis_name` (as jax.lax.pmin)."""
+    """All-reduce minimum over ``axis_name``, as :func:`jax.lax.pmin`.
+
+    Args:
+        x: an array or a pytree of arrays, traced inside :func:`jax.shard_map` (or another
+            transformation that binds ``axis_name``: jax.pmap, jax.vmap with ``axis_name``).
+        axis_name: a mesh axis name, or a tuple of names (the group is their product).
+        axis_index_groups: optional list of lists of axis indices that together cover every
+            index once; each group reduces on its own. Their sizes may differ.
+
+    Returns:
+        A pytree like ``x``: each leaf of the same shape and dtype holding the elementwise minimum
+        over the devices of its group. Complex leaves are refused (no order).
+
+    Differences from jax.lax.pmin:
+        Runs on jax_rccl's runtime (CPU: its host executor; GPU: its own kernels) with the
+        algorithm and protocol its planner picks (:func:`jax_rccl.explain` shows the choice;
+        :func:`jax_rccl.config`, ``JAX_RCCL_ALGO`` and ``JAX_RCCL_PROTO`` force it). Every leaf of
+        ``x`` goes out in one grouped call. Arguments are checked at trace time, each error naming
+        the argument.
+
+    Example:
+        >>> import jax, numpy as np, jax_rccl as jr
+        >>> from jax.sharding import Mesh, PartitionSpec as P
+        >>> mesh = Mesh(jax.devices(), "i")  # 8 devices
+        >>> def run(fn):  # fn on each device's block of an array split over the 8 devices
+        ...     return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+        >>> print(run(lambda x: jr.pmin(x, "i"))(np.array([3, 1, 4, 1, 5, 9, 2, 6])))
+        [1 1 1 1 1 1 1 1]
+    """
     return _reduce(x, axis_name, "pmin", op="min", axis_index_groups=axis_index_groups)
 
 
 def pmean(x, axis_name, *, axis_index_groups=None):
-    """All-reduce mean over `axis_name`: psum, then divide by the group size (as jax.lax)."""
+    """All-reduce mean over ``axis_name``, as :func:`jax.lax.pmean`: :func:`psum`, then a division
+    by the size of each device's group.
+
+    Args:
+        x: an array or a pytree of arrays, traced inside :func:`jax.shard_map` (or another
+            transformation that binds ``axis_name``: jax.pmap, jax.vmap with ``axis_name``).
+        axis_name: a mesh axis name, or a tuple of names (the group is their product).
+        axis_index_groups: optional list of lists of axis indices that together cover every
+            index once; each group reduces on its own. Their sizes may differ (each device
+            divides by its own group's size).
+
+    Returns:
+        A pytree like ``x``: each leaf of its shape holding the mean over its group; integer leaves
+        become floating point, as in jax.lax.
+
+    Differences from jax.lax.pmean:
+        Runs on jax_rccl's runtime (CPU: its host executor; GPU: its own kernels) with the
+        algorithm and protocol its planner picks (:func:`jax_rccl.explain` shows the choice;
+        :func:`jax_rccl.config`, ``JAX_RCCL_ALGO`` and ``JAX_RCCL_PROTO`` force it). Every leaf of
+        ``x`` goes out in one grouped call. Arguments are checked at trace time, each error naming
+        the argument.
+
+    Example:
+        >>> import jax, numpy as np, jax_rccl as jr
+        >>> from jax.sharding import Mesh, PartitionSpec as P
+        >>> mesh = Mesh(jax.devices(), "i")  # 8 devices
+        >>> def run(fn):  # fn on each device's block of an array split over the 8 devices
+        ...     return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+        >>> print(run(lambda x: jr.pmean(x, "i"))(np.arange(8.0)))
+        [3.5 3.5 3.5 3.5 3.5 3.5 3.5 3.5]
+    """
     axes = _axes(axis_name, "pmean")
     groups, _ = _groups(axis_index_groups, axes, "pmean")
     n = P.group_size_here(axes, groups)  # each device's group's size
@@ -398,11 +537,45 @@ def pmean(x, axis_name, *, axis_index_groups=None):
 
 
 def all_reduce(x, axis_name, *, op="sum", premul=None, axis_index_groups=None):
-    """All-reduce with `op` in sum/prod/min/max/avg.
+    """All-reduce with any of the runtime's reduction ops (jax.lax has one function per op and no
+    product, average or pre-multiplier).
 
-    `premul` (op='sum' only, floating leaves): each device's input is multiplied by it before
-    the sum. A Python scalar is baked into the program; an array scalar (which may differ per
-    device) is read at run time.
+    Args:
+        x: an array or a pytree of arrays, traced inside :func:`jax.shard_map` (or another
+            transformation that binds ``axis_name``: jax.pmap, jax.vmap with ``axis_name``).
+        axis_name: a mesh axis name, or a tuple of names (the group is their product).
+        op: ``"sum"``, ``"prod"``, ``"min"``, ``"max"`` or ``"avg"`` (the sum divided by the group
+            size, computed by the runtime).
+        premul: ``op="sum"`` only, floating leaves: each device's input is multiplied by it before
+            the sum (NCCL's PreMulSum). A Python scalar is baked into the program; a 0-d array
+            (which may differ per device) is read at run time.
+        axis_index_groups: optional list of lists of axis indices that together cover every
+            index once; each group reduces on its own. Their sizes may differ.
+
+    Returns:
+        A pytree like ``x``: each leaf of the same shape and dtype holding the reduction over the
+        devices of its group.
+
+    Differences from jax.lax:
+        No single jax.lax function: ``op="sum"`` is :func:`jax.lax.psum`, ``"max"``
+        :func:`jax.lax.pmax`, ``"min"`` :func:`jax.lax.pmin`; ``"prod"``, ``"avg"`` and
+        ``premul`` have no jax.lax counterpart.
+        Runs on jax_rccl's runtime (CPU: its host executor; GPU: its own kernels) with the
+        algorithm and protocol its planner picks (:func:`jax_rccl.explain` shows the choice;
+        :func:`jax_rccl.config`, ``JAX_RCCL_ALGO`` and ``JAX_RCCL_PROTO`` force it). Every leaf of
+        ``x`` goes out in one grouped call. Arguments are checked at trace time, each error naming
+        the argument.
+
+    Example:
+        >>> import jax, numpy as np, jax_rccl as jr
+        >>> from jax.sharding import Mesh, PartitionSpec as P
+        >>> mesh = Mesh(jax.devices(), "i")  # 8 devices
+        >>> def run(fn):  # fn on each device's block of an array split over the 8 devices
+        ...     return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+        >>> print(run(lambda x: jr.all_reduce(x, "i", op="prod"))(np.arange(1, 9)))
+        [40320 40320 40320 40320 40320 40320 40320 40320]
+        >>> print(run(lambda x: jr.all_reduce(x, "i", premul=0.5))(np.ones(8, np.float32)))
+        [4. 4. 4. 4. 4. 4. 4. 4.]
     """
     if op not in P.OPS:
         raise ValueError(f"jax_rccl.all_reduce: op={op!r} is not one of {P.OPS}")
@@ -412,12 +585,74 @@ def all_reduce(x, axis_name, *, op="sum", premul=None, axis_index_groups=None):
 
 
 def preduce(x, axis_name, root: int, *, axis_index_groups=None):
-    """Sum over `axis_name` delivered to the device at index `root`; the others get zeros."""
+    """Sum over ``axis_name`` delivered to one device: the device of index ``root`` gets the sum,
+    every other device zeros (NCCL's reduce; jax.lax has no counterpart).
+
+    The reduction is the sum only (there is no ``op=``): its gradient is :func:`pbroadcast` from
+    ``root``, which a sum's transpose needs. For other ops, :func:`all_reduce` with ``op=``.
+
+    Args:
+        x: an array or a pytree of arrays, traced inside :func:`jax.shard_map` (or another
+            transformation that binds ``axis_name``: jax.pmap, jax.vmap with ``axis_name``).
+        axis_name: a mesh axis name, or a tuple of names (the group is their product).
+        root: the index, along ``axis_name`` (within each group with ``axis_index_groups``), of the
+            device that gets the sum.
+        axis_index_groups: optional list of lists of axis indices, all of one size, covering every
+            index once; each group reduces to its own ``root``-th member.
+
+    Returns:
+        A pytree like ``x``: each leaf of the same shape and dtype; on ``root`` the sum over the
+        group, elsewhere zeros.
+
+    Differences from jax.lax:
+        No jax.lax function does this (``psum`` then masking moves more data).
+        Runs on jax_rccl's runtime (CPU: its host executor; GPU: its own kernels) with the
+        algorithm and protocol its planner picks (:func:`jax_rccl.explain` shows the choice;
+        :func:`jax_rccl.config`, ``JAX_RCCL_ALGO`` and ``JAX_RCCL_PROTO`` force it). Every leaf of
+        ``x`` goes out in one grouped call. Arguments are checked at trace time, each error naming
+        the argument.
+
+    Example:
+        >>> import jax, numpy as np, jax_rccl as jr
+        >>> from jax.sharding import Mesh, PartitionSpec as P
+        >>> mesh = Mesh(jax.devices(), "i")  # 8 devices
+        >>> def run(fn):  # fn on each device's block of an array split over the 8 devices
+        ...     return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+        >>> print(run(lambda x: jr.preduce(x, "i", root=2))(np.arange(8.0)))
+        [ 0.  0. 28.  0.  0.  0.  0.  0.]
+    """
     return _rooted(x, axis_name, root, "preduce", "root", P.reduce_p, "sum", axis_index_groups)
 
 
 def pbroadcast(x, axis_name, source: int):
-    """Every device gets the value of the device at index `source` (as jax.lax.pbroadcast)."""
+    """Every device gets the value of the device of index ``source``, as :func:`jax.lax.pbroadcast`.
+
+    Args:
+        x: an array or a pytree of arrays, traced inside :func:`jax.shard_map` (or another
+            transformation that binds ``axis_name``: jax.pmap, jax.vmap with ``axis_name``).
+        axis_name: a mesh axis name, or a tuple of names (the group is their product).
+        source: the index, along ``axis_name``, of the device whose value everyone gets.
+
+    Returns:
+        A pytree like ``x``: each leaf of the same shape and dtype holding ``source``'s value.
+
+    Differences from jax.lax.pbroadcast:
+        Runs on CPU too (jax.lax lowers it on GPUs only), and under jax.vmap.
+        Runs on jax_rccl's runtime (CPU: its host executor; GPU: its own kernels) with the
+        algorithm and protocol its planner picks (:func:`jax_rccl.explain` shows the choice;
+        :func:`jax_rccl.config`, ``JAX_RCCL_ALGO`` and ``JAX_RCCL_PROTO`` force it). Every leaf of
+        ``x`` goes out in one grouped call. Arguments are checked at trace time, each error naming
+        the argument.
+
+    Example:
+        >>> import jax, numpy as np, jax_rccl as jr
+        >>> from jax.sharding import Mesh, PartitionSpec as P
+        >>> mesh = Mesh(jax.devices(), "i")  # 8 devices
+        >>> def run(fn):  # fn on each device's block of an array split over the 8 devices
+        ...     return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+        >>> print(run(lambda x: jr.pbroadcast(x, "i", source=5))(np.arange(8.0)))
+        [5. 5. 5. 5. 5. 5. 5. 5.]
+    """
     return _rooted(x, axis_name, source, "pbroadcast", "source", P.broadcast_p, "move", None)
 
 
@@ -483,12 +718,47 @@ def all_gather(
     tiled: bool = False,
     to: str = "varying",
 ):
-    """Gather every device's value along `axis` (as jax.lax.all_gather).
+    """Gather every device's value, as :func:`jax.lax.all_gather`.
 
-    `to` types the result over `axis_name` as jax.lax does: "varying" (as the input),
-    "invarying" (the same on every device; its gradient keeps each device's own block) or
-    "reduced" (explicit sharding: a varying input, a result reduced over `axis_name` whose
-    cotangent is unreduced and goes back through a psum_scatter)."""
+    Args:
+        x: an array or a pytree of arrays, traced inside :func:`jax.shard_map` (or another
+            transformation that binds ``axis_name``: jax.pmap, jax.vmap with ``axis_name``).
+        axis_name: a mesh axis name, or a tuple of names (the group is their product).
+        axis_index_groups: optional list of lists of axis indices, all of one size, covering every
+            index once; each group gathers on its own.
+        axis: where the group's blocks go in the result: a new axis at this position, or (with
+            ``tiled``) the existing axis the blocks are concatenated along.
+        tiled: False: a new axis of the group size n; True: concatenate along ``axis``.
+        to: how the result is typed over ``axis_name``, as jax.lax does: ``"varying"`` (as the
+            input), ``"invarying"`` (the same on every device; its gradient keeps each device's own
+            block) or ``"reduced"`` (explicit sharding: a varying input, a result whose cotangent
+            is unreduced and goes back through a psum_scatter).
+
+    Returns:
+        A pytree like ``x``: a leaf of shape ``s`` becomes ``s[:axis] + (n,) + s[axis:]``, or
+        with ``tiled`` ``s`` with ``s[axis]`` multiplied by n; block j is the value of device j
+        (of its group).
+
+    Differences from jax.lax.all_gather:
+        Runs on jax_rccl's runtime (CPU: its host executor; GPU: its own kernels) with the
+        algorithm and protocol its planner picks (:func:`jax_rccl.explain` shows the choice;
+        :func:`jax_rccl.config`, ``JAX_RCCL_ALGO`` and ``JAX_RCCL_PROTO`` force it). Every leaf of
+        ``x`` goes out in one grouped call. Arguments are checked at trace time, each error naming
+        the argument.
+
+    Example:
+        >>> import jax, numpy as np, jax_rccl as jr
+        >>> from jax.sharding import Mesh, PartitionSpec as P
+        >>> mesh = Mesh(jax.devices(), "i")  # 8 devices
+        >>> def run(fn):  # fn on each device's block of an array split over the 8 devices
+        ...     return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+        >>> gather = lambda x: jr.all_gather(x, "i", tiled=True, to="invarying")
+        >>> f = jax.jit(jax.shard_map(gather, mesh=mesh, in_specs=P("i"), out_specs=P()))
+        >>> print(f(np.arange(8)))
+        [0 1 2 3 4 5 6 7]
+        >>> print(run(lambda x: jr.all_gather(x, "i")[None])(np.arange(8)).shape)
+        (8, 8, 1)
+    """
     api = "all_gather"
     if not isinstance(to, str) or to not in P.GATHER_TO:
         raise ValueError(
@@ -565,8 +835,42 @@ def psum_scatter(
     axis_index_groups=None,
     tiled: bool = False,
 ):
-    """Sum over `axis_name`, each device keeping its block of `scatter_dimension` (as
-    jax.lax.psum_scatter, also of values typed unreduced over `axis_name`)."""
+    """Sum over ``axis_name``, each device keeping its block of ``scatter_dimension``, as
+    :func:`jax.lax.psum_scatter` (a reduce-scatter).
+
+    Args:
+        x: an array or a pytree of arrays, traced inside :func:`jax.shard_map` (or another
+            transformation that binds ``axis_name``: jax.pmap, jax.vmap with ``axis_name``).
+            Values typed unreduced over ``axis_name`` (partial sums under explicit sharding) are
+            summed as jax.lax sums them.
+        axis_name: a mesh axis name, or a tuple of names (the group is their product).
+        scatter_dimension: the dimension split into the group's n blocks.
+        axis_index_groups: optional list of lists of axis indices, all of one size, covering every
+            index once; each group reduces on its own.
+        tiled: False: ``x.shape[scatter_dimension]`` must equal n and the dimension is removed;
+            True: it must be a multiple of n and is divided by n.
+
+    Returns:
+        A pytree like ``x``: device j's leaf holds block j of the sum over its group.
+
+    Differences from jax.lax.psum_scatter:
+        Runs on jax_rccl's runtime (CPU: its host executor; GPU: its own kernels) with the
+        algorithm and protocol its planner picks (:func:`jax_rccl.explain` shows the choice;
+        :func:`jax_rccl.config`, ``JAX_RCCL_ALGO`` and ``JAX_RCCL_PROTO`` force it). Every leaf of
+        ``x`` goes out in one grouped call. Arguments are checked at trace time, each error naming
+        the argument.
+
+    Example:
+        >>> import jax, numpy as np, jax_rccl as jr
+        >>> from jax.sharding import Mesh, PartitionSpec as P
+        >>> mesh = Mesh(jax.devices(), "i")  # 8 devices
+        >>> def run(fn):  # fn on each device's block of an array split over the 8 devices
+        ...     return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+        >>> f = jax.jit(jax.shard_map(lambda x: jr.psum_scatter(x, "i", tiled=True), mesh=mesh,
+        ...                           in_specs=P(), out_specs=P("i")))
+        >>> print(f(np.arange(8.0)))
+        [ 0.  8. 16. 24. 32. 40. 48. 56.]
+    """
     api = "psum_scatter"
     axes = _axes(axis_name, api)
     axes = compat.drop_size_one_axes(axes)
@@ -618,7 +922,53 @@ def psum_scatter(
 
 
 def all_to_all(x, axis_name, split_axis, concat_axis, *, tiled=False, axis_index_groups=None):
-    """Split `split_axis` over the devices and concatenate what arrives along `concat_axis`."""
+    """Split ``split_axis`` into the group's n blocks, send block j to device j, and
+    concatenate what arrives along ``concat_axis``, as :func:`jax.lax.all_to_all`.
+
+    Args:
+        x: an array or a pytree of arrays, traced inside :func:`jax.shard_map` (or another
+            transformation that binds ``axis_name``: jax.pmap, jax.vmap with ``axis_name``).
+        axis_name: a mesh axis name, or a tuple of names (the group is their product).
+        split_axis: the dimension split into n blocks (its size must be n, or with ``tiled`` a
+            multiple of n).
+        concat_axis: the dimension the received blocks are stacked (or with ``tiled``,
+            concatenated) along, in the senders' order.
+        tiled: False: ``split_axis`` of size n is removed and a new axis of size n is inserted at
+            ``concat_axis``; True: ``split_axis`` is divided by n and ``concat_axis`` multiplied by
+            n.
+        axis_index_groups: optional list of lists of axis indices, all of one size, covering every
+            index once; each group exchanges on its own.
+
+    Returns:
+        A pytree like ``x`` of the shapes above; block i of device j's result is block j of device
+        i's input.
+
+    Differences from jax.lax.all_to_all:
+        Runs on jax_rccl's runtime (CPU: its host executor; GPU: its own kernels) with the
+        algorithm and protocol its planner picks (:func:`jax_rccl.explain` shows the choice;
+        :func:`jax_rccl.config`, ``JAX_RCCL_ALGO`` and ``JAX_RCCL_PROTO`` force it). Every leaf of
+        ``x`` goes out in one grouped call. Arguments are checked at trace time, each error naming
+        the argument.
+
+    Example:
+        >>> import jax, numpy as np, jax_rccl as jr
+        >>> from jax.sharding import Mesh, PartitionSpec as P
+        >>> mesh = Mesh(jax.devices(), "i")  # 8 devices
+        >>> def run(fn):  # fn on each device's block of an array split over the 8 devices
+        ...     return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+        >>> f = jax.jit(jax.shard_map(lambda x: jr.all_to_all(x, "i", 1, 1, tiled=True),
+        ...                           mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+        >>> x = np.arange(64).reshape(8, 8)  # device i holds row i
+        >>> print(f(x)[:, :3])  # device i now holds column i
+        [[ 0  8 16]
+         [ 1  9 17]
+         [ 2 10 18]
+         [ 3 11 19]
+         [ 4 12 20]
+         [ 5 13 21]
+         [ 6 14 22]
+         [ 7 15 23]]
+    """
     api = "all_to_all"
     axes = _axes(axis_name, api)
     groups, n = _groups(axis_index_groups, axes, api)
@@ -666,10 +1016,36 @@ def _pairs(perm, api: str) -> tuple[tuple[int, int], ...]:
 
 
 def ppermute(x, axis_name, perm: Iterable[tuple[int, int]]):
-    """Send each device's value to another one (as jax.lax.ppermute); no sender -> zeros.
+    """Send each device's value to another device, as :func:`jax.lax.ppermute`.
 
-    `perm`: any iterable of (source, destination) int pairs (a list, a zip, a generator, an
-    (n, 2) integer array)."""
+    Args:
+        x: an array or a pytree of arrays, traced inside :func:`jax.shard_map` (or another
+            transformation that binds ``axis_name``: jax.pmap, jax.vmap with ``axis_name``).
+        axis_name: a mesh axis name, or a tuple of names (the group is their product).
+        perm: (source, destination) pairs of axis indices, each source and each destination at
+            most once: any iterable (a list, a zip, a generator, an (n, 2) integer array).
+
+    Returns:
+        A pytree like ``x``: device d's leaves hold what the device s of the pair (s, d) sent, and
+        zeros where no pair names d as destination.
+
+    Differences from jax.lax.ppermute:
+        it runs on the runtime's point-to-point path; pairs are
+        checked at trace time (an index outside the axis, a repeated source or destination name the
+        pair); every leaf of ``x`` goes out in one call.
+
+    Example:
+        >>> import jax, numpy as np, jax_rccl as jr
+        >>> from jax.sharding import Mesh, PartitionSpec as P
+        >>> mesh = Mesh(jax.devices(), "i")  # 8 devices
+        >>> def run(fn):  # fn on each device's block of an array split over the 8 devices
+        ...     return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+        >>> shift = [(i, (i + 1) % 8) for i in range(8)]
+        >>> print(run(lambda x: jr.ppermute(x, "i", shift))(np.arange(8)))
+        [7 0 1 2 3 4 5 6]
+        >>> print(run(lambda x: jr.ppermute(x, "i", [(0, 3)]))(np.arange(1, 9)))
+        [0 0 0 1 0 0 0 0]
+    """
     return _ppermute(x, axis_name, perm, "ppermute")
 
 

@@ -32,10 +32,31 @@ __all__ = ["pshuffle", "pswapaxes", "psend", "precv"]
 
 
 def pshuffle(x, axis_name, perm: Sequence[int]):
-    """Axis index i gets the value of axis index ``perm[i]`` (as jax.lax.pshuffle).
+    """Axis index i gets the value of axis index ``perm[i]``, as :func:`jax.lax.pshuffle`.
 
-    `perm` holds every integer of ``range(len(perm))`` once; indices of the axis beyond
-    ``len(perm)`` receive zeros, as jax.lax's ppermute gives them."""
+    Args:
+        x: an array or a pytree of arrays, traced inside :func:`jax.shard_map` (or another
+            transformation that binds ``axis_name``: jax.pmap, jax.vmap with ``axis_name``).
+        axis_name: a mesh axis name, or a tuple of names (the group is their product).
+        perm: a sequence holding each of ``0 .. len(perm) - 1`` once; indices of the axis beyond
+            ``len(perm)`` receive zeros, as jax.lax's ppermute gives them.
+
+    Returns:
+        A pytree like ``x``: on device i, device ``perm[i]``'s value.
+
+    Differences from jax.lax.pshuffle:
+        it is :func:`ppermute` with the pairs
+        ``(perm[i], i)``, on the runtime's point-to-point path; ``perm`` is checked at trace time.
+
+    Example:
+        >>> import jax, numpy as np, jax_rccl as jr
+        >>> from jax.sharding import Mesh, PartitionSpec as P
+        >>> mesh = Mesh(jax.devices(), "i")  # 8 devices
+        >>> def run(fn):  # fn on each device's block of an array split over the 8 devices
+        ...     return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+        >>> print(run(lambda x: jr.pshuffle(x, "i", [7, 6, 5, 4, 3, 2, 1, 0]))(np.arange(8)))
+        [7 6 5 4 3 2 1 0]
+    """
     if isinstance(perm, (str, bytes)) or not isinstance(perm, Iterable):
         raise TypeError(
             f"jax_rccl.pshuffle: perm must be a sequence of ints, got {type(perm).__name__} "
@@ -52,8 +73,37 @@ def pshuffle(x, axis_name, perm: Sequence[int]):
 
 
 def pswapaxes(x, axis_name, axis: int, *, axis_index_groups=None):
-    """Swap the named axis `axis_name` with the positional axis `axis` (as jax.lax.pswapaxes):
-    ``all_to_all(x, axis_name, axis, axis)``. ``x.shape[axis]`` must equal the group size."""
+    """Swap the named axis ``axis_name`` with the positional axis ``axis``, as
+    :func:`jax.lax.pswapaxes`: ``all_to_all(x, axis_name, axis, axis)``.
+
+    Args:
+        x: an array or a pytree of arrays, traced inside :func:`jax.shard_map` (or another
+            transformation that binds ``axis_name``: jax.pmap, jax.vmap with ``axis_name``).
+        axis_name: a mesh axis name, or a tuple of names (the group is their product).
+        axis: the positional axis; ``x.shape[axis]`` must equal the group size n.
+        axis_index_groups: optional list of lists of axis indices, all of one size, covering every
+            index once; each group swaps on its own.
+
+    Returns:
+        A pytree like ``x``, each leaf of the same shape: element k of ``axis`` on device j is
+        element j of ``axis`` on device k.
+
+    Differences from jax.lax.pswapaxes:
+        it runs through :func:`all_to_all` on jax_rccl's runtime;
+        a size other than n is refused at trace time naming the leaf.
+
+    Example:
+        >>> import jax, numpy as np, jax_rccl as jr
+        >>> from jax.sharding import Mesh, PartitionSpec as P
+        >>> mesh = Mesh(jax.devices(), "i")  # 8 devices
+        >>> def run(fn):  # fn on each device's block of an array split over the 8 devices
+        ...     return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+        >>> f = jax.jit(jax.shard_map(lambda x: jr.pswapaxes(x, "i", 1), mesh=mesh,
+        ...                           in_specs=P("i"), out_specs=P("i")))
+        >>> x = np.arange(64).reshape(8, 8)
+        >>> bool((f(x) == x.T).all())
+        True
+    """
     axes = api._axes(axis_name, "pswapaxes")
     _, n = api._groups(axis_index_groups, axes, "pswapaxes")
     for i, leaf in enumerate(jax.tree_util.tree_leaves(x)):
@@ -81,11 +131,39 @@ def _forget(key: int, ref: weakref.ref) -> None:
 
 
 def psend(x, axis_name, perm: Iterable[tuple[int, int]]):
-    """Send `x` along the (source, destination) pairs of `perm` over `axis_name` (as
-    jax.lax.psend); returns a token per leaf of `x`, for `precv` to receive with.
+    """Send ``x`` along the (source, destination) pairs of ``perm`` over ``axis_name``, as
+    :func:`jax.lax.psend`; :func:`precv` given the returned token receives it.
 
-    The data moves as ``ppermute(x, axis_name, perm)`` does (any dtype, shape, mesh axes,
-    transformation)."""
+    Args:
+        x: an array or a pytree of arrays, traced inside :func:`jax.shard_map` (or another
+            transformation that binds ``axis_name``: jax.pmap, jax.vmap with ``axis_name``).
+        axis_name: a mesh axis name, or a tuple of names (the group is their product).
+        perm: (source, destination) pairs of axis indices, each source and destination at most
+            once.
+
+    Returns:
+        A pytree of tokens shaped like ``x``, one per leaf, to pass to :func:`precv` in the same
+        traced function.
+
+    Differences from jax.lax.psend:
+        it runs on CPU too (jax.lax lowers psend/precv on GPUs only);
+        the data moves when psend is called, as :func:`ppermute` moves it; a precv whose token,
+        axes, pairs, shape or dtype do not match its psend is refused at trace time (with jax.lax it
+        fails at run time or hangs).
+
+    Example:
+        >>> import jax, numpy as np, jax_rccl as jr
+        >>> from jax.sharding import Mesh, PartitionSpec as P
+        >>> mesh = Mesh(jax.devices(), "i")  # 8 devices
+        >>> def run(fn):  # fn on each device's block of an array split over the 8 devices
+        ...     return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+        >>> def f(x):
+        ...     perm = [(i, (i + 1) % 8) for i in range(8)]
+        ...     token = jr.psend(x, "i", perm)
+        ...     return jr.precv(token, jax.ShapeDtypeStruct(x.shape, x.dtype), "i", perm)
+        >>> print(run(f)(np.arange(8)))
+        [7 0 1 2 3 4 5 6]
+    """
     axes = api._axes(axis_name, "psend")
     pairs = api._pairs(perm, "psend")
     leaves, tree = jax.tree_util.tree_flatten(x)
@@ -107,10 +185,36 @@ def psend(x, axis_name, perm: Iterable[tuple[int, int]]):
 
 
 def precv(token, out_shape, axis_name, perm: Iterable[tuple[int, int]]):
-    """What the psend that returned `token` sent to this device over `axis_name` (as
-    jax.lax.precv): an array of `out_shape`'s shape and dtype, zeros where no pair of `perm`
-    names this device as destination. `axis_name` and `perm` must be psend's; `out_shape` (a
-    jax.ShapeDtypeStruct or anything with .shape and .dtype) the shape and dtype it sent."""
+    """What the :func:`psend` that returned ``token`` sent to this device, as :func:`jax.lax.precv`.
+
+    Args:
+        token: a token :func:`psend` returned, in the same traced function (not
+            ``lax.create_token()``, nor one carried through a loop, a condition or a jit boundary).
+        out_shape: a :class:`jax.ShapeDtypeStruct` (anything with ``.shape`` and ``.dtype``): the
+            shape and dtype psend sent.
+        axis_name: psend's mesh axis name or tuple of names.
+        perm: the same (source, destination) pairs as psend's.
+
+    Returns:
+        An array of ``out_shape``: what the source of the pair naming this device sent, zeros where
+        no pair names it as destination.
+
+    Differences from jax.lax.precv:
+        see :func:`psend`; a mismatch with its psend is a ValueError
+        at trace time naming what differs.
+
+    Example:
+        >>> import jax, numpy as np, jax_rccl as jr
+        >>> from jax.sharding import Mesh, PartitionSpec as P
+        >>> mesh = Mesh(jax.devices(), "i")  # 8 devices
+        >>> def run(fn):  # fn on each device's block of an array split over the 8 devices
+        ...     return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+        >>> def f(x):
+        ...     token = jr.psend(x, "i", [(0, 7)])
+        ...     return jr.precv(token, jax.ShapeDtypeStruct(x.shape, x.dtype), "i", [(0, 7)])
+        >>> print(run(f)(np.arange(1.0, 9.0)))
+        [0. 0. 0. 0. 0. 0. 0. 1.]
+    """
     axes = api._axes(axis_name, "precv")
     pairs = tuple(sorted(api._pairs(perm, "precv")))
     try:

@@ -9,6 +9,7 @@
 
 #include "ffi/bind/bindings.h"
 #include "ffi/core/params.h"
+#include "ffi/planner/types.h"
 
 namespace nb = nanobind;
 
@@ -28,6 +29,7 @@ void BindParams(nb::module_& m) {
           d["type"] = i.kind;
           d["default"] = i.defaultValue;
           d["value"] = i.value;
+          d["allowed"] = i.allowed;
           d["doc"] = i.doc;
           out.append(d);
         }
@@ -37,10 +39,17 @@ void BindParams(nb::module_& m) {
   m.def(
       "check_params",
       []() {
+        // The message alone: a settings error is about the environment, so no file:line frames.
+        auto raise = [](const Status& s) {
+          if (!s.ok()) throw nb::value_error(s.message().c_str());
+        };
         StatusOr<Params> p = LoadValidParams();
-        ThrowIfError(p.status());
+        raise(p.status());
+        raise(ParseAlgoMask(p.value().algo, "jax_rccl: JAX_RCCL_ALGO").status());
+        raise(ParseProtoMask(p.value().proto, "jax_rccl: JAX_RCCL_PROTO").status());
       },
-      "Raises ValueError naming the variable when a JAX_RCCL_* setting is not allowed.");
+      "Raises ValueError naming the variable, its value and the allowed values when a "
+      "JAX_RCCL_* setting is not allowed (JAX_RCCL_ALGO and JAX_RCCL_PROTO included).");
 }
 
 }  // namespace jax_rccl

@@ -104,9 +104,21 @@ nb::dict OpFullDict(const DevRedOpFull& full) {
 }  // namespace
 
 void BindRedop(nb::module_& m, nb::module_& internal) {
-  nb::class_<RedOpTable>(m, "RedOpTable",
-                         "User-created reduction ops of one communicator (ncclRedOpCreatePreMulSum "
-                         "/ ncclRedOpDestroy); handles are mangled with a hash of comm_id.")
+  nb::class_<RedOpTable>(
+      m, "RedOpTable",
+      "User-created reduction ops of one communicator (ncclRedOpCreatePreMulSum / "
+      "ncclRedOpDestroy); handles are mangled with a hash of comm_id. A planner.Task's `op` may "
+      "name a handle when planner.plan gets the table as `user_ops`.\n\n"
+      "Example:\n"
+      "    >>> from jax_rccl import planner\n"
+      "    >>> ops = planner.RedOpTable()\n"
+      "    >>> half = ops.create_premul(0.5, \"float32\")  # x * 0.5, then a sum\n"
+      "    >>> task = planner.Task(\"all_reduce\", 1024, \"float32\", op=half)\n"
+      "    >>> planner.plan(task, \"mi300x-8\", user_ops=ops).tasks[0][\"dev_op\"]\n"
+      "    'premulsum'\n"
+      "    >>> ops.destroy(half)\n"
+      "    >>> ops.live_count\n"
+      "    0\n")
       .def(
           "__init__", [](RedOpTable* self, uint64_t commId) { new (self) RedOpTable(commId); },
           nb::arg("comm_id") = 0)
@@ -141,7 +153,7 @@ void BindRedop(nb::module_& m, nb::module_& internal) {
       .def(
           "destroy",
           [](RedOpTable& self, nb::object op) { ThrowIfError(self.Destroy(OpFromObject(op))); },
-          nb::arg("op"))
+          nb::arg("op"), "Frees the op of handle `op` (its handle may be given out again).")
       .def(
           "lookup",
           [](const RedOpTable& self, nb::object op) {
@@ -152,8 +164,11 @@ void BindRedop(nb::module_& m, nb::module_& internal) {
             d["index"] = self.Mangle(v) - static_cast<int>(kNumRedOps);
             return d;
           },
-          nb::arg("op"))
-      .def("mangle", &RedOpTable::Mangle, nb::arg("op"))
+          nb::arg("op"),
+          "The op of handle `op`: what it computes (op, scalar_arg, proxy_op), its dtype and its "
+          "index in the table.")
+      .def("mangle", &RedOpTable::Mangle, nb::arg("op"),
+           "The handle `op` as the device sees it (mangled with the hash of comm_id).")
       .def_prop_ro("capacity", &RedOpTable::capacity)
       .def_prop_ro("free_head", &RedOpTable::freeHead)
       .def_prop_ro("live_count", &RedOpTable::liveCount)

@@ -19,6 +19,7 @@
 #include "ffi/core/params.h"
 #include "ffi/core/stats.h"
 #include "ffi/handlers/collective.h"
+#include "ffi/planner/types.h"
 
 namespace nb = nanobind;
 
@@ -203,7 +204,33 @@ void BindRuntime(nb::module_& m) {
       "network proxies of GPU groups across hosts).");
   m.def(
       "reset_runtime_stats", []() { ResetStats(); },
-      "Zeroes the runtime counters (not the gauges).");
+      "Zeroes the runtime counters (not the gauges) and every call site's.");
+  m.def(
+      "call_site_stats",
+      []() {
+        nb::list out;
+        for (const CallSiteStats* s : CallSiteRecords()) {
+          nb::dict d;
+          d["call_site"] = s->callSite;
+          d["name"] = s->name;
+          d["kind"] = s->kind;
+          d["group_size"] = s->groupSize;
+          d["executions"] = s->executions.load();
+          d["calls"] = s->calls.load();
+          d["bytes"] = s->bytes.load();
+          d["ns"] = s->ns.load();
+          const int32_t a = s->algo.load(), p = s->proto.load();
+          d["algorithm"] = a == CallSiteStats::kP2p ? "p2p"
+                           : a < 0                  ? ""
+                                                    : AlgoName(static_cast<Algo>(a));
+          d["protocol"] = p < 0 ? "" : ProtoName(static_cast<Proto>(p));
+          out.append(d);
+        }
+        return out;
+      },
+      "Per call site (the custom call's `call_site`): name, kind, group_size, executions (one per "
+      "device and call), calls (in this process), bytes, ns, algorithm, protocol, in the "
+      "order the sites were first instantiated.");
   m.def(
       "cpu_topology",
       [](int nranks) {

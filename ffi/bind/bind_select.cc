@@ -1,6 +1,6 @@
 // Test entry points of the cost model and of the algorithm/protocol selection, under
-// jax_rccl._jax_rccl.internal: cost_model, describe_cost_model, algo_time, select, dev_func_id,
-// dev_func_id_p2p, num_dev_funcs, parse_algo_mask, parse_proto_mask.
+// jax_rccl._jax_rccl.internal: cost_model, describe_cost_model, algo_time, unavailable_reason,
+// select, dev_func_id, dev_func_id_p2p, num_dev_funcs, parse_algo_mask, parse_proto_mask.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "ffi/bind/bindings.h"
+#include "ffi/planner/cost_model.h"
 #include "ffi/planner/internal.h"
 
 namespace nb = nanobind;
@@ -99,6 +100,21 @@ void BindSelectInternals(nb::module_& internal) {
       nb::arg("topology"), nb::arg("coll"), nb::arg("algorithm"), nb::arg("protocol"),
       nb::arg("nbytes"), nb::arg("num_pipe_ops") = 1, nb::arg("nchannels") = 0,
       "(microseconds, backup) of one operation; microseconds < 0 when it cannot run.");
+
+  internal.def(
+      "unavailable_reason",
+      [](const nb::dict& topology, const std::string& coll, const std::string& algo,
+         const std::string& proto, int64_t nbytes) {
+        TopologyView topo = TopoFromDict(topology);
+        CostModel model = ValueOrThrow(BuildCostModel(topo));
+        return UnavailableReason(model, topo, ValueOrThrow(ParseColl(coll)),
+                                 ValueOrThrow(ParseAlgo(algo)), ValueOrThrow(ParseProto(proto)),
+                                 nbytes);
+      },
+      nb::arg("topology"), nb::arg("coll"), nb::arg("algorithm"), nb::arg("protocol"),
+      nb::arg("nbytes"),
+      "Why (algorithm, protocol) cannot run `nbytes` of `coll` on the topology, in a few words; "
+      "empty when it can.");
 
   internal.def(
       "select",

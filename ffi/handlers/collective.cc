@@ -69,6 +69,12 @@ StatusOr<Plan> PlanSlot(const CallAttrs& attrs, SlotBase& slot, const TopologyVi
   req.userOps = &slot.userOps;
   req.persistent = true;
   JR_ASSIGN_OR_RETURN(Plan plan, MakePlan(req));
+  if (!plan.tasks.empty()) {
+    const TaskPlan& first = plan.tasks.front();
+    const bool p2p = first.coll == Coll::kSend || first.coll == Coll::kRecv;
+    slot.planAlgo = p2p ? CallSiteStats::kP2p : static_cast<int32_t>(first.algo);
+    slot.planProto = static_cast<int32_t>(first.proto);
+  }
   if (attrs.params.debug == "INFO" || attrs.params.debug == "TRACE") {
     LogPlan(attrs, slot.rank, plan, topo.nNodes, where);
   }

@@ -149,6 +149,8 @@ struct SlotBase {
   std::vector<uint8_t> zeroBefore, zeroAfter;  // by leaf: outputs this rank zeroes
   std::unique_ptr<uint64_t[]> scalarCells;     // premul == 2: one per leaf, names its user op
   RaggedShape ragged;                          // ragged_all_to_all only
+  int64_t callBytes = 0;  // the message size of one call (CallSiteStats::bytes), set by the build
+  int32_t planAlgo = -1, planProto = -1;  // the plan's choice (CallSiteStats::algo), by PlanSlot
 };
 
 // The state of one call site in one executable (shared by all its devices; thread-safe: the
@@ -156,6 +158,7 @@ struct SlotBase {
 template <typename Slot>
 struct CollectiveState : CallAttrs {
   std::unordered_map<int64_t, std::unique_ptr<Slot>> slots;  // by device id; fixed
+  CallSiteStats* record = nullptr;  // the call site's timings (jax_rccl.profile())
 };
 
 // "[0, 1][2, 3]": the replica groups, for messages.
@@ -227,6 +230,7 @@ class Collective {
       JR_CHECK(DecodeCallAttrs(K, attrs, st.get()));
       const std::string protocol = st->protocolText;
       B::Configure(*st, protocol);
+      st->record = CallSiteRecord(st->callSite, st->name, KindName(K), st->groupSize);
       for (size_t g = 0; g < st->groups.size(); ++g) {
         for (int r = 0; r < static_cast<int>(st->groups[g].size()); ++r) {
           auto slot = std::make_unique<Slot>();
@@ -288,6 +292,13 @@ class Collective {
     JR_ASSIGN_OR_RETURN(std::vector<TaskDesc> tasks, SlotTasks(st, slot, B::kOneRankCopies));
     JR_CHECK(B::BuildPlan(st, slot, std::move(tasks)));
     Stats().plansBuilt.fetch_add(1);
+    const std::vector<size_t>& sized =
+        st.kind == Kind::kAllGather ? slot.leaves.outBytes : slot.leaves.inBytes;
+    for (size_t b : sized) slot.callBytes += static_cast<int64_t>(b);
+    if (st.record != nullptr && slot.planAlgo != -1) {
+      st.record->algo.store(slot.planAlgo, std::memory_order_relaxed);
+      st.record->proto.store(slot.planProto, std::memory_order_relaxed);
+    }
     return Status::Ok();
   }
 
@@ -309,6 +320,7 @@ class Collective {
       return s;
     }
     Stats().executions.fetch_add(1, std::memory_order_relaxed);
+    CallTimer timer(st.record, slot.device, slot.callBytes);
 
     const size_t nLeaves = slot.leaves.size();
     JR_REQUIRE(rets.size() == nLeaves, Code::kInvalidArgument, "jax_rccl '", st.name,

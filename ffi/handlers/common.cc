@@ -199,9 +199,11 @@ Status ParseCallAttrs(Kind kind, ffi::Span<const int64_t> groups, int64_t groupS
   const std::string algo = algorithm.empty() ? out->params.algo : std::string(algorithm);
   const std::string proto = protocol.empty() ? out->params.proto : std::string(protocol);
   JR_ASSIGN_OR_RETURN(out->tuning.algoMask,
-                      ParseAlgoMask(algo, algorithm.empty() ? "JAX_RCCL_ALGO" : "algorithm"));
+                      ParseAlgoMask(algo, algorithm.empty() ? "jax_rccl: JAX_RCCL_ALGO"
+                                                            : "jax_rccl.config: algorithm"));
   JR_ASSIGN_OR_RETURN(out->tuning.protoMask,
-                      ParseProtoMask(proto, protocol.empty() ? "JAX_RCCL_PROTO" : "protocol"));
+                      ParseProtoMask(proto, protocol.empty() ? "jax_rccl: JAX_RCCL_PROTO"
+                                                             : "jax_rccl.config: protocol"));
   out->plannerParams.p2pLLThreshold = out->params.p2p_ll_threshold;
   return Status::Ok();
 }

@@ -358,17 +358,18 @@ StatusOr<uint32_t> ParseMask(const std::string& spec, const std::string& what, i
       if (key == name(static_cast<E>(i))) found = i;
     }
     if (found < 0) {
-      return Status(
-          Code::kInvalidArgument,
-          detail::StrCat(what, ": unknown name '", Trim(item), "' in '", spec,
-                         "'; allowed: ", allowed, " (a comma list, '^' in front to exclude)"));
+      return Status(Code::kInvalidArgument,
+                    detail::StrCat(what, "='", spec, "' has an unknown name '", Trim(item),
+                                   "'; allowed: ", allowed,
+                                   " (a comma list, '^' in front to exclude; empty: all)"));
     }
     mask |= 1u << found;
   }
   if (exclude) mask = all & ~mask;
   if (mask == 0) {
     return Status(Code::kInvalidArgument,
-                  detail::StrCat(what, ": '", spec, "' leaves nothing to choose from"));
+                  detail::StrCat(what, "='", spec, "' leaves nothing to choose from; allowed: ",
+                                 allowed, " (a comma list, '^' in front to exclude; empty: all)"));
   }
   return mask;
 }

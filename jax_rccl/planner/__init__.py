@@ -53,9 +53,16 @@ def _dtype_name(dtype: Any) -> str:
 class Task:
     """One operation of a group: a collective, or one side of a point-to-point transfer.
 
+    ``coll`` is one of all_reduce, all_gather, reduce_scatter, broadcast, reduce, send, recv.
     ``count`` is in elements per rank (for all_gather, each rank's part; for reduce_scatter, each
-    rank's result). ``op`` is a name (sum, prod, max, min, avg) or a handle from a RedOpTable.
-    ``root`` is the broadcast/reduce root; ``peer`` the other rank of a send/recv.
+    rank's result). ``dtype`` is a NumPy dtype or its name. ``op`` is a name (sum, prod, max,
+    min, avg) or a handle from a RedOpTable. ``root`` is the broadcast/reduce root; ``peer`` the
+    other rank of a send/recv.
+
+    Example:
+        >>> from jax_rccl import planner
+        >>> planner.Task("all_gather", 1024, "bfloat16").to_native()["dtype"]
+        'bfloat16'
     """
 
     coll: str
@@ -79,6 +86,7 @@ class Task:
         object.__setattr__(self, "dtype", _dtype_name(self.dtype))
 
     def to_native(self) -> dict[str, Any]:
+        """The dict the native planner takes."""
         return {
             "coll": self.coll,
             "count": int(self.count),
@@ -91,7 +99,17 @@ class Task:
 
 class Plan:
     """A plan: per task the choice made, per channel the work elements, per kernel its shape,
-    and the proxy ops of connections that cross nodes."""
+    and the proxy ops of connections that cross nodes. ``plan()`` makes one.
+
+    Example:
+        >>> from jax_rccl import planner
+        >>> p = planner.plan(planner.Task("all_reduce", 1 << 20), "mi300x-8")
+        >>> p
+        Plan(rank=0, nranks=8, tasks=1, kernels=1)
+        >>> t = p.tasks[0]
+        >>> t["algorithm"], t["protocol"], t["nbytes"]
+        ('ring', 'll', 4194304)
+    """
 
     def __init__(self, native: Any, tasks: Sequence[Task], topology: Topology) -> None:
         self._native = native
@@ -100,23 +118,29 @@ class Plan:
         self.topology = topology
 
     def to_dict(self) -> dict[str, Any]:
+        """Everything the plan holds: rank, nranks, tasks (each with its algorithm, protocol,
+        channels, threads, chunk sizes and predicted time), channels, kernels and proxy_ops."""
         if self._dict is None:
             self._dict = self._native.to_dict()
         return self._dict
 
     def to_json(self, indent: int | None = 2) -> str:
+        """``to_dict()`` as JSON text."""
         return json.dumps(self.to_dict(), indent=indent)
 
     @property
     def tasks(self) -> list[dict[str, Any]]:
+        """Per task, the choice made (``to_dict()["tasks"]``)."""
         return self.to_dict()["tasks"]
 
     @property
     def channels(self) -> list[dict[str, Any]]:
+        """Per channel, its work elements."""
         return self.to_dict()["channels"]
 
     @property
     def kernels(self) -> list[dict[str, Any]]:
+        """Per kernel launch, its channels, threads per block and work count."""
         return self.to_dict()["kernels"]
 
     @property
@@ -142,6 +166,7 @@ class Plan:
         return self._native.layout_fifo(kernel, fifo_depth, fifo_sent)
 
     def explain(self) -> str:
+        """The plan as readable text: the machine, each task's choice, where its work landed."""
         return explain_plan(self)
 
     def __repr__(self) -> str:
@@ -173,13 +198,40 @@ def plan(
     op_count: int = 0,
     p2p_ll_threshold: int | None = None,
 ) -> Plan:
-    """Plans one group of tasks for ``rank`` of ``topology``.
+    """Plans one group of tasks for ``rank`` of ``topology``, as the runtime plans a call.
 
-    ``algorithm``/``protocol`` restrict the choice in NCCL's syntax ("Ring", "Tree,Ring",
-    "^LL128"); when None, JAX_RCCL_ALGO / JAX_RCCL_PROTO apply. ``tuner`` may fix algorithm,
-    protocol and channel count per collective. ``persistent=False`` plans for a FIFO launch whose
-    work budget is half of ``topology.work_fifo_depth``, as RCCL plans a non-persistent launch
-    (planner API only: the runtimes' plans are persistent).
+    Args:
+        tasks: a Task or a sequence of them, planned together (one group).
+        topology: a Topology, or a preset's name (``Topology.presets()``).
+        rank: the rank whose plan is built (plans differ per rank for rooted and p2p tasks).
+        algorithm: restricts the choice, NCCL's syntax (``"Ring"``, ``"Tree,Ring"``,
+            ``"^Tree"``); None: ``JAX_RCCL_ALGO`` applies.
+        protocol: the same for protocols (``"Simple"``, ``"^LL128"``); None:
+            ``JAX_RCCL_PROTO``.
+        tuner: ``fn(coll, nbytes, num_pipe_ops)`` returning None or (algorithm or None,
+            protocol or None, nchannels): may fix the choice per collective.
+        user_ops: a RedOpTable whose handles tasks' ``op`` may name.
+        persistent: False plans for a FIFO launch whose work budget is half of
+            ``topology.work_fifo_depth``, as RCCL plans a non-persistent launch (planner API
+            only: the runtimes' plans are persistent).
+        op_count: the communicator's operation counter the plan starts from.
+        p2p_ll_threshold: point-to-point chunks up to this many bytes use LL; None:
+            ``JAX_RCCL_P2P_LL_THRESHOLD``.
+
+    Returns:
+        A Plan: ``.tasks`` (per task the algorithm, protocol, channels, threads, chunking and
+        predicted time), ``.kernels``, ``.channels``, ``.proxy_ops``, ``.explain()``.
+
+    Example:
+        >>> import jax_rccl
+        >>> from jax_rccl import planner
+        >>> cpu8 = planner.Topology.from_native(jax_rccl.runtime_topology(8))
+        >>> p = planner.plan(planner.Task("all_reduce", 1 << 20, "float32"), cpu8)
+        >>> p.tasks[0]["algorithm"], p.tasks[0]["protocol"], p.tasks[0]["nchannels"]
+        ('direct', 'simple', 2)
+        >>> planner.plan(planner.Task("all_reduce", 1 << 20), cpu8, algorithm="Ring").tasks[0][
+        ...     "algorithm"]
+        'ring'
     """
     if isinstance(tasks, Task):
         tasks = [tasks]
@@ -217,5 +269,26 @@ def explain(
     protocol: str | None = None,
     **kwargs: Any,
 ) -> str:
-    """The plan() of the same arguments, as readable text."""
+    """The plan() of the same arguments, as readable text.
+
+    Args:
+        tasks: a Task or a sequence of them.
+        topology: a Topology or a preset's name.
+        rank: the rank whose plan is shown.
+        algorithm: restricts the choice (NCCL's syntax); None: ``JAX_RCCL_ALGO``.
+        protocol: restricts the choice; None: ``JAX_RCCL_PROTO``.
+        kwargs: the other arguments of plan().
+
+    Returns:
+        The text of ``plan(...).explain()``: the machine, each task's algorithm, protocol,
+        channels and predicted time, its chunking and where its elements went. For the plans
+        of a jitted function's collectives on the runtime it runs on, see
+        :func:`jax_rccl.explain`.
+
+    Example:
+        >>> from jax_rccl import planner
+        >>> text = planner.explain(planner.Task("all_reduce", 1024), "mi300x-8")
+        >>> print(text.splitlines()[0])
+        jax_rccl plan for rank 0 of 8: arch gfx942, 1 node(s) x 8 ranks, xgmi inside a node; ...
+    """
     return plan(tasks, topology, rank, algorithm, protocol, **kwargs).explain()

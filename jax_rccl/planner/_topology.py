@@ -20,7 +20,22 @@ _LINKS = ("loopback", "shm", "pcie", "xgmi", "nvlink", "net", "socket")
 class Topology:
     """A communicator reduced to values: ranks, nodes, architecture, links, channels, buffers.
 
-    ``bw_intra``/``bw_inter`` are GB/s one channel gets inside a node / between nodes.
+    ``nranks`` ranks on ``nnodes`` nodes (as many on each); ``arch`` is ``"cpu"`` or a GPU
+    architecture; ``link`` joins the ranks of a node, ``inter_link`` the nodes; ``bw_intra`` /
+    ``bw_inter`` are the GB/s one channel gets inside a node / between nodes; ``nchannels`` the
+    channels of collectives, ``p2p_nchannels`` those of point-to-point transfers; ``buff_sizes``
+    the connection buffers of the LL, LL128 and Simple protocols. A preset
+    (``Topology.preset("mi300x-8")``) names a machine; ``Topology.from_native(
+    jax_rccl.runtime_topology(n))`` is what the CPU runtime plans a group of n devices with.
+
+    Example:
+        >>> import jax_rccl
+        >>> from jax_rccl import planner
+        >>> topo = planner.Topology.from_native(jax_rccl.runtime_topology(8))
+        >>> topo.arch, topo.nranks, topo.nchannels
+        ('cpu', 8, 2)
+        >>> planner.Topology.preset("mi300x-8").replace(nchannels=8).nchannels
+        8
     """
 
     nranks: int
@@ -67,6 +82,7 @@ class Topology:
 
     @property
     def local_ranks(self) -> int:
+        """Ranks per node."""
         return self.nranks // self.nnodes
 
     def replace(self, **changes: Any) -> Topology:
@@ -130,6 +146,7 @@ class Topology:
 
     @staticmethod
     def presets() -> list[str]:
+        """The names ``Topology.preset`` takes, sorted."""
         return sorted(_PRESETS)
 
 
