@@ -52,7 +52,19 @@ _installed: tuple[str, ...] = ()
 
 
 def installed_platforms() -> tuple[str, ...]:
-    """The platforms whose jax.lax collectives lower to jax_rccl now (() when not installed)."""
+    """The platforms whose jax.lax collectives lower to jax_rccl now.
+
+    Returns:
+        A tuple of platform names (``()`` when jax_rccl is not installed).
+
+    Example:
+        >>> import jax_rccl
+        >>> with jax_rccl.install(platforms=("cpu",)):
+        ...     print(jax_rccl.installed_platforms())
+        ('cpu',)
+        >>> jax_rccl.installed_platforms()
+        ()
+    """
     return _installed
 
 
@@ -96,19 +108,35 @@ def _check_platforms(platforms, what: str) -> tuple[str, ...]:
 
 
 def install(platforms: Iterable[str] = PLATFORMS) -> _Installation:
-    """Make jax.lax's collectives inside ``shard_map`` and ``pmap`` run on jax_rccl.
+    """Make jax.lax's own collectives inside ``shard_map`` and ``pmap`` run on jax_rccl.
 
-    ``platforms``: which of ``("cpu", "cuda", "rocm")`` to take over (a GPU platform is used only
-    where the installed jax_rccl has its GPU runtime; elsewhere XLA's lowering stays). Calling
-    it again replaces the set. JAX's caches are cleared, so functions jitted before are
-    compiled again with jax_rccl's collectives at their next call. Use it as a statement or as
-    a context manager (``with jax_rccl.install(): ...`` restores the previous state on exit)::
+    Every jax.lax collective primitive (psum, pmax, pmin and pmean through psum, the psum JAX
+    inserts itself when it differentiates through replicated inputs, all_gather, psum_scatter,
+    all_to_all, ppermute, pbroadcast, ragged_all_to_all, psend/precv) lowers to jax_rccl's
+    custom calls on the installed platforms; jax.lax's own typing, batching and autodiff rules
+    stay, so results are jax.lax's. What jax_rccl cannot express keeps XLA's lowering for that
+    call (docs/sharp-bits.md; ``JAX_RCCL_DEBUG=INFO`` says so once). JAX's caches are cleared, so
+    functions jitted before are compiled again at their next call. ``JAX_RCCL_LAX=1`` does the
+    same in a program that never imports jax_rccl.
 
-        import jax_rccl
-        jax_rccl.install()          # every jax.lax.psum, all_gather, ... now runs on jax_rccl
-        step = jax.jit(jax.shard_map(train_step, mesh=mesh, in_specs=..., out_specs=...))
+    Args:
+        platforms: which of ``("cpu", "cuda", "rocm")`` to take over; a GPU platform is used
+            only where the installed jax_rccl has its GPU runtime (elsewhere XLA's lowering
+            stays). Calling it again replaces the set.
 
-    Returns an object whose ``platforms`` are the platforms installed.
+    Returns:
+        An object whose ``platforms`` are the platforms installed. It is also a context manager:
+        leaving the ``with`` block restores what was installed before it.
+
+    Example:
+        >>> import jax, numpy as np, jax_rccl
+        >>> from jax.sharding import Mesh, PartitionSpec as P
+        >>> mesh = Mesh(jax.devices(), "i")  # 8 devices
+        >>> f = jax.jit(jax.shard_map(lambda x: jax.lax.psum(x, "i"), mesh=mesh,
+        ...                           in_specs=P("i"), out_specs=P()))
+        >>> with jax_rccl.install(platforms=("cpu",)):
+        ...     print(f(np.arange(8.0)), "jax_rccl_all_reduce" in f.lower(np.arange(8.0)).as_text())
+        [28.] True
     """
     platforms = _check_platforms(platforms, "platforms")
     with _lock:
@@ -132,7 +160,19 @@ def install(platforms: Iterable[str] = PLATFORMS) -> _Installation:
 
 
 def uninstall() -> None:
-    """Restore XLA's lowering of jax.lax's collectives (JAX's caches are cleared)."""
+    """Restore XLA's lowering of jax.lax's collectives (JAX's caches are cleared; a no-op when
+    jax_rccl is not installed).
+
+    Returns:
+        None.
+
+    Example:
+        >>> import jax_rccl
+        >>> _ = jax_rccl.install(platforms=("cpu",))
+        >>> jax_rccl.uninstall()
+        >>> jax_rccl.installed_platforms()
+        ()
+    """
     with _lock:
         was = bool(_installed)
         _uninstall_rules()

@@ -12,10 +12,6 @@ import pytest
 import jax_rccl
 from jax_rccl import planner
 
-#: jax_rccl.install(), uninstall() and installed_platforms() are documented in
-#: jax_rccl/lax_backend.py (docs/sharp-bits.md and the README describe them meanwhile).
-DOCUMENTED_ELSEWHERE = {"install", "uninstall", "installed_platforms"}
-
 #: The collectives: their docstrings also say how they differ from jax.lax.
 COLLECTIVES = {
     "psum",
@@ -51,7 +47,7 @@ def _public_functions() -> dict[str, object]:
 
 
 PUBLIC = _public_functions()
-CHECKED = sorted(n for n in PUBLIC if n.rsplit(".", 1)[1] not in DOCUMENTED_ELSEWHERE)
+CHECKED = sorted(PUBLIC)
 #: The classes jax_rccl's functions return (Explanation, Profile): documented, with every public
 #: method; their examples are those of the functions that make them.
 RESULT_CLASSES = {
@@ -122,9 +118,3 @@ def test_the_examples_run(name):
         runner.run(t)
     result = runner.summarize(verbose=False)
     assert result.failed == 0, f"{name}: {result.failed} of {result.attempted} examples failed"
-
-
-@pytest.mark.xfail(strict=True, reason="documented in jax_rccl/lax_backend.py by its owner")
-@pytest.mark.parametrize("name", sorted(DOCUMENTED_ELSEWHERE))
-def test_the_lax_backend_functions_have_examples(name):
-    assert "Example:" in (inspect.getdoc(getattr(jax_rccl, name)) or "")
