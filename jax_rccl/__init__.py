@@ -8,17 +8,36 @@ from __future__ import annotations
 
 import importlib.util as _importlib_util
 import os as _os
+import sys as _sys
+
+
+def _installed_extension_dir(here: str) -> str | None:
+    """The installed jax_rccl package folder that holds the compiled extension, other than
+    `here` (a source checkout's jax_rccl/), or None."""
+    for entry in _sys.path:
+        folder = _os.path.realpath(_os.path.join(entry or _os.getcwd(), "jax_rccl"))
+        if folder == here or not _os.path.isdir(folder):
+            continue
+        if any(n.startswith("_jax_rccl.") for n in _os.listdir(folder)):
+            return folder
+    return None
+
 
 if _importlib_util.find_spec("jax_rccl._jax_rccl") is None:
     # A source checkout ahead of the installed package on sys.path (Python puts the current or the
-    # script's folder first): its jax_rccl/ folder has no compiled extension.
-    raise ImportError(
-        "jax_rccl's compiled extension (_jax_rccl) is not in "
-        f"{_os.path.dirname(_os.path.abspath(__file__))}: this is a source folder, found before "
-        "the installed package because Python puts the current (or the script's) folder first "
-        "on sys.path. Build and install the package with `make install` (or `pip install .`), "
-        "then run Python with -P (`.venv/bin/python -P script.py`) or from outside the checkout."
-    )
+    # script's folder first): its jax_rccl/ folder has no compiled extension. It imports with
+    # the installed package's compiled modules (those `make install` built from this checkout),
+    # its Python from here.
+    _here = _os.path.realpath(_os.path.dirname(_os.path.abspath(__file__)))
+    _installed = _installed_extension_dir(_here)
+    if _installed is None:
+        raise ImportError(
+            "jax_rccl's compiled extension (_jax_rccl) is in neither this source folder "
+            f"({_here}) nor an installed jax_rccl package on sys.path: build and install it "
+            "with `make install` (or `pip install .`) and run Python from the environment it "
+            "installed into (`.venv/bin/python script.py`)."
+        )
+    __path__.append(_installed)  # noqa: F821 - the package's own __path__
 
 from jax_rccl import planner
 from jax_rccl._explain import Explanation, explain

@@ -28,14 +28,36 @@ def _python(cwd: Path, *flags: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_checkout_without_extension_says_what_to_do(tmp_path):
+def test_checkout_imports_with_the_installed_extension(tmp_path):
+    """From a checkout's root (the current folder first on sys.path), its Python sources import
+    with the compiled modules that `make install` put in the environment."""
     checkout = _copy_sources(tmp_path)
-    r = _python(checkout)  # the current folder comes first on sys.path: the copy shadows
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import jax_rccl, jax_rccl._jax_rccl as ext; print(jax_rccl.__file__); "
+            "print(ext.__file__); print(jax_rccl.runtime_topology(2)['nRanks'])",
+        ],
+        cwd=checkout,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    init, ext, nranks = r.stdout.split()
+    assert Path(init).parent == checkout / "jax_rccl"
+    assert Path(ext).parent != checkout / "jax_rccl" and Path(ext).name.startswith("_jax_rccl")
+    assert nranks == "2"
+
+
+def test_without_any_installed_extension_says_what_to_do(tmp_path):
+    checkout = _copy_sources(tmp_path)
+    r = _python(checkout, "-S")  # no site-packages: nothing installed to borrow from
     assert r.returncode != 0
     assert "ImportError" in r.stderr
     assert "circular" not in r.stderr
     assert "make install" in r.stderr
-    assert "-P" in r.stderr
     assert str(checkout / "jax_rccl") in r.stderr
 
 
