@@ -16,7 +16,8 @@ namespace jax_rccl {
 #define JAX_RCCL_PARAMS(X)                                                                         \
   X(algo, "JAX_RCCL_ALGO", String, "",                                                             \
     "tree, ring, direct (a comma list, '^' in front to exclude; empty: all)",                      \
-    "Algorithms the planner may choose, NCCL syntax: 'Ring', 'Tree,Ring', '^Tree'; empty: all")    \
+    "Algorithms the planner may choose, NCCL syntax: 'Ring', 'Tree,Ring', 'Direct', '^Tree'; "     \
+    "empty: all")                                                                                  \
   X(proto, "JAX_RCCL_PROTO", String, "",                                                           \
     "ll, ll128, simple (a comma list, '^' in front to exclude; empty: all)",                       \
     "Protocols the planner may choose, NCCL syntax: 'Simple', 'LL,LL128', '^LL128'; empty: all")   \
