@@ -18,8 +18,8 @@ called, platforms without a jax_rccl runtime) and says so once on stderr when
 
 ``JAX_RCCL_LAX=1`` installs it in a program that never imports jax_rccl: JAX starts the
 ``jax_plugins`` entry points of installed packages when it starts its backends, and jax_rccl's
-(``jax_rccl.lax_backend.initialize``) installs when the variable is set
-(``JAX_RCCL_LAX=cpu,cuda`` names the platforms).
+(the small ``jax_rccl_plugin`` module, which imports nothing of jax_rccl unless the variable
+asks for it) calls `initialize` here (``JAX_RCCL_LAX=cpu,cuda`` names the platforms).
 """
 
 from __future__ import annotations
@@ -288,6 +288,14 @@ def _with_fallback(prim, rule):
             why = "an axis context outside shard_map and pmap"
         elif any(p in L.GPU_PLATFORMS for p in platforms) and not L.gpu_runtime_for(ctx):
             why = "no jax_rccl GPU runtime in this build"
+        elif not all(
+            compat.is_static_shape(a.shape)
+            for a in (*ctx.avals_in, *ctx.avals_out)
+            if hasattr(a, "shape")
+        ):
+            # jax.export with shape polymorphism: the shapes are refined only where the program
+            # is called, and a custom call's results inside shard_map's body cannot be
+            why = "symbolic shapes"
         if why is None:
             try:
                 return rule(ctx, *args, **params)

@@ -165,3 +165,27 @@ def test_grouped_call_exports_for_a_platform_without_runtime():
     total = np.asarray(_x()).reshape(8, 8, 3).sum(0)
     np.testing.assert_array_equal(np.asarray(a), total)
     np.testing.assert_array_equal(np.asarray(b), 2 * total)
+
+
+@pytest.mark.parametrize("kind", ["psum", "ppermute", "all_gather"])
+def test_symbolic_shapes_under_install_keep_xla(kind):
+    """jax.export with shape polymorphism of a jax.lax program under install(): XLA's collective
+    (the custom call's results could not be refined inside shard_map's body), same results."""
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:2]), ("x",))
+
+    def body(b):
+        if kind == "psum":
+            return lax.psum(b, "x")
+        if kind == "ppermute":
+            return lax.ppermute(b, "x", [(0, 1), (1, 0)])
+        return lax.all_gather(b, "x", tiled=True)
+
+    out = P(None, None) if kind == "psum" else P("x", None)
+    f = jax.jit(
+        jax.shard_map(body, mesh=mesh, in_specs=P("x", None), out_specs=out, check_vma=False)
+    )
+    a = np.arange(16, dtype=np.float32).reshape(4, 4)
+    with jax_rccl.install(platforms=("cpu",)):
+        exp = export.export(f)(*export.symbolic_args_specs((a,), "_,b2"))
+        got = exp.call(jax.device_put(a, NamedSharding(mesh, P())))
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(f(a)))
