@@ -143,6 +143,15 @@ def selection(tests_dir: Path, files: list[str]) -> dict[str, list[str] | None]:
 # --------------------------------------------------------------------------------------------
 # The pytest plugin (loaded in every pytest process with ``-p jax_suite``).
 
+try:  # The runner itself may run where pytest is not installed.
+    import pytest as _pytest
+
+    _hookwrapper = _pytest.hookimpl(hookwrapper=True)
+except ImportError:
+
+    def _hookwrapper(f: Any) -> Any:
+        return f
+
 
 def pytest_configure(config: Any) -> None:
     """Adds the recorder (in the process that sees every report, not in xdist's workers) and
@@ -164,6 +173,26 @@ def pytest_configure(config: Any) -> None:
             "build and install a jax_rccl that has it"
         )
     install()
+
+
+def _rccl_executions() -> int | None:
+    """jax_rccl's count of custom-call executions in this process (None: not installed)."""
+    if os.environ.get(ENV_INSTALL) != "1" or "jax_rccl" not in sys.modules:
+        return None
+    return int(sys.modules["jax_rccl"].runtime_stats().get("executions", 0))
+
+
+@_hookwrapper
+def pytest_runtest_call(item: Any) -> Any:
+    """Under ``--install``, notes how many jax_rccl custom calls the test ran (its report carries
+    it, also from xdist's workers), to show that install() took the collectives over."""
+    before = _rccl_executions()
+    try:
+        yield
+    finally:
+        after = _rccl_executions()
+        if before is not None and after is not None:
+            item.user_properties.append(("rccl_executions", after - before))
 
 
 def _defining_name(item: Any) -> str | None:
@@ -218,6 +247,9 @@ class _Recorder:
             entry["outcome"] = "skipped" if report.skipped else "error"
         elif report.when == "teardown" and report.failed:
             entry["outcome"] = "error"
+        for key, value in getattr(report, "user_properties", ()):
+            if key == "rccl_executions":
+                entry[key] = value
         if report.failed or (report.skipped and report.when != "teardown"):
             entry["message"] = _short_message(report)
 
@@ -250,8 +282,9 @@ def _short_message(report: Any) -> str:
 
 
 def _probe(python: str, code: str) -> str | None:
-    """Runs ``code`` in ``python``; its stdout, or None when it fails."""
-    r = subprocess.run([python, "-c", code], capture_output=True, text=True)
+    """Runs ``code`` in ``python`` (``-P``: not importing from the current folder); its stdout,
+    or None when it fails."""
+    r = subprocess.run([python, "-P", "-c", code], capture_output=True, text=True)
     return r.stdout.strip() if r.returncode == 0 else None
 
 
@@ -262,7 +295,7 @@ def _has_module(python: str, name: str) -> bool:
 def _check_install(python: str) -> str | None:
     """Why ``--install`` cannot run with ``python``, or None when it can."""
     r = subprocess.run(
-        [python, "-c", "import jax_rccl; print(jax_rccl.__file__); jax_rccl.install"],
+        [python, "-P", "-c", "import jax_rccl; print(jax_rccl.__file__); jax_rccl.install"],
         capture_output=True,
         text=True,
     )
@@ -324,7 +357,7 @@ def run(args: argparse.Namespace) -> int:
     jax_v, jaxlib_v, py_v = versions.split()
     rccl = _probe(python, "import jax_rccl; print(jax_rccl.__file__)") if args.install else None
 
-    base = [python, "-m", "pytest", "-p", "jax_suite", "-p", "no:cacheprovider", "-q"]
+    base = [python, "-P", "-m", "pytest", "-p", "jax_suite", "-p", "no:cacheprovider", "-q"]
     base += ["--tb=short", "-o", "console_output_style=count"]
     notes = []
     if args.workers and _has_module(python, "xdist"):
