@@ -424,7 +424,9 @@ def _file_of(nodeid: str) -> str:
 def _per_file(tests: dict[str, dict[str, Any]]) -> dict[str, Counter[str]]:
     per: dict[str, Counter[str]] = {}
     for nodeid, t in tests.items():
-        per.setdefault(_file_of(nodeid), Counter())[t["outcome"]] += 1
+        c = per.setdefault(_file_of(nodeid), Counter())
+        c[t["outcome"]] += 1
+        c["ran rccl"] += int(t.get("rccl_executions", 0) > 0)
     return per
 
 
@@ -448,17 +450,18 @@ def compare(path_a: str, path_b: str) -> int:
             f"{label}: {path}: install={m['install']} jax {m['jax']} jaxlib {m['jaxlib']} "
             f"python {m['python']}, {m.get('wall_s', '?')} s"
         )
-    header = f"{'file':<42} {'run':<3} " + " ".join(f"{k:>8}" for k in OUTCOMES)
-    print(header)
+    # "ran rccl": tests that executed jax_rccl custom calls (counted under --install only).
+    columns = (*OUTCOMES, "ran rccl")
+    print(f"{'file':<42} {'run':<3} " + " ".join(f"{k:>8}" for k in columns))
     total: dict[str, Counter[str]] = {"A": Counter(), "B": Counter()}
     for f in sorted(set(pa) | set(pb)):
         for label, per in (("A", pa), ("B", pb)):
             c = per.get(f, Counter())
             total[label].update(c)
-            print(f"{f:<42} {label:<3} " + " ".join(f"{c.get(k, 0):>8}" for k in OUTCOMES))
+            print(f"{f:<42} {label:<3} " + " ".join(f"{c.get(k, 0):>8}" for k in columns))
     for label in ("A", "B"):
         c = total[label]
-        print(f"{'total':<42} {label:<3} " + " ".join(f"{c.get(k, 0):>8}" for k in OUTCOMES))
+        print(f"{'total':<42} {label:<3} " + " ".join(f"{c.get(k, 0):>8}" for k in columns))
 
     good = {"passed", "xfailed"}
     lost = [n for n, t in ta.items() if t["outcome"] in good and _outcome(tb, n) not in good]
