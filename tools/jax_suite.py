@@ -360,6 +360,8 @@ def run(args: argparse.Namespace) -> int:
     base = [python, "-P", "-m", "pytest", "-p", "jax_suite", "-p", "no:cacheprovider", "-q"]
     base += ["--tb=short", "-o", "console_output_style=count"]
     notes = []
+    if args.workers == "0":
+        args.workers = None
     if args.workers and _has_module(python, "xdist"):
         base += ["-n", str(args.workers)]
     elif args.workers:
@@ -490,7 +492,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="build/jax_suite/results.json", help="per-test JSON")
     ap.add_argument("--files", help=f"comma-separated subset of {','.join(FILES)}")
     ap.add_argument("--python", help="interpreter that runs the tests (default: this one)")
-    ap.add_argument("-n", "--workers", type=int, default=2, help="pytest-xdist processes")
+    ap.add_argument(
+        "-n", "--workers", default="2", help="pytest-xdist processes (a number or auto; 0: none)"
+    )
     ap.add_argument("--timeout", type=int, default=300, help="seconds per test (pytest-timeout)")
     ap.add_argument("--slow", action="store_true", help="keep JAX's slow tests")
     ap.add_argument("--list", action="store_true", help="print the selected tests and exit")
