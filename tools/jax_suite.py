@@ -452,7 +452,7 @@ def compare(path_a: str, path_b: str) -> int:
             f"{label}: {path}: install={m['install']} jax {m['jax']} jaxlib {m['jaxlib']} "
             f"python {m['python']}, {m.get('wall_s', '?')} s"
         )
-    # "ran rccl": tests that executed jax_rccl custom calls (counted under --install only).
+    # "ran rccl": tests (of any outcome) that executed jax_rccl custom calls (--install only).
     columns = (*OUTCOMES, "ran rccl")
     print(f"{'file':<42} {'run':<3} " + " ".join(f"{k:>8}" for k in columns))
     total: dict[str, Counter[str]] = {"A": Counter(), "B": Counter()}
