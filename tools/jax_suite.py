@@ -176,16 +176,17 @@ def pytest_configure(config: Any) -> None:
 
 
 def _rccl_executions() -> int | None:
-    """jax_rccl's count of custom-call executions in this process (None: not installed)."""
-    if os.environ.get(ENV_INSTALL) != "1" or "jax_rccl" not in sys.modules:
+    """jax_rccl's count of custom-call executions in this process (None: jax_rccl not imported,
+    as in a run without install() unless JAX_RCCL_LAX=1 installed it at JAX's start-up)."""
+    if "jax_rccl" not in sys.modules:
         return None
     return int(sys.modules["jax_rccl"].runtime_stats().get("executions", 0))
 
 
 @_hookwrapper
 def pytest_runtest_call(item: Any) -> Any:
-    """Under ``--install``, notes how many jax_rccl custom calls the test ran (its report carries
-    it, also from xdist's workers), to show that install() took the collectives over."""
+    """Where jax_rccl is imported, notes how many jax_rccl custom calls the test ran (its report
+    carries it, also from xdist's workers), to show that install() took the collectives over."""
     before = _rccl_executions()
     try:
         yield
@@ -452,7 +453,7 @@ def compare(path_a: str, path_b: str) -> int:
             f"{label}: {path}: install={m['install']} jax {m['jax']} jaxlib {m['jaxlib']} "
             f"python {m['python']}, {m.get('wall_s', '?')} s"
         )
-    # "ran rccl": tests (of any outcome) that executed jax_rccl custom calls (--install only).
+    # "ran rccl": tests (of any outcome) that executed jax_rccl custom calls.
     columns = (*OUTCOMES, "ran rccl")
     print(f"{'file':<42} {'run':<3} " + " ".join(f"{k:>8}" for k in columns))
     total: dict[str, Counter[str]] = {"A": Counter(), "B": Counter()}
