@@ -356,7 +356,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"jax does not import in {python}", file=sys.stderr)
         return 2
     jax_v, jaxlib_v, py_v = versions.split()
-    rccl = _probe(python, "import jax_rccl; print(jax_rccl.__file__)") if args.install else None
+    rccl = _probe(python, "import jax_rccl; print(jax_rccl.__file__)")
+    env_seen = {
+        k: v for k, v in sorted(os.environ.items()) if k.startswith(("JAX_", "XLA_", "PYTHONPATH"))
+    }
 
     base = [python, "-P", "-m", "pytest", "-p", "jax_suite", "-p", "no:cacheprovider", "-q"]
     base += ["--tb=short", "-o", "console_output_style=count"]
@@ -382,6 +385,7 @@ def run(args: argparse.Namespace) -> int:
             "python": py_v,
             "interpreter": python,
             "jax_rccl": rccl,
+            "environment": env_seen,
             "jax_tests": str(tests_dir),
             "started": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "command": shlex.join(sys.argv),
