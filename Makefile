@@ -38,8 +38,8 @@ test: install
 # Needs only the venv and the lint tools, not the built extension.
 lint: $(PY)
 	$(PY) -m pip install -q $(LINT_TOOLS)
-	$(VENV)/bin/ruff check jax_rccl jax_rccl_plugin tests benchmarks
-	$(VENV)/bin/ruff format --check jax_rccl jax_rccl_plugin tests benchmarks
+	$(VENV)/bin/ruff check jax_rccl jax_rccl_plugin tests benchmarks tools
+	$(VENV)/bin/ruff format --check jax_rccl jax_rccl_plugin tests benchmarks tools
 	$(VENV)/bin/clang-format --dry-run --Werror $(CXX_SOURCES)
 
 bench: install
