@@ -352,6 +352,12 @@ Status GpuComm::TradeRegions(int rank, const std::string& who) {
     int missing = -1;
     Status opened = shm_->OpenRemote(deadline, &failed_, &missing);
     if (!opened.ok()) {
+      if (missing >= 0 && shm_->Liveness(missing) == comm::PeerLiveness::kExited) {
+        return Status(
+            Code::kTimeout,
+            detail::StrCat("jax_rccl '", who, "': rank ", rank, " of GPU group ", groupText_, ": ",
+                           RankText(missing), " exited before it published its connection region"));
+      }
       if (missing >= 0) {
         return Status(Code::kTimeout,
                       detail::StrCat("jax_rccl '", who, "': rank ", rank, " of GPU group ",
