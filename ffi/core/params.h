@@ -35,7 +35,7 @@ namespace jax_rccl {
     "socket (TCP between all processes, also on one host)")                                       \
   X(check_calls, "JAX_RCCL_CHECK_CALLS", Int, 1,                                                  \
     "1: a rank checks every FIFO step it receives against its own call; 0: skip the check "       \
-    "(benchmarks; senders still tag their steps)")                                                \
+    "(benchmarks; CPU senders still tag their steps, GPU kernels neither tag nor count)")         \
   X(socket_ifaddr, "JAX_RCCL_SOCKET_IFADDR", String, "",                                          \
     "Address this process's socket listener binds to and other hosts reach it at; empty: "        \
     "JAX_RCCL_SOCKET_IFNAME's, else the interface that reaches JAX's coordinator")                \
