@@ -17,11 +17,19 @@ among 20 in one graph; ``%floor 20`` the floor over it: the time of a collective
 program's command buffer, where no launch or replay of its own comes between it and the next).
 
     python benchmarks/gpu_collectives.py [--ranks 2,4,8] [--max-bytes 1G] [--colls ...]
+
+--check-cost measures what the per-call check costs (docs/multiprocess.md): two harnesses of the
+same ranks, one made with JAX_RCCL_CHECK_CALLS=1 (every step tagged and checked, the calls counted
+on the device) and one with 0, timed in turns in the same run (--turns rounds of on, off, on; the
+best of each): the time per launch, the collective among 20 in one graph, and the difference.
+
+    python benchmarks/gpu_collectives.py --check-cost [--ranks 2] [--max-bytes 256M]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 import numpy as np
@@ -66,6 +74,70 @@ def check(h: harness.Harness, coll: str, n: int, count: int, slots) -> int:
     return int(np.count_nonzero(got != want))
 
 
+def make_harness(n: int, args, buff, check: bool) -> harness.Harness:
+    """A harness of n ranks; `check`: made under JAX_RCCL_CHECK_CALLS=1 (else 0)."""
+    old = os.environ.get("JAX_RCCL_CHECK_CALLS")
+    os.environ["JAX_RCCL_CHECK_CALLS"] = "1" if check else "0"
+    try:
+        return harness.Harness(
+            n,
+            harness.gpu_topology(
+                n,
+                nchannels=args.nchannels or None,
+                ll128="LL128" in args.protocol.upper(),
+                buff_sizes=buff,
+            ),
+            timeout=60.0,
+        )
+    finally:
+        if old is None:
+            os.environ.pop("JAX_RCCL_CHECK_CALLS", None)
+        else:
+            os.environ["JAX_RCCL_CHECK_CALLS"] = old
+
+
+def check_cost(args, buff) -> None:
+    """The check on against off, in turns (module docstring)."""
+    gmax = parse_size(args.graph_max_bytes)
+    for n in [int(x) for x in args.ranks.split(",")]:
+        hs = {True: make_harness(n, args, buff, True), False: make_harness(n, args, buff, False)}
+        for coll in args.colls.split(","):
+            print(f"\n## check cost: {coll}, {n} ranks on one GPU, float32 sum")
+            print(
+                f"{'size(B)':>12} {'algo':>5} {'proto':>6} {'on us':>10} {'off us':>10} "
+                f"{'cost':>7} {'in-graph on':>11} {'off':>8} {'cost us':>8} {'errors':>6}"
+            )
+            for size in sizes(parse_size(args.min_bytes), parse_size(args.max_bytes)):
+                total = max(4, size)
+                count = total // 4 if coll == "all_reduce" else max(1, total // 4 // n)
+                task = {"coll": coll, "count": count, "dtype": "float32", "op": "sum"}
+                iters = args.iters if total < (256 << 20) else max(3, args.iters // 4)
+                best = {True: [float("inf")] * 2, False: [float("inf")] * 2}
+                errors, summary = 0, None
+                built = {}
+                for on, h in hs.items():
+                    summary = h.build([task], algorithm=args.algorithm, protocol=args.protocol)[0]
+                    built[on] = h.buffers()
+                    errors += check(h, coll, n, count, built[on])
+                for _ in range(args.turns):
+                    for on in (True, False, True):
+                        h = hs[on]
+                        t = h.time_launches(built[on], warmup=3, iters=iters)
+                        g = h.time_graph(built[on], iters=10, reps=20) if total <= gmax else 0.0
+                        best[on] = [min(best[on][0], t), min(best[on][1], g)]
+                for h in hs.values():
+                    h.free()
+                nbytes = count * 4 * (n if coll != "all_reduce" else 1)
+                (t1, g1), (t0, g0) = best[True], best[False]
+                print(
+                    f"{nbytes:>12} {summary['algorithm']:>5} {summary['protocol']:>6} "
+                    f"{t1:>10.2f} {t0:>10.2f} {100 * (t1 - t0) / t0:>6.2f}% "
+                    f"{g1:>11.3f} {g0:>8.3f} {g1 - g0:>8.3f} {errors:>6}"
+                )
+                sys.stdout.flush()
+        del hs
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ranks", default="2,4,8")
@@ -84,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
         default="",
         help="connection buffer bytes per protocol, LL,LL128,Simple (default: the JAX handlers')",
     )
+    ap.add_argument("--check-cost", action="store_true", help="the check on against off")
+    ap.add_argument("--turns", type=int, default=3, help="--check-cost: rounds of on, off, on")
     args = ap.parse_args(argv)
     buff = tuple(parse_size(x) for x in args.buff_sizes.split(",")) if args.buff_sizes else None
     if buff is not None and len(buff) != 3:
@@ -99,6 +173,9 @@ def main(argv: list[str] | None = None) -> int:
         f"{fl['launch_us']:.2f} us; empty graph replay {fl['graph_us']:.2f} us; empty kernel among "
         f"{fl['graph_reps']} in a graph {fl['graph_kernel_us']:.2f} us"
     )
+    if args.check_cost:
+        check_cost(args, buff)
+        return 0
     gmax = parse_size(args.graph_max_bytes)
     for n in [int(x) for x in args.ranks.split(",")]:
         h = harness.Harness(

@@ -40,6 +40,12 @@ the processes.
 A second table gives the cores busy (/proc) over the cross path's timed loops (the machine's
 user / sys / idle; its processes' threads by name: the network interface's helpers, the proxies,
 the rest) and over the best raw transfer of the same bytes.
+--check-cost: the cost of the per-call check (docs/multiprocess.md) in the same processes: each
+collective and size is compiled twice, once under JAX_RCCL_CHECK_CALLS=1 (every step tagged and
+checked, the calls counted on the device) and once under 0 (the variable is read when XLA
+instantiates the call), and their timed loops alternate (--repeat of each, the median); a table per
+path gives both times (the slowest process's) and the difference. The sizes may then start at 8
+bytes (--sizes 8,1K,...).
 Every child process is ended by this script: each run is bounded by --timeout seconds, after
 which the processes still running are killed.
 """
@@ -290,6 +296,9 @@ def worker(cfg: dict) -> dict:
         for _ in range(2):  # compiles, then one more
             y = fn(x)
             y.block_until_ready()
+        if cfg.get("check_cost"):
+            check_cost(coll, key, x, fn)
+            return
         iters = iterations(size, cfg["iters"], cfg["iter_bytes"])
         if cfg["raw"] and cfg["raw_when"] == "beside":
             # The raw socket beside the row, on the same machine state (both ends of the pair
@@ -328,6 +337,36 @@ def worker(cfg: dict) -> dict:
         else:
             want = np.repeat(np.arange(1, n + 1, dtype=np.float32), count)
         out["errors"][key] = int(np.count_nonzero(got != want)) if got.shape == want.shape else -1
+
+    def check_cost(coll: str, key: str, x, on) -> None:
+        """`on` (compiled under JAX_RCCL_CHECK_CALLS=1) against the same collective compiled
+        under 0, their timed loops in turns."""
+        os.environ["JAX_RCCL_CHECK_CALLS"] = "0"
+        off = make(coll)
+        for _ in range(2):
+            off(x).block_until_ready()
+        os.environ["JAX_RCCL_CHECK_CALLS"] = "1"
+        iters = iterations(int(key.split("/")[1]), cfg["iters"], cfg["iter_bytes"])
+        times: dict[str, list[float]] = {"on": [], "off": []}
+        for _ in range(cfg["repeat"]):
+            for name, fn in (("on", on), ("off", off)):
+                barrier()
+                t0 = time.perf_counter()
+                for _ in range(iters):
+                    y = fn(x)
+                y.block_until_ready()
+                times[name].append((time.perf_counter() - t0) / iters)
+        out["times"][key] = statistics.median(times["on"])
+        out.setdefault("times_off", {})[key] = statistics.median(times["off"])
+        out["net"][key] = {}
+        out["cpu"][key] = {}
+        got = np.asarray(y.addressable_shards[0].data)
+        want = (
+            np.full(got.shape, n * (n + 1) / 2, np.float32)
+            if coll == "all_reduce"
+            else np.repeat(np.arange(1, n + 1, dtype=np.float32), got.size // n)
+        )
+        out["errors"][key] = int(np.count_nonzero(got != want))
 
     # The settings are part of jit's key: every call runs under them.
     with jax_rccl.config(algorithm=cfg["algo"], protocol=cfg["proto"]):
@@ -435,6 +474,7 @@ def launch(args, path: str, mps_env: dict, live: list) -> tuple[list | None, str
             ),
             "algo": args.algo or None,
             "proto": args.proto or None,
+            "check_cost": args.check_cost,
         }
         env = dict(os.environ)
         env.update(mps_env)
@@ -489,6 +529,28 @@ def _raw_best(raw: dict, size: int, counts: list[int]) -> float | None:
     """The best raw GB/s for `size` bytes each way over the socket counts, per direction."""
     rates = [size / raw[f"{size}x{k}"] / 1e9 for k in counts if f"{size}x{k}" in raw]
     return max(rates) if rates else None
+
+
+def report_check_cost(args, res: dict[str, list | None]) -> None:
+    """--check-cost: per path, collective and size, the check on and off and the difference."""
+    n = args.nprocs
+    for path in PATHS:
+        rs = res.get(path)
+        if not rs:
+            continue
+        for coll in args.coll_list:
+            print(f"\n## check cost: {coll}, n = {n}, {path} (the slowest process's times)")
+            print(f"{'size':>7} | {'on us':>10} {'off us':>10} {'cost':>7} | errors")
+            for size in args.size_list:
+                key = f"{coll}/{size}"
+                on = max(r["times"][key] for r in rs)
+                off = max(r["times_off"][key] for r in rs)
+                errors = sum(r["errors"][key] for r in rs)
+                print(
+                    f"{label(size):>7} | {on * 1e6:10.2f} {off * 1e6:10.2f} "
+                    f"{100 * (on - off) / off:6.2f}% | {errors}",
+                    flush=True,
+                )
 
 
 def report(args, res: dict[str, list | None], mps: Mps) -> None:
@@ -663,6 +725,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=420, help="seconds per run of processes")
     ap.add_argument("--rccl-timeout", type=float, default=60, help="JAX_RCCL_TIMEOUT")
     ap.add_argument("--no-mps", action="store_true", help="do not start MPS (time-sliced)")
+    ap.add_argument("--check-cost", action="store_true", help="JAX_RCCL_CHECK_CALLS 1 against 0")
     args = ap.parse_args(argv)
     if args.nprocs < 2 or args.nprocs % 2:
         ap.error("--nprocs: an even number, at least 2")
@@ -697,7 +760,10 @@ def main(argv: list[str] | None = None) -> int:
             res[path], problem = launch(args, path, mps.env, live)
             if problem:
                 print(f"# {path}: FAILED\n{problem}", flush=True)
-        report(args, res, mps)
+        if args.check_cost:
+            report_check_cost(args, res)
+        else:
+            report(args, res, mps)
     finally:
         for proc in live:  # an interrupted run: its processes go too
             proc.kill()

@@ -88,8 +88,11 @@ struct RegionLayout {
 //   receiving   wait for tail whatever the protocol: the proxy posts tail once the step's bytes
 //               are in, and the network orders no LL or LL128 flag after its line's data.
 constexpr uintptr_t kProxiedPeer = 1;
-JR_REGION_FN uint64_t ProxyInfo(int proto, uint64_t bytes) {
-  return (uint64_t(proto) << kProxyInfoShift) | bytes;
+// The bits of a call's tag a Simple or proxied step's word carries (hip/kernel_check.h).
+constexpr uint32_t kStepTagMask = 0xffffffu;
+JR_REGION_FN uint64_t ProxyInfo(int proto, uint64_t bytes, uint32_t tag = 0) {
+  return (uint64_t(proto) << kProxyInfoShift) | (uint64_t(tag & kStepTagMask) << kProxyTagShift) |
+         bytes;
 }
 
 struct ProxyWindowLayout {
@@ -120,6 +123,40 @@ struct ProxyWindowLayout {
 // The kernel class of data movement (all_gather, broadcast, send/recv); reductions use their
 // DataType's value as their class (one kernel per class, see hip/kernel_impl.h).
 constexpr int kCopyClass = 255;
+
+// ---- The call check (hip/kernel_check.h) ----
+//
+// Every rank of a group counts its calls on the communicator on the device: per channel a
+// counter in the rank's own region (CallSeqWord), which every launch reads and the call's last
+// launch advances on every channel, so that a graph replayed without the host counts like a
+// launch. A launch's tag is CallTag(call identity, call number): a sender folds it into what each
+// FIFO step already carries (LL: the second flag word of every line is the step's flag xor the
+// tag; LL128: the upper half of each line's flag word; Simple: the step's word in the receiver's
+// connection header, StepTagWord, written before tail; a peer of another host: the step's info
+// word, whose bits [kProxyTagShift, kProxyTagShift + 24) the network proxies carry to the
+// receiving window's header, ProxyWindowLayout, direction 1's pad0[step % kSteps]). A receiver
+// compares the tag of every step with its own before it uses a byte of it.
+
+// The tag of call number `seq` of the call `call` (its identity): never 0 (0 is an untagged step).
+JR_REGION_FN uint32_t CallTag(uint64_t call, uint64_t seq) {
+  uint64_t h = call ^ (seq + 1) * 0x9e3779b97f4a7c15ull;
+  h ^= h >> 31;
+  h *= 0xbf58476d1ce4e5b9ull;
+  h ^= h >> 29;
+  return uint32_t(h) | 1u;
+}
+JR_REGION_FN uint32_t StepWordTag(uint64_t word) {
+  return uint32_t(word >> kProxyTagShift) & kStepTagMask;
+}
+// Where a Simple step's word lies in the receiver's header of a connection within a host (the
+// spare words neither the sender's counters, kSendPad, nor Direct's boxes use).
+JR_REGION_FN uint64_t* StepTagWord(ConnHeader* c, uint64_t step) {
+  const int i = int(step % kSteps);
+  return i < 6 ? &c->pad0[9 + i] : &c->pad1[3 + i];
+}
+// The call counter of `channel` in a rank's own region: a spare word of the header of the
+// connection from the rank to itself (which carries no FIFO step).
+constexpr int kCallSeqPad = 12;
 
 // One task of a launch, as the kernel needs it (indexed by the task's slot).
 struct DevTask {
@@ -191,6 +228,7 @@ enum DevFailure : int32_t {
                          // refuses such plans first: a guard of the kernel itself)
   kDevBadRagged = 4,     // a ragged_all_to_all table entry out of range (peer: the sender, step:
                          // the slice); both ends of the transfer moved nothing for it
+  kDevMismatch = 5,      // a step from `peer` carried another call's tag (`seen`; 0: untagged)
 };
 
 // The most ranks the Direct algorithm's kernel holds (its per-peer tables in shared memory).
@@ -209,6 +247,12 @@ struct DevStatus {
   int32_t waitingRecv;  // 1: waited for data from peer; 0: for room in peer's FIFO
   int32_t pad;
   uint64_t step;
+  uint64_t call;  // the launch's call identity (KernelArgs::callId)
+  uint64_t seq;   // the call's number on the communicator (the device's count)
+  uint32_t mine;  // the launch's tag (0: unchecked)
+  uint32_t seen;  // kDevMismatch: the tag the step carried (24 bits for a Simple or proxied step)
+  int32_t seenBits;
+  int32_t pad2;
 };
 
 constexpr int kInlineSlots = 24;
@@ -255,7 +299,14 @@ struct KernelArgs {
   int32_t nRanks;
   int32_t nSlots;
   int32_t systemFence;  // peers on other devices or processes
-  RaggedDims ragged;    // a ragged_all_to_all plan's shapes (slices 0: none)
+  // The call check (hip/kernel_check.h): the call's identity, whether steps are tagged and
+  // checked (JAX_RCCL_CHECK_CALLS), whether this launch is the call's last (it advances the
+  // counters), and the channels this launch has no block for (block 0 advances theirs).
+  uint64_t callId;
+  int32_t checkCalls;
+  int32_t lastLaunch;
+  uint64_t otherChannels;
+  RaggedDims ragged;  // a ragged_all_to_all plan's shapes (slices 0: none)
   SlotPtrs inlineSlots[kInlineSlots];
 };
 

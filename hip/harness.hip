@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "ffi/core/params.h"
 #include "hip/hip_check.h"
 #include "hip/portability.h"
 #include "hip/runtime.h"
@@ -25,6 +26,7 @@ StatusOr<std::unique_ptr<Harness>> Harness::Create(const TopologyView& topo, dou
   h->topo_ = topo;
   h->geo_ = GeometryOf(topo);
   h->timeoutNs_ = uint64_t(std::max(0.001, timeoutS) * 1e9);
+  h->checkCalls_ = LoadParams().check_calls != 0;
   JR_CHECK(PrepareDevice());
   const int n = topo.nRanks;
   // All ranks share this GPU: one launch of each must be resident at once (ResidentChannels).
@@ -78,6 +80,7 @@ RankLaunch Harness::Rank(int r) const {
   rl.timeoutNs = timeoutNs_;
   rl.systemFence = false;
   rl.stream = streams_[size_t(r)];
+  rl.checkCalls = checkCalls_;  // one call identity (0): the ranks run one program
   return rl;
 }
 
@@ -172,6 +175,7 @@ Status Harness::Sync() {
   for (int r = 0; r < topo_.nRanks; ++r) {
     if (st[r].code == kDevTimeout) JR_FAIL(Code::kTimeout, DescribeStatus(st[r]));
     if (st[r].code == kDevTooManyRanks) JR_FAIL(Code::kInvalidArgument, DescribeStatus(st[r]));
+    if (st[r].code == kDevMismatch) JR_FAIL(Code::kInvalidUsage, DescribeStatus(st[r]));
   }
   for (int r = 0; r < topo_.nRanks; ++r) {
     if (st[r].code != kDevFine) JR_FAIL(Code::kTimeout, DescribeStatus(st[r]));

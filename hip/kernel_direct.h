@@ -595,7 +595,7 @@ __device__ __noinline__ bool RunDirectElem(const KernelArgs& a, uint64_t deadlin
   if (publishes) {
     // 1. publish this rank's buffers to peer k ...
     uint4* out = reinterpret_cast<uint4*>(&DirectBox(a, ch, k, r)->pad0[kBoxLines]);
-    const uint32_t flag = LLFlag(seq);
+    const uint64_t flag = LLFlags(seq);
     StoreVolatile(out, LLLine(uint64_t(uintptr_t(sp.send)), flag));
     StoreVolatile(out + 1, LLLine(uint64_t(uintptr_t(sp.recv)), flag));
     StoreVolatile(out + 2, LLLine(opArg, flag));
@@ -603,7 +603,7 @@ __device__ __noinline__ bool RunDirectElem(const KernelArgs& a, uint64_t deadlin
     // ... and wait for peer w's.
     uint64_t words[3];
     ok = PollLines<3>(reinterpret_cast<const uint4*>(&DirectBox(a, ch, r, w)->pad0[kBoxLines]),
-                      LLFlag(seq), a, deadline, ch, w, seq - 1, words);
+                      LLFlags(seq), a, deadline, ch, w, seq - 1, words);
     if (ok) {
       Fence(a);  // acquire: peer w's buffers are read after its publish
       ds.arg[w] = words[2];

@@ -284,6 +284,8 @@ __device__ void CollKernelBody(const KernelArgs& a) {
   const bool tasksShared = a.nSlots <= kSharedTasks;
   const BlockInfo bi = a.blocks[blockIdx.x];
   const uint64_t deadline = NowNs() + a.timeoutNs;
+  // The call's number on this channel (hip/kernel_check.h), loaded beside the first work.
+  const uint64_t callSeq = threadIdx.x == 0 ? LoadCallSeq(a, bi.channel) : 0;
   if (threadIdx.x == 0) {
     sh.nConn = 0;
     sh.victim = 0;
@@ -292,6 +294,7 @@ __device__ void CollKernelBody(const KernelArgs& a) {
   Trace(a, &sh, kTraceStart);
   int wi = bi.firstWork;
   int nCopy = kWorkWords + (tasksShared ? a.nSlots : 0);
+  bool firstWork = true;
   while (true) {
     const uint4* from = reinterpret_cast<const uint4*>(a.works + wi);
     for (int i = threadIdx.x; i < nCopy; i += blockDim.x) {
@@ -302,6 +305,8 @@ __device__ void CollKernelBody(const KernelArgs& a) {
       }
     }
     nCopy = kWorkWords;
+    if (firstWork && threadIdx.x == 0) SetCall(a, callSeq);
+    firstWork = false;
     __syncthreads();
     Trace(a, &sh, kTraceWork);
     bool ok = true;
@@ -328,6 +333,7 @@ __device__ void CollKernelBody(const KernelArgs& a) {
     if (last) break;
     wi = next;
   }
+  EndCall(a, bi.channel);
   Trace(a, &sh, kTraceEnd);
 }
 

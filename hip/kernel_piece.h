@@ -9,6 +9,7 @@
 #include "ffi/compute/coll_program.h"
 #include "ffi/compute/reduce_functors.h"
 #include "hip/device_conn.h"
+#include "hip/kernel_check.h"
 #include "hip/portability.h"
 
 namespace jax_rccl {
@@ -89,33 +90,6 @@ __device__ inline uint64_t* SendHeadMine(const KernelArgs& a, int ch, int peer) 
 // Where this rank, receiving from `peer`, reports its head to that sender.
 __device__ inline uint64_t* HeadAtSender(const KernelArgs& a, int ch, int peer) {
   return &SendConn(a, ch, peer)->pad1[kSendPad];
-}
-
-__device__ inline uint64_t LoadVolatile64(const uint64_t* p) {
-  return *reinterpret_cast<const volatile uint64_t*>(p);
-}
-__device__ inline void StoreVolatile64(uint64_t* p, uint64_t v) {
-  *reinterpret_cast<volatile uint64_t*>(p) = v;
-}
-
-// Records `code` and where it happened in the rank's status word, unless a failure is already
-// recorded there (the first one wins); whether it was recorded.
-__device__ inline bool RecordFailure(const KernelArgs& a, DevFailure code, int ch, int peer,
-                                     bool recv, uint64_t step) {
-  if (atomicCAS(&a.status->code, kDevFine, code) != kDevFine) return false;
-  a.status->rank = a.rank;
-  a.status->channel = ch;
-  a.status->peer = peer;
-  a.status->waitingRecv = recv ? 1 : 0;
-  a.status->step = step;
-  return true;
-}
-
-// Records the first failure of this rank and raises the communicator's abort word.
-__device__ void Report(const KernelArgs& a, DevFailure code, int ch, int peer, bool recv,
-                       uint64_t step) {
-  if (RecordFailure(a, code, ch, peer, recv, step)) __threadfence_system();
-  *a.abort = 1;
 }
 
 // Whether to give up a wait: the abort word is raised, or the deadline passed (reported).
@@ -323,34 +297,49 @@ __device__ inline int WordBytes(int64_t bytes, int64_t w) {
   return int(bytes - 8 * w < 8 ? bytes - 8 * w : 8);
 }
 
-// Word v as an LL line: {lo, flag, hi, flag}, stored in one access.
-__device__ inline uint4 LLLine(uint64_t v, uint32_t flag) {
+// Word v as an LL line: {lo, flags' low half, hi, flags' high half} (LLFlags), stored in one
+// access.
+__device__ inline uint4 LLLine(uint64_t v, uint64_t flags) {
   uint4 line;
   line.x = uint32_t(v);
-  line.y = flag;
+  line.y = uint32_t(flags);
   line.z = uint32_t(v >> 32);
-  line.w = flag;
+  line.w = uint32_t(flags >> 32);
   return line;
 }
 
-// Waits for the kN consecutive LL lines at `lines` to carry `flag`, all loaded at once (one round
-// trip when they are there; a timeout reports `step`); their words in out[0, kN).
+// Waits for the kN consecutive LL lines at `lines` to carry `flags` (LLFlags), all loaded at once
+// (one round trip when they are there; a timeout reports `step`); their words in out[0, kN). A
+// first line that carries this step's flag and another call's tag at two checks in a row is a
+// peer running another call (kDevMismatch; a single look could catch an access split in two).
 template <int kN>
-__device__ inline bool PollLines(const uint4* lines, uint32_t flag, const KernelArgs& a,
+__device__ inline bool PollLines(const uint4* lines, uint64_t flags, const KernelArgs& a,
                                  uint64_t deadline, int ch, int peer, uint64_t step,
                                  uint64_t* out) {
+  const uint32_t lo = uint32_t(flags), hi = uint32_t(flags >> 32);
   uint4 l[kN];
   int spins = 0;
+  uint32_t other = 0;
   while (true) {
     bool fresh = true;
 #pragma unroll
     for (int i = 0; i < kN; ++i) {
       l[i] = LoadVolatile(lines + i);
-      fresh = fresh && l[i].y == flag && l[i].w == flag;
+      fresh = fresh && l[i].y == lo && l[i].w == hi;
     }
     if (fresh) break;
     if (++spins == kSpinsPerAbortCheck) {
       spins = 0;
+      uint32_t seen;
+      if (LLOtherCall(l[0].y, l[0].w, flags, &seen)) {
+        if (other == l[0].w) {
+          ReportMismatch(a, ch, peer, step, seen, 32);
+          return false;
+        }
+        other = l[0].w;
+      } else {
+        other = 0;
+      }
       if (ShouldStop(a, deadline, ch, peer, true, step)) return false;
     }
   }
@@ -359,15 +348,15 @@ __device__ inline bool PollLines(const uint4* lines, uint32_t flag, const Kernel
   return true;
 }
 // One line: its word in *out.
-__device__ inline bool PollLine(const uint4* line, uint32_t flag, const KernelArgs& a,
+__device__ inline bool PollLine(const uint4* line, uint64_t flag, const KernelArgs& a,
                                 uint64_t deadline, int ch, int peer, uint64_t step, uint64_t* out) {
   return PollLines<1>(line, flag, a, deadline, ch, peer, step, out);
 }
 
 // LL: word w of the piece (bytes [8w, 8w + 8)) travels in line w: {lo, flag, hi, flag}.
 template <typename F, bool kIn, bool kSrc>
-__device__ __noinline__ bool LLLoop(const F& fn, const PieceIo& io, int64_t n, uint32_t inFlag,
-                                    uint32_t outFlag, const KernelArgs& a, uint64_t deadline,
+__device__ __noinline__ bool LLLoop(const F& fn, const PieceIo& io, int64_t n, uint64_t inFlag,
+                                    uint64_t outFlag, const KernelArgs& a, uint64_t deadline,
                                     int ch, int peer) {
   using T = typename F::Elem;
   constexpr int kEpw = 8 / sizeof(T);
@@ -381,7 +370,9 @@ __device__ __noinline__ bool LLLoop(const F& fn, const PieceIo& io, int64_t n, u
     Word8<T> s, r, v;
     s.u = kSrc ? LoadWord(io.src + 8 * w, wb) : 0;
     r.u = 0;
-    if (kIn && !PollLine(inL + w, inFlag, a, deadline, ch, peer, inFlag - 1, &r.u)) return false;
+    if (kIn && !PollLine(inL + w, inFlag, a, deadline, ch, peer, uint32_t(inFlag) - 1, &r.u)) {
+      return false;
+    }
 #pragma unroll
     for (int k = 0; k < kEpw; ++k) {
       v.e[k] = Combine<F, kIn, kSrc>(fn, r.e[k], s.e[k], io.pre, io.post);
@@ -390,16 +381,6 @@ __device__ __noinline__ bool LLLoop(const F& fn, const PieceIo& io, int64_t n, u
     if (outL != nullptr) StoreVolatile(outL + w, LLLine(v.u, outFlag));
   }
   return true;
-}
-
-// The flag of LL step `step`: never 0 (the value of lines never written), and, 2^32 - 1 being odd,
-// a flag that comes round again lands in another slot than its last use.
-__device__ inline uint32_t LLFlag(uint64_t step) {
-  return 1u + uint32_t(step % 0xFFFFFFFFull);
-}
-// The flag word of LL128 step `step`: never 0, never repeated.
-__device__ inline uint64_t LL128Flag(uint64_t step) {
-  return step + 1;
 }
 
 // ---- LL128 (NVIDIA only: one warp instruction's 16-byte stores to a 128-byte line land together,
@@ -472,6 +453,17 @@ __device__ __noinline__ bool LL128Loop(const F& fn, const PieceIo& io, int64_t n
         if (WarpAll(WarpShfl(ok, (lane & ~7) | 7))) break;
         if (++spins == kSpinsPerAbortCheck) {
           spins = 0;
+          // A line of this step from a peer running another call (its flag word is atomic).
+          int other = 0;
+          uint32_t seen = 0;
+#pragma unroll
+          for (int u = 0; u < kU; ++u) {
+            if (k == 7 && live[u] && LL128OtherCall(r1[u].u, inFlag, &seen)) other = 1;
+          }
+          if (!WarpAll(other == 0)) {
+            if (other) ReportMismatch(a, ch, peer, uint32_t(inFlag) - 1, seen, 32);
+            return false;
+          }
           int stop = 0;
           if (lane == 0) stop = ShouldStop(a, deadline, ch, peer, true, inFlag - 1) ? 1 : 0;
           if (WarpShfl(stop, 0) != 0) return false;
@@ -562,11 +554,11 @@ struct ProtoLL {
   __device__ static int64_t DataBytes(int64_t stepBytes) { return stepBytes / 2; }
   // A line of 16 bytes per word of 8.
   __device__ static int64_t SlotBytes(int64_t bytes) { return (bytes + 7) / 8 * 16; }
-  __device__ static uint32_t Flag(uint64_t step) { return LLFlag(step); }
-  // The first line's flag.
+  __device__ static uint64_t Flag(uint64_t step) { return LLFlags(step); }
+  // The first line's step flag (a line of another call is then found by the move).
   __device__ static bool DataReady(const KernelArgs& a, int ch, int peer, uint64_t rs) {
     const uint4 line = LoadVolatile(reinterpret_cast<const uint4*>(RecvSlot(a, ch, peer, kId, rs)));
-    return line.y == Flag(rs);
+    return line.y == LLFlag(rs);
   }
   template <typename F, bool kIn, bool kSrc>
   __device__ static bool Move(const F& fn, const PieceIo& io, int64_t n, uint64_t rs, uint64_t ss,
@@ -587,11 +579,12 @@ struct ProtoLL128 {
     return ((bytes + 7) / 8 + kLL128DataWords - 1) / kLL128DataWords * kLL128LineBytes;
   }
   __device__ static uint64_t Flag(uint64_t step) { return LL128Flag(step); }
-  // The first line's flag word: the upper half of its lane-7 access.
+  // The first line's flag word (the upper half of its lane-7 access) carries the step (a line of
+  // another call is then found by the move).
   __device__ static bool DataReady(const KernelArgs& a, int ch, int peer, uint64_t rs) {
     const uint4 q =
         LoadVolatile(reinterpret_cast<const uint4*>(RecvSlot(a, ch, peer, kId, rs)) + 7);
-    return HiWord(q) == Flag(rs);
+    return uint32_t(HiWord(q)) == uint32_t(Flag(rs));
   }
   template <typename F, bool kIn, bool kSrc>
   __device__ static bool Move(const F& fn, const PieceIo& io, int64_t n, uint64_t rs, uint64_t ss,
@@ -718,11 +711,14 @@ __device__ bool DoPiece(const F& fn, const KernelArgs& a, uint64_t deadline, int
     }
     if (recvTail) {
       // A proxied step was written by the host: acquire at system scope.
-      if (P::kTailSignals && !PeerProxied(a, p.recvPeer)) {
+      const bool proxied = PeerProxied(a, p.recvPeer);
+      if (P::kTailSignals && !proxied) {
         __threadfence();
       } else {
         __threadfence_system();
       }
+      // Its word says which call it belongs to (hip/kernel_check.h).
+      if (ok) ok = CheckStepWord(a, RecvConn(a, ch, p.recvPeer), proxied, ch, p.recvPeer, rs);
     }
     Trace(a, sh, kTraceReady);
     sh->rs = rs;
@@ -753,11 +749,12 @@ __device__ bool DoPiece(const F& fn, const KernelArgs& a, uint64_t deadline, int
     if (send) {
       ConnHeader* c = SendConn(a, ch, p.sendPeer);
       if (PeerProxied(a, p.sendPeer)) {
-        // The proxy reads the step's protocol and size, then its slot, once it sees tail.
+        // The proxy reads the step's protocol, size and tag, then its slot, once it sees tail.
         StoreVolatile64(&c->pad0[ss % kSteps],
-                        ProxyInfo(P::kId, uint64_t(P::SlotBytes(m * unitSize))));
+                        ProxyInfo(P::kId, uint64_t(P::SlotBytes(m * unitSize)), gCallTag));
         __threadfence_system();
       } else if (P::kTailSignals) {
+        if (a.checkCalls) StoreVolatile64(StepTagWord(c, ss), ProxyInfo(P::kId, 0, gCallTag));
         Fence(a);
       }
       StoreVolatile64(&c->tail, ss + 1);

@@ -105,7 +105,19 @@ struct RankLaunch {
   bool systemFence = false;      // a peer on another device or in another process
   void* stream = nullptr;        // hipStream_t / cudaStream_t
   uint64_t* traceDev = nullptr;  // a timeline buffer [blocks][kTraceEvents], or null
+  // The call check (hip/kernel_check.h): the call's identity (its call site mixed with its plan's
+  // fingerprint) and whether steps are tagged, counted and checked (JAX_RCCL_CHECK_CALLS).
+  uint64_t callId = 0;
+  bool checkCalls = true;
 };
+
+// The channels [0, geo.nChannels) as a mask.
+inline uint64_t AllChannels(const Geometry& geo) {
+  return geo.nChannels >= 64 ? ~uint64_t(0) : (uint64_t(1) << geo.nChannels) - 1;
+}
+// A call in which rank rl.rank launches no collective kernel (it moves nothing): its call
+// counters advance on rl's stream all the same, so that the ranks' counts stay equal.
+Status AdvanceCalls(const RankLaunch& rl, const Geometry& geo);
 
 // A ragged_all_to_all plan's device side: its shapes and, by task, its table entry.
 struct RaggedPlan {
@@ -149,6 +161,7 @@ class DevicePlan {
     BlockInfo* blocks = nullptr;
     int nBlocks = 0;
     int nThreads = 0;
+    uint64_t channels = 0;     // the channels of its blocks
     std::vector<int> classes;  // one launch per class present, ascending (hip/kernel_impl.h)
   };
   struct OneRankTask {
@@ -171,6 +184,8 @@ class DevicePlan {
 
 // Formats a failed launch's status ("timed out on channel 3 waiting for data from rank 2 ...").
 std::string DescribeStatus(const DevStatus& s);
+// A copy of a status word the device writes (host-mapped memory).
+DevStatus ReadStatus(const volatile DevStatus& s);
 
 // Several ranks of one communicator on the current GPU, in this process, one stream each.
 class Harness {
@@ -215,6 +230,7 @@ class Harness {
   TopologyView topo_;
   Geometry geo_;
   uint64_t timeoutNs_ = 0;
+  bool checkCalls_ = true;  // JAX_RCCL_CHECK_CALLS when created
   std::vector<void*> regions_;
   std::vector<void*> regionTables_;  // per rank: device copy of the region pointers
   std::vector<void*> streams_;

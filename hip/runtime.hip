@@ -30,6 +30,16 @@ __global__ void FillSlotsKernel(SlotPtrs* table, int offset, int n, const SlotCh
   if (i < n) table[offset + i] = chunk.s[i];
 }
 
+// A call in which this rank moves nothing still counts on the device (hip/kernel_check.h): every
+// channel's counter advances as the collective kernels' last launch advances them.
+__global__ void AdvanceCallsKernel(char* const* regions, int rank, const Geometry geo) {
+  const int c = threadIdx.x;
+  if (c >= geo.nChannels) return;
+  auto* h = reinterpret_cast<ConnHeader*>(regions[rank] + RegionLayout::HeaderOffset(geo, c, rank));
+  volatile uint64_t* w = &h->pad1[kCallSeqPad];
+  *w = *w + 1;
+}
+
 // One rank, PreMulSum or SumPostDiv: out = PostOp(PreOp(in)) element-wise. The op's argument is
 // `opArg`, or the element at `opArgAt` when given (a per-device scalar, read when the kernel runs).
 template <typename F>
@@ -124,6 +134,7 @@ Status LoadKernels(const std::vector<int>& classes) {
     std::vector<const void*> fns;
     if (cls == -1) {
       fns = {reinterpret_cast<const void*>(&FillSlotsKernel),
+             reinterpret_cast<const void*>(&AdvanceCallsKernel),
              reinterpret_cast<const void*>(&CopyKernel)};
       // The one-rank scaled copies (PreMulSum / SumPostDiv) of every element type.
 #define JR_CASE(name, enumName, T)                                              \
@@ -422,6 +433,7 @@ StatusOr<std::unique_ptr<DevicePlan>> DevicePlan::Upload(const Plan& plan, const
     if (k.classes.empty()) k.classes.push_back(kCopyClass);  // walks the works; moves nothing
     JR_CHECK(LoadKernels(k.classes));
     k.nBlocks = static_cast<int>(blocks.size());
+    for (const BlockInfo& b : blocks) k.channels |= uint64_t(1) << b.channel;
     k.nThreads = std::max(kMinLaunchThreads, std::min(kp.threadPerBlock, kMaxLaunchThreads));
     JR_ASSIGN_OR_RETURN(void* w, DeviceAlloc(int64_t(works.size() * sizeof(Work))));
     k.works = static_cast<Work*>(w);
@@ -471,7 +483,7 @@ Status DevicePlan::Launch(const RankLaunch& rl, const std::vector<SlotPtrs>& slo
     JR_HIP_CHECK(hipGetLastError());
     return Status::Ok();
   }
-  if (kernels_.empty()) return Status::Ok();
+  if (kernels_.empty()) return first ? AdvanceCalls(rl, geo_) : Status::Ok();
   JR_REQUIRE(ragged_.slices == 0 || rl.statusDev != nullptr, Code::kInternal,
              "a ragged_all_to_all launch without a status word");
   KernelArgs a;
@@ -489,6 +501,9 @@ Status DevicePlan::Launch(const RankLaunch& rl, const std::vector<SlotPtrs>& slo
   a.systemFence = rl.systemFence ? 1 : 0;
   a.trace = rl.traceDev;
   a.ragged = ragged_;
+  a.callId = rl.callId;
+  a.checkCalls = rl.checkCalls ? 1 : 0;
+  const int lastLaunch = nLaunches() - 1;
   if (nTasks_ <= kInlineSlots) {
     for (int i = 0; i < nTasks_; ++i) a.inlineSlots[i] = slots[size_t(i)];
   } else if (first) {
@@ -505,12 +520,23 @@ Status DevicePlan::Launch(const RankLaunch& rl, const std::vector<SlotPtrs>& slo
     a.works = k.works;
     a.blocks = k.blocks;
     for (int cls : k.classes) {
-      if (only >= 0 && index++ != only) continue;
+      const int at = index++;
+      if (only >= 0 && at != only) continue;
+      a.lastLaunch = at == lastLaunch ? 1 : 0;
+      a.otherChannels = AllChannels(geo_) & ~k.channels;
       CollKernelFn fn = KernelOfClass(cls);
       JR_REQUIRE(fn != nullptr, Code::kUnsupported, "no device kernel for class ", cls);
       hipLaunchKernelGGL(fn, k.nBlocks, k.nThreads, 0, stream, a);
     }
   }
+  JR_HIP_CHECK(hipGetLastError());
+  return Status::Ok();
+}
+
+Status AdvanceCalls(const RankLaunch& rl, const Geometry& geo) {
+  if (!rl.checkCalls || rl.nRanks < 2 || rl.regionsDev == nullptr) return Status::Ok();
+  hipLaunchKernelGGL(AdvanceCallsKernel, 1, 64, 0, static_cast<hipStream_t>(rl.stream),
+                     rl.regionsDev, rl.rank, geo);
   JR_HIP_CHECK(hipGetLastError());
   return Status::Ok();
 }
@@ -527,6 +553,11 @@ std::string DescribeStatus(const DevStatus& s) {
   } else if (s.code == kDevTooManyRanks) {
     os << "rank " << s.rank << ": the Direct algorithm holds at most " << kMaxDirectRanks
        << " ranks (set JAX_RCCL_ALGO to another algorithm)";
+  } else if (s.code == kDevMismatch) {
+    os << "rank " << s.rank << " on channel " << s.channel << ": step " << s.step << " from rank "
+       << s.peer << " carried the tag " << std::hex << s.seen << " (" << std::dec << s.seenBits
+       << " bits) of another call, where this rank's call #" << s.seq << " has " << std::hex
+       << s.mine << std::dec << "; no data of the step was used";
   } else if (s.code == kDevBadRagged) {
     os << "rank " << s.rank << ": ragged_all_to_all's slice " << s.step << " of rank " << s.peer
        << " is out of range (input_offsets + send_sizes past the operand's rows, output_offsets + "
@@ -536,6 +567,23 @@ std::string DescribeStatus(const DevStatus& s) {
     os << "rank " << s.rank << ": status " << s.code;
   }
   return os.str();
+}
+
+DevStatus ReadStatus(const volatile DevStatus& s) {
+  DevStatus c;
+  std::memset(&c, 0, sizeof(c));
+  c.code = s.code;
+  c.rank = s.rank;
+  c.channel = s.channel;
+  c.peer = s.peer;
+  c.waitingRecv = s.waitingRecv;
+  c.step = s.step;
+  c.call = s.call;
+  c.seq = s.seq;
+  c.mine = s.mine;
+  c.seen = s.seen;
+  c.seenBits = s.seenBits;
+  return c;
 }
 
 int DevicePlan::nLaunches() const {

@@ -106,6 +106,15 @@ def timeout_s() -> float:
         return float(os.environ.get("JAX_RCCL_TIMEOUT", "300"))
 
 
+def _pid_namespace() -> int:
+    """The inode of this process's pid namespace (0 when unknown): pids mean the same process only
+    between processes of one namespace."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return 0
+
+
 def hostname() -> str:
     """The host this process says it runs on: JAX_RCCL_HOSTNAME (tests) or the host name."""
     return _param("hostname") or socket.gethostname()
@@ -264,6 +273,7 @@ def _bootstrap() -> None:
         "host": hostname(),
         "devices": [int(d.id) for d in jax.local_devices()],
         "pid": os.getpid(),
+        "pid_namespace": _pid_namespace(),
         "settings": agreed_settings(),
     }
     _compat.kv_set(client, world_key(me), json.dumps(mine))
@@ -290,6 +300,9 @@ def _bootstrap() -> None:
     devices.sort(key=lambda d: d["id"])
     _check_devices(devices)
     table = {"process": me, "nprocesses": nprocesses, "session": session, "devices": devices}
+    # A peer of this host that dies before its segments are mapped is named as exited by its pid.
+    table["pids"] = [int(p.get("pid", 0)) for p in peers]
+    table["pid_namespaces"] = [int(p.get("pid_namespace", 0)) for p in peers]
     hosts = [p["host"] for p in peers]
     if needs_sockets(transport, hosts):
         mine["endpoint"] = _listen(all(h == mine["host"] for h in hosts))

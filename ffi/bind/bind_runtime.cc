@@ -48,6 +48,13 @@ nb::object GetWorld() {
     for (const std::string& e : t->endpoints) eps.append(e);
     d["endpoints"] = eps;
   }
+  if (!t->pids.empty()) {
+    nb::list pids, namespaces;
+    for (int64_t p : t->pids) pids.append(p);
+    for (uint64_t ns : t->pidNamespaces) namespaces.append(ns);
+    d["pids"] = pids;
+    d["pid_namespaces"] = namespaces;
+  }
   return d;
 }
 

@@ -168,10 +168,19 @@ void SetWorld(const nb::dict& world) {
         t.endpoints.push_back(nb::cast<std::string>(h));
       }
     }
+    if (world.contains("pids")) {
+      for (nb::handle h : nb::borrow(world["pids"])) t.pids.push_back(nb::cast<int64_t>(h));
+    }
+    if (world.contains("pid_namespaces")) {
+      for (nb::handle h : nb::borrow(world["pid_namespaces"])) {
+        t.pidNamespaces.push_back(nb::cast<uint64_t>(h));
+      }
+    }
   } catch (const nb::cast_error&) {
     throw nb::type_error(
         "set_world: expected {'process': int, 'nprocesses': int, 'session': str, 'devices': "
-        "[{'id': int, 'process': int, 'host': str}, ...], 'endpoints': [str, ...] (optional)}");
+        "[{'id': int, 'process': int, 'host': str}, ...], 'endpoints': [str, ...], 'pids': [int, "
+        "...], 'pid_namespaces': [int, ...] (the last three optional)}");
   }
   if (world.contains("secret")) {  // optional here: the bootstrap sets it before it listens
     nb::bytes secret;

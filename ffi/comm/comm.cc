@@ -412,6 +412,11 @@ Status Communicator::Connect(Clock::time_point deadline, double timeout, const s
     if (!s.ok()) {
       if (s.code() != Code::kTimeout || missing < 0) return s;
       Stats().rendezvousTimeouts.fetch_add(1);
+      if (shm_->Liveness(missing) == PeerLiveness::kExited) {
+        JR_FAIL(Code::kTimeout, "jax_rccl: '", name, "': ", RankString(missing),
+                " exited before it mapped the group's shared memory (process ",
+                placement_.process[missing], ")");
+      }
       JR_FAIL(Code::kTimeout, "jax_rccl: '", name, "' timed out after ", timeout,
               " s (JAX_RCCL_TIMEOUT): ", RankString(missing),
               " never arrived (it never created its shared-memory segment ", shm_->Name(missing),

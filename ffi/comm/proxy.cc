@@ -351,6 +351,7 @@ bool NetProxy::ProgressRecv(Link& lk) {
                                          "processes run the same build and buffer sizes?)"));
     }
     Trace(lk, kLanded, lk.done);
+    if (c.fifo.info != nullptr) StoreRelease(&c.fifo.info[lk.done % kSteps], info);
     ++lk.done;
     StoreRelease(c.fifo.tail, lk.done);
     bytesMoved_.fetch_add(int64_t(bytes));

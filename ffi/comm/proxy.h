@@ -52,8 +52,9 @@ namespace comm {
 
 constexpr int kProxyProtocols = 3;  // LL, LL128, Simple (Proto's values)
 
-// A step's info word: its protocol and its bytes (the slot's bytes the kernel wrote, flags
-// included).
+// A step's info word: its protocol, its call's tag (hip/kernel_check.h: the receiving kernel
+// compares it with its own call's; the proxy only carries it) and its bytes (the slot's bytes the
+// kernel wrote, flags included).
 inline uint64_t ProxyStepInfo(int protocol, uint64_t bytes) {
   return (uint64_t(protocol) << kProxyInfoShift) | bytes;
 }
@@ -61,14 +62,16 @@ inline int ProxyStepProtocol(uint64_t info) {
   return int(info >> kProxyInfoShift);
 }
 inline uint64_t ProxyStepBytes(uint64_t info) {
-  return info & ((uint64_t(1) << kProxyInfoShift) - 1);
+  return info & ((uint64_t(1) << kProxyTagShift) - 1);
 }
 
 // One direction of a connection as the proxy sees it: kSteps slots of `slotBytes` from `slots`.
 struct ProxyFifo {
   uint64_t* tail = nullptr;
   uint64_t* head = nullptr;
-  uint64_t* info = nullptr;  // send side: kSteps info words, one per slot (written before tail)
+  // kSteps info words, one per slot: send side, the kernel's (written before tail); receive side
+  // (optional), the proxy writes each received step's before it posts tail.
+  uint64_t* info = nullptr;
   char* slots = nullptr;
   int64_t slotBytes = 0;
 };

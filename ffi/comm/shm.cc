@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <spawn.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -16,7 +17,10 @@
 #include <ios>
 #include <mutex>
 #include <set>
+#include <string>
 #include <thread>
+
+extern char** environ;
 
 namespace jax_rccl {
 namespace comm {
@@ -70,6 +74,74 @@ uint64_t PidNamespace() {
   if (stat("/proc/self/ns/pid", &sb) != 0) return 0;
   return uint64_t(sb.st_ino);
 }
+
+// The names of this process's segments are removed when the process ends, however it ends: a
+// process killed before its peers mapped its segment (SIGKILL), or ended by JAX without its exit
+// handlers (the survivors of a job whose coordinator died), cannot remove them itself. A small
+// process of its own (`sh`, in a session of its own, started once, at the first segment) reads the
+// names from a pipe whose write end only this process holds (close-on-exec) and, at end-of-file,
+// when this process is gone, removes them (a name already unlinked is skipped).
+class Janitor {
+ public:
+  static Janitor& Get() {
+    static Janitor* j = new Janitor();  // never destroyed: the pipe's end closes with the process
+    return *j;
+  }
+  void Watch(const std::string& name) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (fd_ < 0 && !failed_) Start();
+    if (fd_ < 0) return;
+    std::string line = name.substr(name.find_first_not_of('/')) + "\n";
+    for (char c : line.substr(0, line.size() - 1)) {
+      const bool plain = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+                         (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-';
+      if (!plain) return;  // the names jax_rccl makes never hold another character
+    }
+    const char* p = line.data();
+    size_t left = line.size();
+    while (left > 0) {
+      const ssize_t n = write(fd_, p, left);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return;
+      p += n;
+      left -= size_t(n);
+    }
+  }
+
+ private:
+  void Start() {
+    failed_ = true;
+    int fds[2];
+    if (pipe2(fds, O_CLOEXEC) != 0) return;
+    posix_spawn_file_actions_t fa;
+    posix_spawnattr_t at;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawnattr_init(&at);
+    posix_spawn_file_actions_adddup2(&fa, fds[0], 0);
+    posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+    posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
+    posix_spawnattr_setflags(&at, POSIX_SPAWN_SETSID);
+    const char* script =
+        "while IFS= read -r n; do set -- \"$@\" \"/dev/shm/$n\"; done; exec rm -f -- \"$@\"";
+    char* argv[] = {const_cast<char*>("sh"), const_cast<char*>("-c"), const_cast<char*>(script),
+                    const_cast<char*>("jrccl-janitor"), nullptr};
+    pid_t pid = 0;
+    const int rc = posix_spawn(&pid, "/bin/sh", &fa, &at, argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    posix_spawnattr_destroy(&at);
+    close(fds[0]);
+    if (rc != 0) {
+      close(fds[1]);
+      return;
+    }
+    fd_ = fds[1];
+    failed_ = false;
+  }
+
+  std::mutex mu_;
+  int fd_ = -1;
+  bool failed_ = false;
+};
 
 void Unlink(const std::string& name) {
   std::lock_guard<std::mutex> lock(RegistryMu());
@@ -133,6 +205,7 @@ Status ShmGroup::CreateLocal() {
         fd >= 0, Code::kSystem, "jax_rccl: cannot create the shared-memory segment ", name, ": ",
         ErrnoText(errno),
         errno == EEXIST ? " (a file of another user holds this run's name; it is not used)" : "");
+    Janitor::Get().Watch(name);
     if (ftruncate(fd, off_t(totalBytes_)) != 0) {
       const int e = errno;
       close(fd);
@@ -266,13 +339,19 @@ Status ShmGroup::OpenRemote(Clock::time_point deadline, const std::atomic<bool>*
       MarkMapped(r);
     }
     if (all) return Status::Ok();
-    if ((aborted != nullptr && aborted->load()) || Clock::now() >= deadline) {
-      for (int r = 0; r < geo_.nRanks; ++r) {
-        if (bases_[size_t(r)] == nullptr && onHost_[size_t(r)]) {
-          *missingRank = r;
-          break;
-        }
+    // A rank whose process exited will never map its segment (its janitor removed the name).
+    int exited = -1;
+    for (int r = 0; r < geo_.nRanks && exited < 0; ++r) {
+      if (bases_[size_t(r)] == nullptr && onHost_[size_t(r)] &&
+          Liveness(r) == PeerLiveness::kExited) {
+        exited = r;
       }
+    }
+    if (exited >= 0 || (aborted != nullptr && aborted->load()) || Clock::now() >= deadline) {
+      for (int r = 0; r < geo_.nRanks && exited < 0; ++r) {
+        if (bases_[size_t(r)] == nullptr && onHost_[size_t(r)]) exited = r;
+      }
+      *missingRank = exited;
       JR_FAIL(Code::kTimeout, "timed out");
     }
     std::this_thread::sleep_for(std::chrono::microseconds(sleepUs));
@@ -393,7 +472,14 @@ PeerLiveness LivenessOf(int32_t pid, uint64_t ns) {
 }  // namespace
 
 PeerLiveness ShmGroup::Liveness(int rank) const {
-  if (bases_[size_t(rank)] == nullptr) return PeerLiveness::kUnknown;
+  if (bases_[size_t(rank)] == nullptr) {
+    // Not mapped (yet): the pid the world table gives its process.
+    const size_t r = size_t(rank);
+    if (r >= placement_.pid.size() || r >= placement_.pidNamespace.size()) {
+      return PeerLiveness::kUnknown;
+    }
+    return LivenessOf(int32_t(placement_.pid[r]), placement_.pidNamespace[r]);
+  }
   const ShmHeader* h = Header(rank);
   return LivenessOf(h->pid, h->pidNamespace);
 }

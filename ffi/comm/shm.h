@@ -18,8 +18,9 @@
 //
 // Cleanup: once every process of the group has set its bit in every segment, the names are
 // unlinked (the mappings stay); names not unlinked yet are unlinked when the communicator fails
-// and at process exit. Sessions are unique per run, so segments left by a crashed run never
-// collide with a new one.
+// and at process exit, and a name never outlives the process that created it: a small process of
+// its own (shm.cc: Janitor) removes the names once the creator is gone, however it ended.
+// Sessions are unique per run, so segments of a crashed run never collide with a new one.
 #pragma once
 
 #include <atomic>

@@ -130,6 +130,9 @@ StatusOr<GroupPlacement> PlaceGroup(const std::vector<int64_t>& devices) {
     g.endpoint.push_back(size_t(d->process) < w->endpoints.size() ? w->endpoints[d->process]
                                                                   : std::string());
     g.local.push_back(d->process == w->process ? 1 : 0);
+    const size_t p = size_t(d->process);
+    g.pid.push_back(p < w->pids.size() ? w->pids[p] : 0);
+    g.pidNamespace.push_back(p < w->pidNamespaces.size() ? w->pidNamespaces[p] : 0);
     byHost[d->host].push_back(devices[r]);
     procs.insert(d->process);
   }

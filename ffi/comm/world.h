@@ -27,6 +27,10 @@ struct WorldTable {
   // By process: "host:port" of its socket listener (jax_rccl/_bootstrap.py), or empty when
   // the processes publish none (then every group must stay within one host).
   std::vector<std::string> endpoints;
+  // By process: its pid and the inode of its pid namespace (/proc/self/ns/pid), or empty: a peer
+  // of this host whose segment never appeared is told apart from one that exited by them.
+  std::vector<int64_t> pids;
+  std::vector<uint64_t> pidNamespaces;
   // The entry of device `id`, or null.
   const WorldDevice* Find(int64_t id) const;
 };
@@ -54,11 +58,13 @@ struct GroupPlacement {
   bool crossProcess = false;  // some device belongs to another process
   int thisProcess = 0;
   std::string thisHost;
-  std::vector<int> process;           // by rank
-  std::vector<std::string> host;      // by rank
-  std::vector<std::string> endpoint;  // by rank: its process's "host:port" ("" if none)
-  std::vector<uint8_t> local;         // by rank: owned by this process
-  std::vector<int> processes;         // the distinct processes of the group, ascending
+  std::vector<int> process;            // by rank
+  std::vector<std::string> host;       // by rank
+  std::vector<std::string> endpoint;   // by rank: its process's "host:port" ("" if none)
+  std::vector<uint8_t> local;          // by rank: owned by this process
+  std::vector<int64_t> pid;            // by rank: its process's pid (0: unknown)
+  std::vector<uint64_t> pidNamespace;  // by rank: that pid's namespace (0: unknown)
+  std::vector<int> processes;          // the distinct processes of the group, ascending
   std::string session;
 };
 

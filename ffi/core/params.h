@@ -40,7 +40,7 @@ namespace jax_rccl {
     "socket (TCP between all processes, also on one host)")                                        \
   X(check_calls, "JAX_RCCL_CHECK_CALLS", Int, 1, "0 or 1",                                         \
     "1: a rank checks every FIFO step it receives against its own call; 0: skip the check "        \
-    "(benchmarks; senders still tag their steps)")                                                 \
+    "(benchmarks; CPU senders still tag their steps, GPU kernels neither tag nor count)")          \
   X(socket_ifaddr, "JAX_RCCL_SOCKET_IFADDR", String, "",                                           \
     "an address of this host, IPv4 or IPv6; empty: chosen",                                        \
     "Address this process's socket listener binds to and other hosts reach it at; empty: "         \

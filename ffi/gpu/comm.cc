@@ -260,6 +260,7 @@ Status GpuComm::Join(int rank, const std::string& who) {
     if (!s.ok()) return Fail(s);
   }
   rs.joined.store(true, std::memory_order_release);
+  if (crossProcess_) StartWatch();
   return Status::Ok();
 }
 
@@ -351,6 +352,12 @@ Status GpuComm::TradeRegions(int rank, const std::string& who) {
     int missing = -1;
     Status opened = shm_->OpenRemote(deadline, &failed_, &missing);
     if (!opened.ok()) {
+      if (missing >= 0 && shm_->Liveness(missing) == comm::PeerLiveness::kExited) {
+        return Status(
+            Code::kTimeout,
+            detail::StrCat("jax_rccl '", who, "': rank ", rank, " of GPU group ", groupText_, ": ",
+                           RankText(missing), " exited before it published its connection region"));
+      }
       if (missing >= 0) {
         return Status(Code::kTimeout,
                       detail::StrCat("jax_rccl '", who, "': rank ", rank, " of GPU group ",
@@ -443,30 +450,34 @@ Status GpuComm::TradeRegions(int rank, const std::string& who) {
 }
 
 Status GpuComm::Check(int rank, const std::string& who) {
-  if (shm_ != nullptr && !failed_.load(std::memory_order_acquire) && shm_->AnyFailed()) {
+  std::string why;
+  if (shm_ != nullptr && !failed_.load(std::memory_order_acquire) && shm_->AnyFailed(&why)) {
     return Fail(
         Status(Code::kTimeout, detail::StrCat("jax_rccl '", who, "': another process of GPU group ",
-                                              groupText_, " reported its communicator failed")));
+                                              groupText_, " reported its communicator failed",
+                                              why.empty() ? std::string() : ": " + why)));
   }
   if (failed_.load(std::memory_order_acquire)) return Failure();
   const volatile DevStatus* st = static_cast<const volatile DevStatus*>(status_.host);
   if (st[rank].code == kDevFine) return Status::Ok();
+  if (crossProcess_ && st[rank].code != kDevBadRagged) {
+    // The watch (comm_check.cc) posts it to the other processes with the peers' calls named:
+    // its error is the one kept.
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
+    while (!failed_.load(std::memory_order_acquire) && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    if (failed_.load(std::memory_order_acquire)) return Failure();
+  }
   // The root cause first: a rank that timed out, else any failed rank.
   int culprit = rank;
   for (int r = 0; r < nRanks(); ++r) {
-    if (st[r].code == kDevTimeout || st[r].code == kDevTooManyRanks) {
+    if (st[r].code == kDevTimeout || st[r].code == kDevTooManyRanks || st[r].code == kDevMismatch) {
       culprit = r;
       break;
     }
   }
-  DevStatus copy;
-  copy.code = st[culprit].code;
-  copy.rank = st[culprit].rank;
-  copy.channel = st[culprit].channel;
-  copy.peer = st[culprit].peer;
-  copy.waitingRecv = st[culprit].waitingRecv;
-  copy.pad = 0;
-  copy.step = st[culprit].step;
+  DevStatus copy = ReadStatus(st[culprit]);
   if (copy.code == kDevBadRagged) {
     // Bad operands, not a broken communicator: both ends of the transfer skipped it alike, so the
     // FIFO counters stay in step. Reported once (the word is cleared); later calls run.
@@ -477,10 +488,7 @@ Status GpuComm::Check(int rank, const std::string& who) {
                                  groupText_, " had a bad offsets table: ", DescribeStatus(copy),
                                  " (its result kept the output's rows there)"));
   }
-  const Code code = copy.code == kDevTooManyRanks ? Code::kInvalidArgument : Code::kTimeout;
-  return Fail(Status(code, detail::StrCat("jax_rccl '", who, "': an earlier launch on GPU group ",
-                                          groupText_, " failed: ", DescribeStatus(copy),
-                                          "; the communicator is unusable from now on")));
+  return Fail(LaunchError(culprit, copy, who));
 }
 
 StatusOr<std::vector<std::array<int64_t, 6>>> GpuComm::Counters(int rank) const {
@@ -604,6 +612,12 @@ void StopProxies() {
   CommRegistry& reg = Registry();
   std::lock_guard<std::mutex> lock(reg.mu);
   for (auto& [devices, comm] : reg.comms) comm->StopProxy();
+}
+
+void StopWatches() {
+  CommRegistry& reg = Registry();
+  std::lock_guard<std::mutex> lock(reg.mu);
+  for (auto& [devices, comm] : reg.comms) comm->StopWatch();
 }
 
 GpuComm* FindComm(const std::vector<int64_t>& devices) {

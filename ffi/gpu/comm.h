@@ -31,8 +31,10 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <map>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -136,6 +138,13 @@ class GpuComm {
   // Stops the network proxy (a group across hosts; process exit): comm_net.cc.
   void StopProxy();
 
+  // The call check (hip/kernel_check.h; comm_check.cc): the call whose identity is `id` is named
+  // `name` ("psum over ('i',)") and moves `what` ("all_reduce float32 x4096 sum"), for messages.
+  // Each plan's build notes its call.
+  void NoteCall(uint64_t id, const std::string& name, const std::string& what);
+  // Stops the failure watch (process exit): comm_check.cc.
+  void StopWatch();
+
  private:
   struct RankState {
     std::mutex joinMu;  // one join at a time per rank
@@ -196,11 +205,36 @@ class GpuComm {
   std::unique_ptr<comm::Net> net_;  // across hosts (SetShared): ExchangeRecords's, then the proxy's
   // The failure the communicator keeps (after failed_ is set).
   Status Failure();
+
+  // The call check's names (comm_check.cc): the calls noted, by identity.
+  mutable std::mutex callsMu_;
+  std::map<uint64_t, std::pair<std::string, std::string>> calls_;
+  // "call #3 'psum over ('i',)' (all_reduce float32 x4096 sum; id 0123456789abcdef)".
+  std::string CallText(uint64_t id, uint64_t seq) const;
+  // The call of rank `peer` whose tag (its low `bits` bits) is `seen`, near number `seq`: a call
+  // this process noted, or the one the peer published in its segment; *text says what the tag
+  // says when neither has it (then false). *sameSeq: the call has number `seq`.
+  bool FindPeerCall(uint32_t seen, int bits, uint64_t seq, int peer, std::string* text,
+                    bool* sameSeq) const;
+  // The error of rank `rank`'s failed launch, whose status is `st` (`who`: the call that finds
+  // it; empty: the call the status names).
+  Status LaunchError(int rank, const DevStatus& st, const std::string& who) const;
+  // Across processes: a thread that, every millisecond, passes a failure of this process's
+  // launches to the other processes (Fail: the segments and the network proxy) and a failure
+  // posted by another process to this process's kernels (the abort word), so that every rank's
+  // kernels stop within milliseconds instead of at their deadline.
+  void StartWatch();
+  void Watch();
+  std::once_flag watchOnce_;
+  std::thread watch_;
+  std::atomic<bool> stopWatch_{false};
 };
 
 // Stops every GPU communicator's network proxy, closing its connections in order where every step
 // is out (process exit: the peers then see an orderly end, not a failure).
 void StopProxies();
+// Stops every GPU communicator's failure watch (process exit, before the GPU runtime shuts down).
+void StopWatches();
 
 // The communicator of `devices` (global ids, in rank order), created on first use. A group with
 // devices of other processes (of this host or others) needs exactly one of its devices in this

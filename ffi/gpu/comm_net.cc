@@ -8,7 +8,9 @@
 //             the proxy ships the step and posts the head it freed (direction 1's pad1[kSendPad],
 //             where the kernel looks for room, as in its own region for a peer of this host);
 //   r -> me   the proxy receives r's step into a slot of direction 1 the kernel freed (the head the
-//             kernel reports in direction 0's pad1[kSendPad]) and posts tail there.
+//             kernel reports in direction 0's pad1[kSendPad]), writes the step's info word (with
+//             its call's tag, hip/kernel_check.h) into direction 1's pad0[step % kSteps] and posts
+//             tail there.
 // The proxy never touches device memory.
 #include <algorithm>
 #include <chrono>
@@ -148,7 +150,7 @@ Status GpuComm::ConnectHosts(int rank, const std::string& who, comm::Clock::time
       send.fifo.slotBytes = slotBytes;
       comm::ProxyConnection recv = send;
       recv.send = false;
-      recv.fifo.info = nullptr;
+      recv.fifo.info = &in->pad0[0];  // each step's info word, its call's tag for the kernel
       recv.fifo.tail = &in->tail;
       recv.fifo.head = &out->pad1[kSendPad];  // where the kernel reports it (HeadAtSender)
       recv.fifo.slots = win + ProxyWindowLayout::SlotOffset(geo_, c, 1, 0);

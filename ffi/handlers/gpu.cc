@@ -30,6 +30,7 @@
 #include <utility>
 #include <vector>
 
+#include "ffi/comm/comm.h"
 #include "ffi/core/params.h"
 #include "ffi/core/status.h"
 #include "ffi/gpu/comm.h"
@@ -53,6 +54,7 @@ struct DeviceSlot : SlotBase {
   int ordinal = -1;
   GpuComm* comm = nullptr;
   std::unique_ptr<DevicePlan> devPlan;  // null: nothing moves on this rank
+  uint64_t callId = 0;  // the call's identity: call site mixed with the plan's fingerprint
 
   std::mutex launchMu;            // one call of this slot at a time (guards `scratch`)
   std::vector<SlotPtrs> scratch;  // by task slot; sized at build (no allocation per call)
@@ -152,9 +154,22 @@ struct GpuBackend {
     slot.scratch.assign(tasks.size(), SlotPtrs{nullptr, nullptr, nullptr});
     // Every rank joins, even one that moves nothing: the others' launches need its region.
     JR_CHECK(slot.comm->Join(slot.rank, st.name));
-    if (tasks.empty()) return Status::Ok();
+    // The call's identity, as the CPU's (ffi/comm/comm.cc), which its steps carry (mixed with its
+    // number on the communicator, counted on the device: hip/kernel_check.h).
+    const uint64_t site = static_cast<uint64_t>(st.callSite);
+    if (tasks.empty()) {
+      slot.callId = comm::HashMix(site, comm::HashMix(0, static_cast<uint64_t>(st.kind)));
+      slot.comm->NoteCall(slot.callId, st.name, "nothing on this rank");
+      return Status::Ok();
+    }
     JR_ASSIGN_OR_RETURN(Plan plan,
                         PlanSlot(st, slot, slot.comm->topo(), std::move(tasks), " (GPU)"));
+    {
+      comm::CallFingerprint fp = comm::FingerprintPlan(plan, static_cast<uint64_t>(st.kind));
+      slot.callId = comm::HashMix(site, fp.coll);
+      slot.comm->NoteCall(slot.callId, st.name,
+                          fp.text.size() > 96 ? fp.text.substr(0, 93) + "..." : fp.text);
+    }
     if (slot.comm->crossHost()) {
       // Direct reads and writes the peers' buffers in place: every rank must be on one host.
       for (const TaskPlan& tp : plan.tasks) {
@@ -221,9 +236,19 @@ struct GpuBackend {
     return Status::Ok();
   }
 
-  static bool HasPlan(const Slot& slot) { return slot.devPlan != nullptr; }
+  // A rank of a group of several that moves nothing still counts the call (hip/kernel_check.h).
+  static bool HasPlan(const Slot& slot) {
+    return slot.devPlan != nullptr || (slot.comm != nullptr && slot.comm->nRanks() > 1);
+  }
 
   static Status Run(const State& st, Slot& slot, const Call& call, const CallLeaves& leaves) {
+    RankLaunch rl = slot.comm->Launch(slot.rank, call.stream);
+    rl.callId = slot.callId;
+    rl.checkCalls = st.params.check_calls != 0;
+    if (slot.devPlan == nullptr) {
+      Status advanced = AdvanceCalls(rl, slot.comm->geo());
+      return advanced.ok() ? advanced : OnGroup(st, slot, advanced);
+    }
     for (size_t t = 0; t < slot.sources.size(); ++t) {
       const SlotSource& s = slot.sources[t];
       slot.scratch[t].send = leaves.send(s);
@@ -231,7 +256,7 @@ struct GpuBackend {
       slot.scratch[t].scalar = leaves.scalar(size_t(s.leaf));
       if (leaves.table != nullptr) slot.scratch[t].table = leaves.table;
     }
-    Status launched = slot.devPlan->Launch(slot.comm->Launch(slot.rank, call.stream), slot.scratch);
+    Status launched = slot.devPlan->Launch(rl, slot.scratch);
     return launched.ok() ? launched : OnGroup(st, slot, launched);
   }
 };

@@ -25,9 +25,11 @@ constexpr int kLLAlignmentPerThread = 8;              // NCCL_LL_ALIGNMENT_PER_T
 constexpr int kBytesAlignment = 16;                   // NCCL_BYTES_ALIGNMENT
 constexpr int kConnIdxP2pNet = 2;                     // NCCL_CONN_IDX_P2P_NET
 // A FIFO step's info word for the network proxy, which carries it with the step: the protocol
-// in the bits from here up, the bytes of the slot the step filled below (the kernels write it,
-// hip/device_conn.h: ProxyInfo; ffi/comm/proxy.h reads it).
+// in the bits from kProxyInfoShift up, the call's tag in the 24 bits from kProxyTagShift, the
+// bytes of the slot the step filled below (the kernels write it, hip/device_conn.h: ProxyInfo;
+// ffi/comm/proxy.h reads it).
 constexpr int kProxyInfoShift = 56;
+constexpr int kProxyTagShift = 32;
 
 enum WorkType : uint8_t {
   kWorkTypeUnused = 0,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 
 import pytest
 from launcher import launch, shm_entries
@@ -130,6 +131,21 @@ def test_early_death_leaves_no_segments(mode):
         assert {rank for rank, _ in _culprits(r["error"])} == {1}, r["error"]
         assert "exited" in r["error"], r["error"]
     assert r["session"], r
+    assert shm_entries(r["session"]) == [], shm_entries(r["session"])
+
+
+def test_coordinator_killed_before_its_peer_mapped_its_segment_leaves_nothing():
+    """The process holding JAX's coordination service is killed after creating its segment and
+    before its peer mapped it; the peer is ended without running its exit handlers (as JAX ends
+    survivors). Nothing of the job is left in /dev/shm."""
+    procs = _run("coordinator_death", 2, timeout=60)
+    assert procs[0].returncode == -9, procs[0].describe()
+    assert procs[1].returncode is not None and procs[1].returncode < 0, procs[1].describe()
+    r = procs[0].result
+    assert r is not None and r["session"], procs[0].describe()
+    deadline = time.monotonic() + 5
+    while shm_entries(r["session"]) and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert shm_entries(r["session"]) == [], shm_entries(r["session"])
 
 

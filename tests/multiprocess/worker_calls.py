@@ -214,11 +214,33 @@ def prog_early_death(args):
     # --mode=exit: a normal exit (the runtime reaps the dead process's segments at exit)
 
 
+def prog_coordinator_death(args):
+    """Process 0, which holds JAX's coordination service, starts the first collective (it creates
+    its segment) and is killed 0.5 s into it, before process 1 (asleep) mapped that segment.
+    Process 1 is then ended by JAX, as JAX ends the survivors when the service goes away, or,
+    should JAX not have done so within 3 s, ends itself the same way (SIGABRT): no process of the
+    job runs its exit handlers."""
+    jax, np, jr, mesh, P = _setup(args)
+    n = len(jax.devices())
+    f = _sm(jax, mesh, P, lambda v: jr.psum(v, "i"))
+    x = _global(jax, mesh, P("i"), np.ones((n, 256), np.float32))
+    f.lower(x)  # meets the other processes (the session) before anyone dies
+    report(ok=True, session=session())
+    if args.process == 0:
+        threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
+        jax.block_until_ready(f(x))
+        time.sleep(10)
+        return
+    time.sleep(3)
+    os.abort()
+
+
 PROGRAMS = {
     "identity": prog_identity,
     "swap": prog_swap,
     "fault": prog_fault,
     "early_death": prog_early_death,
+    "coordinator_death": prog_coordinator_death,
 }
 
 
