@@ -212,9 +212,9 @@ def runtime_stats() -> dict[str, int]:
         ``mismatches`` (executions whose ranks disagreed on the call), ``errors``; the gauges
         ``communicators`` and ``rendezvous_pending``; ``net_*``: the network proxies of GPU
         groups across hosts (bytes each way; their connections' time, the part with every slot
-        full and the part idle: docs/multiprocess-internals.md). GPU builds add ``gpu_communicators``.
-        CPU and GPU handlers count into the same counters. :func:`jax_rccl.profile` gives the
-        same figures per call site, with times.
+        full and the part idle: docs/multiprocess-internals.md). GPU builds add
+        ``gpu_communicators``. CPU and GPU handlers count into the same counters.
+        :func:`jax_rccl.profile` gives the same figures per call site, with times.
 
     Example:
         >>> import jax, numpy as np, jax_rccl as jr

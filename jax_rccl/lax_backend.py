@@ -306,19 +306,7 @@ def _with_fallback(prim, rule):
 
     def _xla(ctx, *args, **params):
         platform_rules, default = _xla_rules(prim)
-        return _per_platform(ctx, platform_rules, default, *args, **params)
-
-    def _per_platform(ctx, platform_rules, default, *args, **params):
-        effects = ctx.jaxpr_eqn_ctx.effects if hasattr(ctx.jaxpr_eqn_ctx, "effects") else set()
-        return mlir.lower_per_platform(
-            ctx.replace(avals_out=list(ctx.avals_out)),
-            prim.name,
-            platform_rules,
-            default,
-            effects,
-            *args,
-            **params,
-        )
+        return L.lower_per_platform(ctx, prim, platform_rules, default, *args, **params)
 
     def lowering(ctx, *args, **params):
         platforms = L.module_platforms_of(ctx)
@@ -329,7 +317,7 @@ def _with_fallback(prim, rule):
             return _xla(ctx, *args, **params)
         platform_rules, default = _xla_rules(prim)
         platform_rules.update({p: ours for p in mine})
-        return _per_platform(ctx, platform_rules, default, *args, **params)
+        return L.lower_per_platform(ctx, prim, platform_rules, default, *args, **params)
 
     lowering.__name__ = f"jax_rccl_lax_{prim.name}"
     return lowering

@@ -411,18 +411,25 @@ def platform_rule(prim, rule, supported=SUPPORTED_PLATFORMS, xla=None):
         rules = {p: (xla if p in unsupported else ours) for p in platforms}
         if len(unsupported) == len(platforms):
             return xla(ctx, *args, **params)
-        effects = getattr(ctx.jaxpr_eqn_ctx, "effects", set())
-        return mlir.lower_per_platform(
-            ctx.replace(avals_out=list(ctx.avals_out)),
-            prim.name,
-            rules,
-            None,
-            effects,
-            *args,
-            **params,
-        )
+        return lower_per_platform(ctx, prim, rules, None, *args, **params)
 
     return lowering
+
+
+def lower_per_platform(ctx, prim, rules, default, *args, **params):
+    """`rules[p]` (else `default`) for each platform p of `ctx`: one rule inline when they all
+    get the same, else JAX's switch on the platform index of a multi-platform lowering."""
+    effects = getattr(ctx.jaxpr_eqn_ctx, "effects", set())
+    # avals_out as a list: JAX's switch concatenates it to a list of token avals
+    return mlir.lower_per_platform(
+        ctx.replace(avals_out=list(ctx.avals_out)),
+        prim.name,
+        rules,
+        default,
+        effects,
+        *args,
+        **params,
+    )
 
 
 def register(prim, rule, supported=SUPPORTED_PLATFORMS, xla=None):

@@ -68,17 +68,20 @@ def test_version_1_program_still_runs():
     _check(_call(exp, _x()), _x())
 
 
-def _exported():
-    mesh = mesh_1d()
-    f = jax.jit(
+def _jitted_body():
+    return jax.jit(
         jax.shard_map(
             _body,
-            mesh=mesh,
+            mesh=mesh_1d(),
             in_specs=P("i"),
             out_specs=(P(), P(), P("i"), P("i")),
             check_vma=False,
         )
     )
+
+
+def _exported():
+    f = _jitted_body()
     return export.export(f)(_x())
 
 
@@ -133,16 +136,7 @@ def test_multi_platform_export_keeps_xla_where_no_runtime():
 
 def test_own_primitives_export_for_a_platform_without_runtime():
     """jax_rccl's own functions exported for ("cpu", "tpu"): XLA's collectives on the TPU."""
-    mesh = mesh_1d()
-    f = jax.jit(
-        jax.shard_map(
-            _body,
-            mesh=mesh,
-            in_specs=P("i"),
-            out_specs=(P(), P(), P("i"), P("i")),
-            check_vma=False,
-        )
-    )
+    f = _jitted_body()
     exp = export.export(f, platforms=("cpu", "tpu"))(_x())
     text = exp.mlir_module()
     assert "jax_rccl_all_reduce" in text

@@ -516,6 +516,22 @@ print("ours" if "jax_rccl_all_reduce" in text else "xla", float(f(x)[0]))
 """
 
 
+def _run_python(program: str, tmp_path, lax: str | None) -> subprocess.CompletedProcess:
+    """`program` in a new interpreter of this environment, with JAX_RCCL_LAX=`lax` (None:
+    unset)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("JAX_RCCL_LAX", "JAX_PLATFORMS")}
+    if lax is not None:
+        env["JAX_RCCL_LAX"] = lax
+    return subprocess.run(
+        [sys.executable, "-P", "-c", program],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
 def test_without_the_switch_the_entry_point_imports_nothing(tmp_path):
     """JAX starts jax_rccl's plugin in every program of the environment: without JAX_RCCL_LAX it
     leaves the program as it was (no jax_rccl module, no config option of jax_rccl's)."""
@@ -524,46 +540,21 @@ def test_without_the_switch_the_entry_point_imports_nothing(tmp_path):
         "print(sorted(m for m in sys.modules if m.startswith('jax_rccl')), "
         "any(n.startswith('jax_rccl') for n in jax.config.values))"
     )
-    env = {k: v for k, v in os.environ.items() if k != "JAX_RCCL_LAX"}
-    r = subprocess.run(
-        [sys.executable, "-P", "-c", program],
-        env=env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    r = _run_python(program, tmp_path, None)
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.split() == ["['jax_rccl_plugin']", "False"], r.stdout
 
 
 @pytest.mark.parametrize("value,expect", [("1", "ours"), ("cpu", "ours"), ("0", "xla")])
 def test_env_switch_without_import(value, expect, tmp_path):
-    env = {**os.environ, "JAX_RCCL_LAX": value}
-    env.pop("JAX_PLATFORMS", None)
-    r = subprocess.run(
-        [sys.executable, "-P", "-c", _ENV_PROGRAM],
-        env=env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    r = _run_python(_ENV_PROGRAM, tmp_path, value)
     assert r.returncode == 0, r.stderr[-3000:]
     word, total = r.stdout.split()
     assert word == expect and float(total) == 28.0
 
 
 def test_env_switch_bad_value(tmp_path):
-    env = {**os.environ, "JAX_RCCL_LAX": "tpu"}
-    r = subprocess.run(
-        [sys.executable, "-P", "-c", _ENV_PROGRAM],
-        env=env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    r = _run_python(_ENV_PROGRAM, tmp_path, "tpu")
     assert "JAX_RCCL_LAX='tpu'" in r.stderr
 
 
