@@ -252,7 +252,7 @@ struct DevStatus {
   uint32_t mine;  // the launch's tag (0: unchecked)
   uint32_t seen;  // kDevMismatch: the tag the step carried (24 bits for a Simple or proxied step)
   int32_t seenBits;
-  int32_t pad2;
+  int32_t complete;  // 1 once the fields above are written (the host waits for it to read them)
 };
 
 constexpr int kInlineSlots = 24;
@@ -290,6 +290,7 @@ struct KernelArgs {
   char* const* regions;       // [nRanks]: every rank's region as this rank's device sees it
                               // (bit 0 set: a rank of another host's window, ProxyWindowLayout)
   const SlotPtrs* slotTable;  // nSlots > kInlineSlots: the slots in device memory
+  char* ownRegion;            // regions[rank], read without loading the table (the call counters)
   DevStatus* status;          // this rank's
   volatile int32_t* abort;    // the communicator's: set on any failure, polled by waits
   uint64_t* trace;            // null, or [blocks][kTraceEvents] timeline words (hip/kernel_piece.h)

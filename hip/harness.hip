@@ -75,6 +75,7 @@ RankLaunch Harness::Rank(int r) const {
   rl.rank = r;
   rl.nRanks = topo_.nRanks;
   rl.regionsDev = static_cast<char* const*>(regionTables_[size_t(r)]);
+  rl.ownRegion = static_cast<char*>(regions_[size_t(r)]);
   rl.statusDev = static_cast<DevStatus*>(status_.dev) + r;
   rl.abortDev = static_cast<int32_t*>(abort_.dev);
   rl.timeoutNs = timeoutNs_;

@@ -51,6 +51,8 @@ __device__ inline bool RecordFailure(const KernelArgs& a, DevFailure code, int c
   a.status->mine = gCallTag;
   a.status->seen = seen;
   a.status->seenBits = seenBits;
+  __threadfence_system();
+  a.status->complete = 1;
   return true;
 }
 
@@ -72,14 +74,13 @@ __device__ void ReportMismatch(const KernelArgs& a, int ch, int peer, uint64_t s
 
 // Channel `ch`'s call counter in this rank's region.
 __device__ inline uint64_t* CallSeqWord(const KernelArgs& a, int ch) {
-  return &reinterpret_cast<ConnHeader*>(a.regions[a.rank] +
-                                        RegionLayout::HeaderOffset(a.geo, ch, a.rank))
+  return &reinterpret_cast<ConnHeader*>(a.ownRegion + RegionLayout::HeaderOffset(a.geo, ch, a.rank))
               ->pad1[kCallSeqPad];
 }
 // Thread 0 at the block's start: the counter of its channel (issued early, used after the
 // block's first loads); then SetCall with it. A group of one rank has no region and no peer.
 __device__ inline uint64_t LoadCallSeq(const KernelArgs& a, int ch) {
-  return a.checkCalls && a.nRanks > 1 ? LoadVolatile64(CallSeqWord(a, ch)) : 0;
+  return a.checkCalls && a.ownRegion != nullptr ? LoadVolatile64(CallSeqWord(a, ch)) : 0;
 }
 __device__ inline void SetCall(const KernelArgs& a, uint64_t seq) {
   gCallSeq = seq;
@@ -89,7 +90,7 @@ __device__ inline void SetCall(const KernelArgs& a, uint64_t seq) {
 // block 0 those of the channels no block of this launch runs (every counter then holds the number
 // of calls made, whichever channels they used).
 __device__ inline void EndCall(const KernelArgs& a, int ch) {
-  if (!a.checkCalls || !a.lastLaunch || a.nRanks < 2) return;
+  if (!a.checkCalls || !a.lastLaunch || a.ownRegion == nullptr) return;
   const int t = int(threadIdx.x);
   if (t == 0) StoreVolatile64(CallSeqWord(a, ch), gCallSeq + 1);
   if (blockIdx.x == 0 && t < a.geo.nChannels && t < 64 && ((a.otherChannels >> t) & 1) != 0) {

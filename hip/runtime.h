@@ -99,6 +99,7 @@ struct RankLaunch {
   int rank = 0;
   int nRanks = 1;
   char* const* regionsDev = nullptr;  // device array [nRanks] of region pointers (this device)
+  char* ownRegion = nullptr;          // this rank's region (regionsDev[rank])
   DevStatus* statusDev = nullptr;     // this rank's status word (mapped)
   int32_t* abortDev = nullptr;        // the communicator's abort word (mapped)
   uint64_t timeoutNs = 0;

@@ -490,6 +490,7 @@ Status DevicePlan::Launch(const RankLaunch& rl, const std::vector<SlotPtrs>& slo
   std::memset(&a, 0, sizeof(a));
   a.tasks = tasks_;
   a.regions = rl.regionsDev;
+  a.ownRegion = rl.nRanks > 1 ? rl.ownRegion : nullptr;
   a.slotTable = slotTable_;
   a.status = rl.statusDev;
   a.abort = rl.abortDev;
@@ -583,6 +584,7 @@ DevStatus ReadStatus(const volatile DevStatus& s) {
   c.mine = s.mine;
   c.seen = s.seen;
   c.seenBits = s.seenBits;
+  c.complete = s.complete;
   return c;
 }
 

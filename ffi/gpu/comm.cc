@@ -477,6 +477,13 @@ Status GpuComm::Check(int rank, const std::string& who) {
       break;
     }
   }
+  {  // the kernel sets the code first and says when the other fields are in
+    const auto written = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
+    while (st[culprit].code != kDevBadRagged && st[culprit].complete == 0 &&
+           std::chrono::steady_clock::now() < written) {
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+  }
   DevStatus copy = ReadStatus(st[culprit]);
   if (copy.code == kDevBadRagged) {
     // Bad operands, not a broken communicator: both ends of the transfer skipped it alike, so the
@@ -526,6 +533,7 @@ RankLaunch GpuComm::Launch(int rank, void* stream) const {
   rl.timeoutNs = timeoutNs_;
   if (nRanks() == 1) return rl;
   rl.regionsDev = static_cast<char* const*>(ranks_[static_cast<size_t>(rank)].regionTable);
+  rl.ownRegion = static_cast<char*>(ranks_[static_cast<size_t>(rank)].region);
   rl.systemFence = systemFence_;
   return rl;
 }

@@ -155,6 +155,11 @@ void GpuComm::Watch() {
         }
       }
       if (st[culprit].code == kDevAborted && shm_ != nullptr && shm_->AnyFailed()) break;
+      // The kernel sets the code first and says when the other fields are in.
+      const auto written = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
+      while (st[culprit].complete == 0 && std::chrono::steady_clock::now() < written) {
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+      }
       const DevStatus failed = ReadStatus(st[culprit]);
       // The peers of this host learn which call this rank ran (a peer that never made that call
       // can name it), and a mismatch waits a moment for the peer's own (published likewise).
