@@ -228,8 +228,7 @@ class Collective {
     return GuardInstantiate<State>(B::kInstantiateWho, [&]() -> StatusOr<std::unique_ptr<State>> {
       auto st = std::make_unique<State>();
       JR_CHECK(DecodeCallAttrs(K, attrs, st.get()));
-      const std::string protocol = st->protocolText;
-      B::Configure(*st, protocol);
+      B::Configure(*st, st->protocolText);
       st->record = CallSiteRecord(st->callSite, st->name, KindName(K), st->groupSize);
       for (size_t g = 0; g < st->groups.size(); ++g) {
         for (int r = 0; r < static_cast<int>(st->groups[g].size()); ++r) {
