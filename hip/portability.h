@@ -66,6 +66,9 @@ constexpr hipError_t hipSuccess = cudaSuccess;
 #define hipStreamCaptureModeGlobal cudaStreamCaptureModeGlobal
 #define hipStreamCaptureMode cudaStreamCaptureMode
 #define hipThreadExchangeStreamCaptureMode cudaThreadExchangeStreamCaptureMode
+#define hipStreamIsCapturing cudaStreamIsCapturing
+#define hipStreamCaptureStatus cudaStreamCaptureStatus
+#define hipStreamCaptureStatusNone cudaStreamCaptureStatusNone
 #define hipGraphInstantiate(e, g, a, b, c) cudaGraphInstantiate((e), (g), 0)
 #define hipGraphLaunch cudaGraphLaunch
 #define hipGraphExecDestroy cudaGraphExecDestroy

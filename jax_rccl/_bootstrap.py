@@ -1,8 +1,10 @@
 """The world table: which process owns which device, on which host, in this run.
 
 A program of several JAX processes (``jax.distributed.initialize``) compiles one SPMD program in
-every process, and a replica group may hold devices of other processes. Before the first
-collective is lowered, the processes meet once through JAX's own distributed key-value store:
+every process, and a replica group may hold devices of other processes. When the first
+collective runs (the runtime connects its first replica group and calls ``ensure_world``, which
+``jax_rccl._ffi`` installs with ``set_world_provider``), the processes meet once through JAX's
+own distributed key-value store; lowering, compiling or exporting a program waits for nobody:
 
 - process 0 publishes a random session id (``jax_rccl/session``, public: it names the run's
   shared-memory segments, so stale segments of a crashed run never meet a new one) and a random
@@ -238,11 +240,17 @@ def peers() -> list[dict] | None:
     return None if _peers is None else [dict(p) for p in _peers]
 
 
-def _bootstrap() -> None:
-    global _world, _peers
+def check_ready() -> None:
+    """Raises what would stop the processes from meeting and needs none of them to tell: run
+    before a program is lowered, so the error comes at trace time (a no-op with one process)."""
+    _ready()
+
+
+def _ready():
+    """(client, transport) of a multi-process run; None with one process."""
     nprocesses = jax.process_count()
     if nprocesses <= 1:
-        return
+        return None
     client = _compat.distributed_client()
     if client is None:
         raise RuntimeError(
@@ -250,13 +258,23 @@ def _bootstrap() -> None:
             "jax.distributed.initialize() was not called in this process; jax_rccl meets the "
             "other processes through JAX's distributed key-value store"
         )
-    me = jax.process_index()
     transport = _param("transport") or "auto"
     if transport not in TRANSPORTS:
         raise ValueError(
             f"jax_rccl: JAX_RCCL_TRANSPORT={transport!r} is not a transport; allowed: "
             f"{', '.join(TRANSPORTS)}"
         )
+    return client, transport
+
+
+def _bootstrap() -> None:
+    global _world, _peers
+    ready = _ready()
+    if ready is None:
+        return
+    client, transport = ready
+    nprocesses = jax.process_count()
+    me = jax.process_index()
     timeout = timeout_s()
     deadline = time.monotonic() + timeout
 

@@ -127,9 +127,11 @@ def ensure_registered() -> None:
         check_settings()
         for message in unknown_settings():
             warnings.warn(message, stacklevel=user_stacklevel())
-        # Several JAX processes: meet them once and hand the world table to the runtime
-        # before anything is lowered (a no-op in a single-process program).
-        _bootstrap.ensure_world()
+        # Several JAX processes meet when the first collective runs (the runtime calls
+        # ensure_world as it connects its first group), not here: lowering or exporting a
+        # program waits for no other process. What can be told without them is told now.
+        _bootstrap.check_ready()
+        _jax_rccl.set_world_provider(_bootstrap.ensure_world)
         for name, registration in _jax_rccl.cpu_ffi_types().items():
             jax.ffi.register_ffi_type(name, registration, platform="cpu")
         targets = _jax_rccl.cpu_ffi_targets()

@@ -204,7 +204,7 @@ def lower_collective(
         return outs
 
     rg = replica_groups(ctx, axes, groups, sort=sort_groups)
-    _runtime()  # registers the targets (and meets the other processes) before the first call
+    _runtime()  # registers the targets before the first call (the processes meet when it runs)
     algorithm, protocol, in_place = tuning
     if in_place not in ("auto", "on", "off"):
         raise ValueError(

@@ -144,6 +144,36 @@ void BindCrypto(nb::module_& m) {
       nb::arg("n"), "`n` bytes from the kernel's CSPRNG. For tests.");
 }
 
+// Runs `fn` (jax_rccl._bootstrap.ensure_world) from the thread that connects a group first: an
+// XLA execution thread, which holds no interpreter lock (JAX releases it while a program runs,
+// as for its host callbacks).
+void SetWorldProvider(nb::callable fn) {
+  nb::handle f = fn.inc_ref();  // kept for the process's life (world.cc never frees providers)
+  comm::SetWorldProvider([f]() -> Status {
+#if PY_VERSION_HEX >= 0x030D0000
+    const bool finalizing = Py_IsFinalizing() != 0;
+#else
+    const bool finalizing = _Py_IsFinalizing() != 0;
+#endif
+    if (!Py_IsInitialized() || finalizing) {
+      return Status(Code::kInvalidUsage,
+                    "jax_rccl: the interpreter is shutting down; the processes cannot meet now");
+    }
+    nb::gil_scoped_acquire gil;
+    try {
+      f();
+    } catch (nb::python_error& e) {
+      // The exception's own text (no traceback): the bootstrap's messages name the process.
+      const bool timeout = e.matches(PyExc_TimeoutError);
+      std::string text = nb::cast<std::string>(nb::str(e.value()));
+      return Status(timeout ? Code::kTimeout : Code::kInvalidUsage, std::move(text));
+    } catch (const std::exception& e) {
+      return Status(Code::kInternal, e.what());
+    }
+    return Status::Ok();
+  });
+}
+
 }  // namespace
 
 void BindRuntime(nb::module_& m) {
@@ -156,6 +186,11 @@ void BindRuntime(nb::module_& m) {
         "set_session_secret)}. Replica groups spanning processes "
         "then run over shared memory within a host and TCP sockets between hosts "
         "(JAX_RCCL_TRANSPORT).");
+  m.def("set_world_provider", &SetWorldProvider, nb::arg("fn"),
+        "Installs `fn()` as the way this process meets the others: the runtime calls it (under "
+        "the interpreter's lock) once, when the first replica group is connected, and `fn` calls "
+        "set_world (or nothing, in a single-process program). An exception it raises fails that "
+        "collective with its text.");
   BindSocketSetup(m, false);
   m.def("socket_listener_port", &comm::SocketListenerPort,
         "The port this process listens on for the socket transport, or 0 when it does not.");

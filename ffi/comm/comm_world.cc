@@ -140,6 +140,7 @@ StatusOr<Communicator*> World::GetOrCreate(const std::vector<int64_t>& devices,
                                            const Params& params) {
   JR_REQUIRE(!devices.empty(), Code::kInvalidArgument,
              "jax_rccl: a replica group needs at least one device");
+  JR_CHECK(EnsureWorld());  // before the lock: it may run Python (the processes meet)
   std::lock_guard<std::mutex> lock(mu_);
   auto it = comms_.find(devices);
   if (it != comms_.end()) return it->second.get();

@@ -1,6 +1,7 @@
 #include "ffi/comm/world.h"
 
 #include <algorithm>
+#include <atomic>
 #include <map>
 #include <mutex>
 #include <set>
@@ -20,7 +21,29 @@ std::string g_secret;  // guarded by g_mu
 
 constexpr char kShmTagLabel[] = "jax_rccl shared-memory names";
 
+// The provider and whether it has run (EnsureWorld).
+std::mutex g_providerMu;
+WorldProvider* g_provider = nullptr;  // guarded by g_providerMu; never freed (see SetWorldProvider)
+std::atomic<bool> g_met{false};
+
 }  // namespace
+
+void SetWorldProvider(WorldProvider provider) {
+  std::lock_guard<std::mutex> lock(g_providerMu);
+  // The old provider is kept alive: it may hold a Python object that must not be released
+  // without the interpreter's lock (or after the interpreter is gone, at exit).
+  g_provider = new WorldProvider(std::move(provider));
+  g_met.store(false, std::memory_order_release);
+}
+
+Status EnsureWorld() {
+  if (g_met.load(std::memory_order_acquire)) return Status::Ok();
+  std::lock_guard<std::mutex> lock(g_providerMu);
+  if (g_met.load(std::memory_order_relaxed)) return Status::Ok();
+  if (g_provider != nullptr && *g_provider) JR_CHECK((*g_provider)());
+  g_met.store(true, std::memory_order_release);
+  return Status::Ok();
+}
 
 const WorldDevice* WorldTable::Find(int64_t id) const {
   for (const WorldDevice& d : devices) {

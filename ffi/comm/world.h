@@ -1,9 +1,11 @@
 // The world table: which process (and host) owns every device of a multi-process run, set once
-// from Python (jax_rccl/_bootstrap.py calls _jax_rccl.set_world) before any collective is
-// lowered. Without it every device is local (one process).
+// from Python (jax_rccl/_bootstrap.py calls _jax_rccl.set_world) when the first group is
+// connected (EnsureWorld), not when a program is lowered. Without it every device is local (one
+// process).
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -34,6 +36,17 @@ struct WorldTable {
   // The entry of device `id`, or null.
   const WorldDevice* Find(int64_t id) const;
 };
+
+// Who meets the other processes: a function that sets the table (SetWorldTable, and the secret)
+// or leaves it unset in a single-process program. The bind layer installs one that runs
+// jax_rccl/_bootstrap.py under the interpreter's lock; without one, nothing is met.
+using WorldProvider = std::function<Status()>;
+void SetWorldProvider(WorldProvider provider);
+// Runs the provider once, the first time any group is connected (every process of an SPMD program
+// connects its groups, so every process meets the others): later calls return at once. A failure
+// is returned to every caller that comes while it stands (the provider remembers it).
+// Call it holding no lock that Python code could wait for.
+Status EnsureWorld();
 
 // Validates and installs `table` (replacing an earlier one).
 Status SetWorldTable(WorldTable table);

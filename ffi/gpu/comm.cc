@@ -540,6 +540,7 @@ RankLaunch GpuComm::Launch(int rank, void* stream) const {
 
 StatusOr<GpuComm*> GetOrCreateComm(const std::vector<int64_t>& devices, const Params& params,
                                    const std::string& who) {
+  JR_CHECK(comm::EnsureWorld());  // before the lock: it may run Python (the processes meet)
   CommRegistry& reg = Registry();
   std::lock_guard<std::mutex> lock(reg.mu);
   auto it = reg.comms.find(devices);

@@ -328,6 +328,10 @@ Status CheckDevice(const CallAttrs& attrs, const ffi::RemainingArgs& args, size_
   if (at < 0) return Status::Ok();
   int64_t v[3];
   std::memcpy(v, args.get<ffi::AnyBuffer>(at)->untyped_data(), sizeof(v));
+  return CheckDeviceValues(attrs, v, at, device);
+}
+
+Status CheckDeviceValues(const CallAttrs& attrs, const int64_t v[3], int at, int64_t device) {
   JR_REQUIRE(v[0] == kDeviceCheckMagic, Code::kInvalidArgument, "jax_rccl '", attrs.name,
              "': operand ", at, " is three int64s but not a device check");
   JR_REQUIRE(v[2] == device, Code::kInvalidUsage, "jax_rccl '", attrs.name, "' (",

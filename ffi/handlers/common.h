@@ -110,6 +110,8 @@ int DeviceCheckOperand(const CallAttrs& attrs, const xla::ffi::RemainingArgs& ar
 // else an error naming the partition and both devices. The operand must be in host memory.
 Status CheckDevice(const CallAttrs& attrs, const xla::ffi::RemainingArgs& args, size_t nLeaves,
                    int64_t device);
+// The same check of the operand's three values `v` (read from operand `at` wherever it lives).
+Status CheckDeviceValues(const CallAttrs& attrs, const int64_t v[3], int at, int64_t device);
 
 // Where a task slot's buffers come from: byte offsets into a leaf's operand and result.
 struct SlotSource {

@@ -40,6 +40,7 @@
 #include "ffi/handlers/ragged.h"
 #include "ffi/planner/planner.h"
 #include "ffi/planner/types.h"
+#include "hip/hip_check.h"
 #include "hip/runtime.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -134,15 +135,31 @@ struct GpuBackend {
     return it->second.get();
   }
 
-  // The device check of an exported program lives in device memory here, where the execute
-  // stage cannot read it (XLA may capture the launch in a command buffer).
-  static Status CheckOperands(const State& st, Slot&, const Call&, const ffi::RemainingArgs& args,
-                              const ffi::RemainingRets& rets) {
-    JR_REQUIRE(DeviceCheckOperand(st, args, rets.size()) < 0, Code::kUnsupported, "jax_rccl '",
-               st.name, "' (", KindName(st.kind),
-               "): a program exported with jax.export runs on the CPU runtime only; on GPUs its "
-               "device order cannot be checked yet: lower the program where it runs instead");
-    return Status::Ok();
+  // The device check of an exported program (DeviceCheckOperand) lives in device memory here: it
+  // is read once, at the slot's first call, when the host waits for the stream (its value is fixed
+  // per executable and device, so later calls and replays of a captured graph need no check). A
+  // first call that XLA records into a command buffer has nothing to read yet: it fails, naming
+  // the way out, rather than run unchecked.
+  static Status CheckOperands(const State& st, Slot&, const Call& call,
+                              const ffi::RemainingArgs& args, const ffi::RemainingRets& rets) {
+    const int at = DeviceCheckOperand(st, args, rets.size());
+    if (at < 0) return Status::Ok();
+    JR_ASSIGN_OR_RETURN(int64_t device, GlobalIdOfOrdinal(call.ordinal));
+    auto stream = static_cast<hipStream_t>(call.stream);
+    hipStreamCaptureStatus capture = hipStreamCaptureStatusNone;
+    JR_HIP_CHECK(hipStreamIsCapturing(stream, &capture));
+    JR_REQUIRE(capture == hipStreamCaptureStatusNone, Code::kUnsupported, "jax_rccl '", st.name,
+               "' (", KindName(st.kind),
+               "): the first call of a program exported with jax.export is being recorded into a "
+               "command buffer, where its device order cannot be read; run it with "
+               "XLA_FLAGS=--xla_gpu_enable_command_buffer= (or lower the program where it runs)");
+    int64_t v[3] = {0, 0, 0};
+    DeviceGuard guard(call.ordinal);
+    JR_CHECK(guard.status());
+    JR_HIP_CHECK(hipMemcpyAsync(v, args.get<ffi::AnyBuffer>(at)->untyped_data(), sizeof(v),
+                                hipMemcpyDeviceToHost, stream));
+    JR_HIP_CHECK(hipStreamSynchronize(stream));
+    return CheckDeviceValues(st, v, at, device);
   }
 
   static Status Connect(const State& st, Slot& slot) {

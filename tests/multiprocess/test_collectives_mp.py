@@ -73,6 +73,15 @@ def test_bootstrap_names_a_missing_process():
         assert r["seconds"] < 2.0 + 5, r
 
 
+def test_lowering_meets_nobody():
+    """Lowering, compiling and exporting on one process while the others are elsewhere takes no
+    bootstrap (it would wait JAX_RCCL_TIMEOUT for them and fail); the first run meets them."""
+    res = _ok(launch("lower_only", 2, 2, timeout=90, jax_rccl_timeout=5.0))
+    assert res[0]["world_after_lowering"] == [None, None], res[0]
+    assert res[0]["lower_seconds"] < 5.0, res[0]
+    assert [r["world_after_running"] for r in res] == [2, 2], res
+
+
 def test_harness_against_jax_lax():
     """The NumPy twin of the checks agrees with jax.lax across processes (gloo)."""
     _ok(launch("collectives", 2, 2, args=("--backend=lax", "--sizes=64"), timeout=60))

@@ -393,6 +393,42 @@ def prog_killed(args):
     report(ok=True, raised=False, seconds=time.monotonic() - t0, session=session())
 
 
+def prog_lower_only(args):
+    """Process 0 lowers, compiles and exports a jax_rccl program while the others wait at a
+    barrier without touching jax_rccl: lowering must meet nobody (it would wait for them until
+    JAX_RCCL_TIMEOUT and fail). Then every process runs it: the processes meet then."""
+    jax = init(args)
+    import numpy as np
+    from jax import export
+    from jax.sharding import Mesh
+    from jax.sharding import PartitionSpec as P
+
+    import jax_rccl as jr
+    from jax_rccl import _bootstrap, _jax_rccl
+
+    mesh = Mesh(np.array(jax.devices()), ("i",))
+    n = len(jax.devices())
+    f = _psum_fn(jax, jr, mesh)
+    full = np.arange(n * 256, dtype=np.float32).reshape(n, 256)
+    x = _global(jax, mesh, P("i"), full)
+    info = {}
+    if args.process == 0:
+        t0 = time.monotonic()
+        f.lower(x).compile()
+        export.export(f)(x)
+        info["lower_seconds"] = time.monotonic() - t0
+        info["world_after_lowering"] = [_bootstrap.world(), _jax_rccl.world()]
+    barrier("lowered", 120)
+    y = f(x)
+    failures = []
+    _check("psum", y, np.broadcast_to(full.sum(0), full.shape), failures)
+    if failures:
+        raise AssertionError("\n".join(failures))
+    w = _bootstrap.world()
+    info["world_after_running"] = None if w is None else w["nprocesses"]
+    report(ok=True, **info)
+
+
 def prog_mismatch(args):
     """The processes trace different element counts for the same call site: JAX's checks see
     only the global shapes (equal here), so the runtime must notice and raise, not hang."""
@@ -509,6 +545,7 @@ PROGRAMS = {
     "collectives": prog_collectives,
     "killed": prog_killed,
     "mismatch": prog_mismatch,
+    "lower_only": prog_lower_only,
     "listeners": prog_listeners,
 }
 
