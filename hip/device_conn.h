@@ -229,6 +229,8 @@ enum DevFailure : int32_t {
   kDevBadRagged = 4,     // a ragged_all_to_all table entry out of range (peer: the sender, step:
                          // the slice); both ends of the transfer moved nothing for it
   kDevMismatch = 5,      // a step from `peer` carried another call's tag (`seen`; 0: untagged)
+  kDevWrongDevice = 6,   // an exported program's partition `step` was lowered for device `seen64`
+                         // and runs on this rank's device (KernelArgs::deviceCheck); nothing moved
 };
 
 // The most ranks the Direct algorithm's kernel holds (its per-peer tables in shared memory).
@@ -253,6 +255,8 @@ struct DevStatus {
   uint32_t seen;  // kDevMismatch: the tag the step carried (24 bits for a Simple or proxied step)
   int32_t seenBits;
   int32_t complete;  // 1 once the fields above are written (the host waits for it to read them)
+  int64_t seen64;    // kDevWrongDevice: the device the partition was lowered for
+  int64_t device;    // kDevWrongDevice: this rank's device
 };
 
 constexpr int kInlineSlots = 24;
@@ -308,6 +312,11 @@ struct KernelArgs {
   int32_t lastLaunch;
   uint64_t otherChannels;
   RaggedDims ragged;  // a ragged_all_to_all plan's shapes (slices 0: none)
+  // A program exported with jax.export whose first call was recorded into a command buffer: its
+  // device check {magic, partition, device lowered there} (ffi/handlers/common.h), compared by
+  // every block with `device` before it moves anything (null: none, or checked by the host).
+  const int64_t* deviceCheck;
+  int64_t device;
   SlotPtrs inlineSlots[kInlineSlots];
 };
 

@@ -98,6 +98,34 @@ __device__ inline void EndCall(const KernelArgs& a, int ch) {
   }
 }
 
+// ---- an exported program's device order ----
+
+// Thread 0 at the block's start, after SetCall: whether this rank's device is the one the
+// exported program placed at its partition (KernelArgs::deviceCheck; always, without one). A
+// block of a rank on the wrong device records kDevWrongDevice, raises the abort word and moves
+// nothing (the host checks the same at the first call where it can read the operand).
+__device__ inline bool DeviceOrderOk(const KernelArgs& a) {
+  if (a.deviceCheck == nullptr) return true;
+  const int64_t lowered = a.deviceCheck[2];
+  if (lowered == a.device) return true;
+  if (atomicCAS(&a.status->code, kDevFine, kDevWrongDevice) == kDevFine) {
+    a.status->rank = a.rank;
+    a.status->channel = -1;
+    a.status->peer = -1;
+    a.status->step = uint64_t(a.deviceCheck[1]);
+    a.status->call = a.callId;
+    a.status->seq = gCallSeq;
+    a.status->mine = gCallTag;
+    a.status->seen64 = lowered;
+    a.status->device = a.device;
+    __threadfence_system();
+    a.status->complete = 1;
+  }
+  __threadfence_system();
+  *a.abort = 1;
+  return false;
+}
+
 // ---- what the steps carry ----
 
 // The flag of LL step `step`: never 0 (the value of lines never written), and, 2^32 - 1 being odd,

@@ -279,6 +279,7 @@ __device__ void CollKernelBody(const KernelArgs& a) {
   __shared__ uint4 workWords[kWorkWords];
   __shared__ uint4 taskWords[kSharedTasks];
   __shared__ BlockShared sh;
+  __shared__ int orderOk;  // deviceCheck: this rank's device is its partition's (DeviceOrderOk)
   const Work& work = *reinterpret_cast<const Work*>(workWords);
   const DevTask* tasks = reinterpret_cast<const DevTask*>(taskWords);
   const bool tasksShared = a.nSlots <= kSharedTasks;
@@ -305,9 +306,15 @@ __device__ void CollKernelBody(const KernelArgs& a) {
       }
     }
     nCopy = kWorkWords;
-    if (firstWork && threadIdx.x == 0) SetCall(a, callSeq);
-    firstWork = false;
+    if (firstWork && threadIdx.x == 0) {
+      SetCall(a, callSeq);
+      if (a.deviceCheck != nullptr) orderOk = DeviceOrderOk(a) ? 1 : 0;
+    }
     __syncthreads();
+    // An exported program called on its devices in another order moves nothing
+    // (hip/kernel_check.h).
+    if (firstWork && a.deviceCheck != nullptr && orderOk == 0) return;
+    firstWork = false;
     Trace(a, &sh, kTraceWork);
     bool ok = true;
     if (work.header.type == kWorkTypeColl) {

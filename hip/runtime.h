@@ -110,6 +110,10 @@ struct RankLaunch {
   // fingerprint) and whether steps are tagged, counted and checked (JAX_RCCL_CHECK_CALLS).
   uint64_t callId = 0;
   bool checkCalls = true;
+  // An exported program's device check in device memory, which the kernels compare with `device`
+  // (KernelArgs::deviceCheck); null: none.
+  const int64_t* deviceCheck = nullptr;
+  int64_t device = -1;
 };
 
 // The channels [0, geo.nChannels) as a mask.

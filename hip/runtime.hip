@@ -504,6 +504,8 @@ Status DevicePlan::Launch(const RankLaunch& rl, const std::vector<SlotPtrs>& slo
   a.ragged = ragged_;
   a.callId = rl.callId;
   a.checkCalls = rl.checkCalls ? 1 : 0;
+  a.deviceCheck = rl.deviceCheck;
+  a.device = rl.device;
   const int lastLaunch = nLaunches() - 1;
   if (nTasks_ <= kInlineSlots) {
     for (int i = 0; i < nTasks_; ++i) a.inlineSlots[i] = slots[size_t(i)];
@@ -559,6 +561,10 @@ std::string DescribeStatus(const DevStatus& s) {
        << s.peer << " carried the tag " << std::hex << s.seen << " (" << std::dec << s.seenBits
        << " bits) of another call, where this rank's call #" << s.seq << " has " << std::hex
        << s.mine << std::dec << "; no data of the step was used";
+  } else if (s.code == kDevWrongDevice) {
+    os << "rank " << s.rank << " (device " << s.device << ") runs partition " << s.step
+       << ", which the exported program was lowered to run on device " << s.seen64
+       << "; nothing moved";
   } else if (s.code == kDevBadRagged) {
     os << "rank " << s.rank << ": ragged_all_to_all's slice " << s.step << " of rank " << s.peer
        << " is out of range (input_offsets + send_sizes past the operand's rows, output_offsets + "
@@ -585,6 +591,8 @@ DevStatus ReadStatus(const volatile DevStatus& s) {
   c.seen = s.seen;
   c.seenBits = s.seenBits;
   c.complete = s.complete;
+  c.seen64 = s.seen64;
+  c.device = s.device;
   return c;
 }
 

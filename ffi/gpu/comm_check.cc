@@ -113,6 +113,16 @@ Status GpuComm::LaunchError(int rank, const DevStatus& st, const std::string& wh
                        "; no data of the step was used (GPU group ", groupText_,
                        "); the communicator is unusable from now on"));
   }
+  if (st.code == kDevWrongDevice) {
+    return Status(
+        Code::kInvalidUsage,
+        detail::StrCat("jax_rccl '", name, "': partition ", st.step, " runs on device ", st.device,
+                       " but the program was lowered with device ", st.seen64,
+                       " there: an exported program must be called on the devices of the mesh it "
+                       "was exported with, in the same mesh order (its replica groups name those "
+                       "devices); nothing moved (GPU group ",
+                       groupText_, "); the communicator is unusable from now on"));
+  }
   const Code code = st.code == kDevTooManyRanks ? Code::kInvalidArgument : Code::kTimeout;
   const bool known = st.mine != 0 || st.seq != 0 || st.call != 0;
   return Status(code, detail::StrCat("jax_rccl '", name, "': an earlier launch on GPU group ",

@@ -108,6 +108,12 @@ Status CallLeaves::Bind(const CallAttrs& attrs, const SlotBase& slot,
       p_[2 * n_ + i] = sc->untyped_data();
     }
   }
+  if (slot.deviceCheckAt >= 0) {
+    auto check = args.get<ffi::AnyBuffer>(size_t(slot.deviceCheckAt));
+    JR_REQUIRE(check.has_value(), Code::kInvalidArgument, "jax_rccl '", attrs.name, "': operand ",
+               slot.deviceCheckAt, " (the device check) is not a buffer");
+    deviceCheck = check->untyped_data();
+  }
   return Status::Ok();
 }
 

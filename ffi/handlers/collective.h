@@ -151,6 +151,9 @@ struct SlotBase {
   RaggedShape ragged;                          // ragged_all_to_all only
   int64_t callBytes = 0;  // the message size of one call (CallSiteStats::bytes), set by the build
   int32_t planAlgo = -1, planProto = -1;  // the plan's choice (CallSiteStats::algo), by PlanSlot
+  // The operand index of an exported program's device check that the backend reads at every call
+  // (GPU: where the host could not read it at the first; CallLeaves::deviceCheck), or -1.
+  int deviceCheckAt = -1;
 };
 
 // The state of one call site in one executable (shared by all its devices; thread-safe: the
@@ -200,7 +203,8 @@ class CallLeaves {
   void* recv(const SlotSource& s) const {
     return s.recv ? static_cast<char*>(out(size_t(s.leaf))) + s.recvOffset : nullptr;
   }
-  const void* table = nullptr;  // ragged_all_to_all: the offsets table
+  const void* table = nullptr;        // ragged_all_to_all: the offsets table
+  const void* deviceCheck = nullptr;  // SlotBase::deviceCheckAt's operand, or null
 
   // Binds this call's operands and results (and premul scalars) to the planned leaves; fails if
   // a leaf changed shape.

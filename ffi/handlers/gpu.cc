@@ -135,12 +135,12 @@ struct GpuBackend {
     return it->second.get();
   }
 
-  // The device check of an exported program (DeviceCheckOperand) lives in device memory here: it
-  // is read once, at the slot's first call, when the host waits for the stream (its value is fixed
-  // per executable and device, so later calls and replays of a captured graph need no check). A
-  // first call that XLA records into a command buffer has nothing to read yet: it fails, naming
-  // the way out, rather than run unchecked.
-  static Status CheckOperands(const State& st, Slot&, const Call& call,
+  // The device check of an exported program (DeviceCheckOperand) lives in device memory here. The
+  // host reads it once, at the slot's first call, when it can wait for the stream (the value is
+  // fixed per executable and device, so later calls need no check). A first call that XLA records
+  // into a command buffer has nothing to read yet: the kernels then compare it at every launch
+  // instead (hip/kernel_check.h: DeviceOrderOk), before they move anything.
+  static Status CheckOperands(const State& st, Slot& slot, const Call& call,
                               const ffi::RemainingArgs& args, const ffi::RemainingRets& rets) {
     const int at = DeviceCheckOperand(st, args, rets.size());
     if (at < 0) return Status::Ok();
@@ -148,11 +148,10 @@ struct GpuBackend {
     auto stream = static_cast<hipStream_t>(call.stream);
     hipStreamCaptureStatus capture = hipStreamCaptureStatusNone;
     JR_HIP_CHECK(hipStreamIsCapturing(stream, &capture));
-    JR_REQUIRE(capture == hipStreamCaptureStatusNone, Code::kUnsupported, "jax_rccl '", st.name,
-               "' (", KindName(st.kind),
-               "): the first call of a program exported with jax.export is being recorded into a "
-               "command buffer, where its device order cannot be read; run it with "
-               "XLA_FLAGS=--xla_gpu_enable_command_buffer= (or lower the program where it runs)");
+    if (capture != hipStreamCaptureStatusNone) {
+      slot.deviceCheckAt = at;
+      return Status::Ok();
+    }
     int64_t v[3] = {0, 0, 0};
     DeviceGuard guard(call.ordinal);
     JR_CHECK(guard.status());
@@ -262,6 +261,8 @@ struct GpuBackend {
     RankLaunch rl = slot.comm->Launch(slot.rank, call.stream);
     rl.callId = slot.callId;
     rl.checkCalls = st.params.check_calls != 0;
+    rl.deviceCheck = static_cast<const int64_t*>(leaves.deviceCheck);
+    rl.device = slot.device;
     if (slot.devPlan == nullptr) {
       Status advanced = AdvanceCalls(rl, slot.comm->geo());
       return advanced.ok() ? advanced : OnGroup(st, slot, advanced);

@@ -1,7 +1,9 @@
 """A program exported with jax.export runs its jax_rccl calls on GPUs: on one GPU (command buffers
 on and off) and in JAX processes sharing one GPU under MPS, where calling it on the mesh's devices
 in another order fails on every process naming the partition and both devices instead of
-exchanging blocks with the wrong ranks. Programs: worker_export_gpu.py."""
+exchanging blocks with the wrong ranks (at its first call; when that call is recorded into a
+command buffer, the kernels move nothing and the next call that runs the handler raises).
+Programs: worker_export_gpu.py."""
 
 from __future__ import annotations
 
@@ -75,3 +77,6 @@ def test_exported_program_across_processes_checks_the_mesh_order(mps_env, cb):  
         assert error is not None, f"process {r['process']}: the reversed mesh ran: {r}"
         assert "exported with" in error and "partition" in error, error
         assert r["reversed_seconds"] < 20, r  # found by the check, not by a timeout
+        # Without command buffers the host reads the check at the first call; recorded into one,
+        # the kernels compare it and the next program's call raises.
+        assert r["reversed_where"] == ("next program" if cb else "first call"), r

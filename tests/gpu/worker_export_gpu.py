@@ -2,7 +2,9 @@
 jax.distributed). Exports a jit(shard_map) program of jax_rccl calls over the mesh of every device
 (process order), serializes and deserializes it, and calls it on the mesh in that order (RESULT
 "same_ok": its results against the program lowered here, for several steps) and, with several
-devices, in the reverse order ("reversed_error": the error it raised, or None)."""
+devices, in the reverse order ("reversed_error": the error raised, or None; "reversed_where": at
+the reversed program's first call, or at the next program's when that first call was recorded
+into a command buffer)."""
 
 import json
 import sys
@@ -66,7 +68,18 @@ if n > 1:
     t0 = time.monotonic()
     try:
         jax.block_until_ready(jax.jit(exp.call)(inputs(rmesh, 0)))
+        out["reversed_where"] = "next program"
+        # Recorded into a command buffer at its first call, the program's kernels found it and
+        # moved nothing; the next call that runs jax_rccl's handler (a new program) says so.
+        fresh = jax.jit(
+            jax.shard_map(
+                lambda v: jax_rccl.psum(v * 2, "i"), mesh=mesh, in_specs=P("i"), out_specs=P("i")
+            )
+        )
+        jax.block_until_ready(fresh(inputs(mesh, 1)))
+        out["reversed_where"] = None
     except Exception as e:  # noqa: BLE001 - the error under test
+        out.setdefault("reversed_where", "first call")
         out["reversed_error"] = f"{type(e).__name__}: {e}"[:2000]
     out["reversed_seconds"] = time.monotonic() - t0
 print("RESULT " + json.dumps(out), flush=True)
