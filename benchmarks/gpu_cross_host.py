@@ -55,7 +55,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import socket
 import statistics
 import struct
@@ -63,6 +62,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+from jax_rccl._mps import Mps
 
 TAG = "RESULT "
 HOSTS = ("hostA", "hostB")
@@ -382,67 +383,6 @@ def worker(cfg: dict) -> dict:
 
 
 # --- the parent ----------------------------------------------------------------------------------
-
-
-def _mps_running() -> bool:
-    for pid in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{pid}/comm") as f:
-                if f.read().strip() == "nvidia-cuda-mps-control":
-                    return True
-        except OSError:
-            continue
-    return False
-
-
-class Mps:
-    """MPS for the children: a running daemon's environment, or a daemon this run starts (as root)
-    in a temporary folder and stops at the end (as tests/gpu/test_jax_gpu_mp.py's fixture)."""
-
-    def __init__(self) -> None:
-        self.env: dict[str, str] = {}
-        self.control: str | None = None
-        self.folder: tempfile.TemporaryDirectory | None = None
-        self.state = "off"
-
-    def start(self) -> str | None:
-        """None when MPS runs, else why not."""
-        if _mps_running():
-            self.state = "already running"
-            return None
-        control = shutil.which("nvidia-cuda-mps-control")
-        if control is None:
-            return "nvidia-cuda-mps-control is not on PATH"
-        if os.geteuid() != 0:
-            return "starting MPS needs root (nvidia-cuda-mps-control -d)"
-        self.folder = tempfile.TemporaryDirectory(prefix="jrccl_mps.")
-        env = {
-            "CUDA_MPS_PIPE_DIRECTORY": os.path.join(self.folder.name, "pipe"),
-            "CUDA_MPS_LOG_DIRECTORY": os.path.join(self.folder.name, "log"),
-        }
-        for d in env.values():
-            os.makedirs(d)
-        rc = subprocess.run([control, "-d"], env={**os.environ, **env}, timeout=30).returncode
-        if rc != 0:
-            self.folder.cleanup()
-            self.folder = None
-            return f"nvidia-cuda-mps-control -d failed (exit {rc})"
-        self.env, self.control, self.state = env, control, "started by this run"
-        return None
-
-    def stop(self) -> None:
-        if self.control is not None:
-            subprocess.run(
-                [self.control],
-                input="quit\n",
-                text=True,
-                env={**os.environ, **self.env},
-                timeout=30,
-            )
-            self.control = None
-        if self.folder is not None:
-            self.folder.cleanup()
-            self.folder = None
 
 
 def _free_port() -> int:

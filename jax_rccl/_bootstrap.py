@@ -101,11 +101,9 @@ def _check_settings(peers) -> None:
 
 
 def timeout_s() -> float:
-    """JAX_RCCL_TIMEOUT as the runtime parses it (seconds)."""
-    try:
-        return float(_param("timeout"))
-    except (TypeError, ValueError):
-        return float(os.environ.get("JAX_RCCL_TIMEOUT", "300"))
+    """JAX_RCCL_TIMEOUT as the runtime parses it (seconds; its default is declared once, in
+    ffi/core/params.h)."""
+    return float(_param("timeout"))
 
 
 def _pid_namespace() -> int:
@@ -186,10 +184,7 @@ def socket_address() -> str:
 
 
 def _coordinator_address() -> str | None:
-    from jax._src import distributed
-
-    state = getattr(distributed, "global_state", None)
-    return getattr(state, "coordinator_address", None)
+    return _compat.coordinator_address()
 
 
 def needs_sockets(transport: str, hosts: list[str]) -> bool:

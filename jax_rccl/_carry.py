@@ -52,12 +52,6 @@ def _float_carrier(dt: np.dtype) -> np.dtype:
     return _HALF if fits else np.dtype(np.float32)
 
 
-def is_carried(dtype) -> bool:
-    """Whether leaves of `dtype` travel converted (this module) rather than as they are."""
-    dt = np.dtype(dtype)
-    return _is_small_float(dt) or _is_sub_byte_int(dt)
-
-
 def carried_names() -> list[str]:
     """The dtypes this module converts, by name (for error messages and docs)."""
     names = [

@@ -1,7 +1,31 @@
-"""Every difference between the JAX versions we support (0.10.2 up to 0.11.x) lives here.
+"""Every JAX internal jax_rccl uses, and every difference between the JAX versions we support.
 
-The rest of jax_rccl imports JAX internals only through this module, so a new JAX release
-means reading this file, not the whole package.
+The rest of jax_rccl imports JAX internals (``jax._src``) only through this module
+(tests/test_compat.py checks it), so a new JAX release means reading this file, not the whole
+package. Checked against jax 0.10.2 (CPU), 0.11.0 (CPU) and 0.11.2 (CUDA 13):
+
+=====================================  ======================================================
+``jax._src`` module                    what jax_rccl takes from it
+=====================================  ======================================================
+``core``                               Primitive, Tracer, ShapedArray, typeof, the axis
+                                       environment, pvary, NamedAxisEffect, shape predicates
+``config``                             check_vma, auto_pcast, string_or_object_state
+``interpreters.ad / batching``         Zero, UndefinedPrimal, instantiate_zeros; batching rules
+``interpreters.mlir``                  lowering rules and their registry (``_lowerings``,
+                                       ``_platform_specific_lowerings``, uncacheable set)
+``interpreters.pxla``                  axis_groups (replica groups of a manual axis context)
+``lax.lax``                            ``_const`` (constants typed like an example)
+``lax.parallel``                       jax.lax's collective primitives and XLA's rules
+``sharding_impls``                     SPMDAxisContext
+``mesh``                               get_abstract_mesh (the manual axes)
+``dispatch``                           apply_primitive (eager execution of our primitives)
+``distributed``                        the client and coordinator of jax.distributed
+``xla_bridge``                         known platforms and their aliases
+``export._export``                     register_stable_custom_call_targets (0.10: the set of
+                                       stable targets)
+``lib.xla_client``                     CustomCallTargetTraits (command-buffer compatible)
+``lib.mlir.ir / dialects.hlo``         MLIR types and StableHLO ops for the custom calls
+=====================================  ======================================================
 """
 
 from __future__ import annotations
@@ -9,12 +33,36 @@ from __future__ import annotations
 import numpy as np
 from jax._src import config as _config
 from jax._src import core as _core
+from jax._src import dispatch as _dispatch
+from jax._src import xla_bridge as _xla_bridge
 from jax._src.interpreters import ad, batching, mlir, pxla  # noqa: F401 - re-exported
 from jax._src.lax import lax as _lax
+from jax._src.lax import parallel as lax_parallel  # noqa: F401 - re-exported
+from jax._src.lib import xla_client  # noqa: F401 - re-exported
+from jax._src.lib.mlir import ir  # noqa: F401 - re-exported
+from jax._src.lib.mlir.dialects import hlo  # noqa: F401 - re-exported
 from jax._src.sharding_impls import SPMDAxisContext
 
 Primitive = _core.Primitive
 Tracer = _core.Tracer
+ShapedArray = _core.ShapedArray
+apply_primitive = _dispatch.apply_primitive
+
+
+def known_platforms() -> set[str]:
+    """Every platform name JAX knows, aliases expanded ("gpu" -> "cuda", "rocm")."""
+    names: set[str] = set()
+    for p in _xla_bridge.known_platforms():
+        names.update(_xla_bridge.expand_platform_alias(p))
+    return names
+
+
+def coordinator_address() -> str | None:
+    """The address of jax.distributed's coordinator, or None."""
+    from jax._src import distributed
+
+    state = getattr(distributed, "global_state", None)
+    return getattr(state, "coordinator_address", None)
 
 
 def is_tracer(x) -> bool:

@@ -19,10 +19,11 @@ from typing import Any
 
 import jax
 import numpy as np
-from jax._src.lib.mlir import ir
 
-from jax_rccl import _ffi, _jax_rccl
+from jax_rccl import _compat, _ffi, _jax_rccl
 from jax_rccl import planner as _planner
+
+ir = _compat.ir
 
 ALGORITHMS = ("tree", "ring", "direct")
 PROTOCOLS = ("ll", "ll128", "simple")

@@ -21,12 +21,8 @@ import threading
 import warnings
 
 import jax
-from jax._src.lib import xla_client
 
-from jax_rccl import _bootstrap, _jax_rccl
-
-STATE_TYPE = "jax_rccl_cpu_state"
-GPU_STATE_TYPE = "jax_rccl_gpu_state"
+from jax_rccl import _bootstrap, _compat, _jax_rccl
 
 #: One target per collective kind of the FFI contract, named by the native side.
 TARGETS = tuple(f"jax_rccl_{kind}" for kind in _jax_rccl.collective_kinds())
@@ -190,7 +186,7 @@ def _register_gpu() -> None:
     missing = set(TARGETS) - set(targets)
     if missing:
         raise RuntimeError(f"jax_rccl: the GPU module lacks the targets {sorted(missing)}")
-    traits = xla_client.CustomCallTargetTraits.COMMAND_BUFFER_COMPATIBLE
+    traits = _compat.xla_client.CustomCallTargetTraits.COMMAND_BUFFER_COMPATIBLE
     for name in TARGETS:
         jax.ffi.register_ffi_target(
             name, targets[name], platform=platform, api_version=1, traits=traits

@@ -9,7 +9,6 @@ from functools import partial
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax._src import dispatch
 
 from jax_rccl import _compat as compat
 from jax_rccl import _jax_rccl
@@ -97,7 +96,7 @@ def _linear_transpose(dual, prim, cts, *args, **params):
 def _defprim(name: str):
     p = compat.Primitive(f"jax_rccl_{name}")
     p.multiple_results = True
-    p.def_impl(partial(dispatch.apply_primitive, p))
+    p.def_impl(partial(compat.apply_primitive, p))
     return p
 
 

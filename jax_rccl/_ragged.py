@@ -24,9 +24,6 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax._src import core as _core
-from jax._src.lib.mlir import ir
-from jax._src.lib.mlir.dialects import hlo
 
 from jax_rccl import _compat as compat
 from jax_rccl import api as A
@@ -34,6 +31,8 @@ from jax_rccl import lowering as L
 from jax_rccl import primitives as P
 
 mlir = compat.mlir
+ir = compat.ir
+hlo = compat.hlo
 
 __all__ = ["ragged_all_to_all", "ragged_all_to_all_p"]
 
@@ -291,8 +290,8 @@ def _lower(ctx, operand, output, *index, axes, groups, axis_size, tuning):
     n = int(rg.shape[1])
     label = L.label("ragged_all_to_all", axes)
     sub = ctx.replace(
-        avals_in=[_core.ShapedArray((4 * k,), table_dtype)],
-        avals_out=[_core.ShapedArray((n * 4 * k,), table_dtype)],
+        avals_in=[compat.ShapedArray((4 * k,), table_dtype)],
+        avals_out=[compat.ShapedArray((n * 4 * k,), table_dtype)],
     )
     (table,) = L.lower_collective(
         sub, meta, kind="all_gather", axes=axes, groups=groups, tuning=tuning, name=label

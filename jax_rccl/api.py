@@ -26,20 +26,7 @@ from jax_rccl import _carry
 from jax_rccl import _compat as compat
 from jax_rccl import primitives as P
 
-__all__ = [
-    "psum",
-    "pmax",
-    "pmin",
-    "pmean",
-    "all_gather",
-    "psum_scatter",
-    "all_to_all",
-    "ppermute",
-    "pbroadcast",
-    "all_reduce",
-    "preduce",
-    "config",
-]
+# The public names are listed once, in jax_rccl/__init__.py's __all__.
 
 # --- tuning overrides --------------------------------------------------------------------------
 

@@ -31,14 +31,14 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
-from jax._src.lib.mlir import ir
-from jax._src.lib.mlir.dialects import hlo
 
 from jax_rccl import _compat as compat
 from jax_rccl import _prim_common
 from jax_rccl import lowering as L
 
 mlir = compat.mlir
+ir = compat.ir
+hlo = compat.hlo
 
 #: The platforms install() may take over.
 PLATFORMS = L.SUPPORTED_PLATFORMS
@@ -182,12 +182,7 @@ def uninstall() -> None:
 
 
 def _known_platforms() -> tuple[str, ...]:
-    from jax._src import xla_bridge
-
-    names = set()
-    for p in xla_bridge.known_platforms():
-        names.update(xla_bridge.expand_platform_alias(p))
-    return tuple(sorted(names | set(PLATFORMS)))
+    return tuple(sorted(compat.known_platforms() | set(PLATFORMS)))
 
 
 def _set_installed(platforms: tuple[str, ...]) -> None:
@@ -653,7 +648,7 @@ def _carry_types(rule, *, n_data=None, reduction=None):
 
 def _rules() -> dict:
     """jax.lax's collective primitives of the running JAX and jax_rccl's rule for each."""
-    from jax._src.lax import parallel as lax_parallel
+    lax_parallel = compat.lax_parallel
 
     table = {
         "psum_p": _carry_types(_reduction_rule("sum", "psum"), reduction="sum"),
@@ -681,7 +676,7 @@ def _rules() -> dict:
 def xla_rule(name: str) -> Callable:
     """jax.lax's own (XLA's) default rule for the primitive `name` of jax.lax, also while
     install() has replaced it."""
-    from jax._src.lax import parallel as lax_parallel
+    lax_parallel = compat.lax_parallel
 
     prim = getattr(lax_parallel, name)
     entry = _saved.get(("", prim), mlir._lowerings.get(prim))
@@ -760,7 +755,7 @@ def own_xla_rule(kind: str) -> Callable:
         del tuning
         if groups is not None:
             unsupported("pbroadcast with axis_index_groups")
-        from jax._src.lax import parallel as lax_parallel
+        lax_parallel = compat.lax_parallel
 
         return _per_leaf(
             ctx, leaves, lax_parallel._pbroadcast_lowering, axis_name=tuple(axes), source=root

@@ -24,13 +24,13 @@ import threading
 import weakref
 
 import numpy as np
-from jax._src.lib.mlir import ir
-from jax._src.lib.mlir.dialects import hlo
 
 from jax_rccl import _compat as compat
 from jax_rccl import _ffi, _jax_rccl
 
 mlir = compat.mlir
+ir = compat.ir
+hlo = compat.hlo
 
 #: Platforms with a runtime behind the custom calls (GPU ones: in GPU builds).
 SUPPORTED_PLATFORMS = ("cpu", "cuda", "rocm")

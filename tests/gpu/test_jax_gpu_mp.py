@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -18,6 +17,8 @@ import textwrap
 from collections.abc import Callable
 
 import pytest
+
+from jax_rccl._mps import Mps
 
 pytestmark = pytest.mark.gpu
 
@@ -272,42 +273,21 @@ _COMMAND_BUFFERS = (
 )
 
 
-def _mps_running() -> bool:
-    for pid in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{pid}/comm") as f:
-                if f.read().strip() == "nvidia-cuda-mps-control":
-                    return True
-        except OSError:
-            continue
-    return False
-
-
 @pytest.fixture(scope="module")
-def mps_env(tmp_path_factory):
+def mps_env():
     """The environment of processes that share the GPU under MPS: a running daemon's, or one this
     fixture starts (as root; `nvidia-cuda-mps-control -d`) and stops again. Skips without MPS:
     time-sliced, a large step waits a time slice per FIFO hand-off."""
     if not _has_gpu_runtime() or _gpu_count() == 0:
         pytest.skip("needs a GPU build and a GPU")
-    env = dict(os.environ)
-    if _mps_running():
-        yield env
-        return
-    control = shutil.which("nvidia-cuda-mps-control")
-    if control is None or os.geteuid() != 0:
-        pytest.skip("needs MPS (nvidia-cuda-mps-control, started as root)")
-    d = tmp_path_factory.mktemp("mps")
-    env["CUDA_MPS_PIPE_DIRECTORY"] = str(d / "pipe")
-    env["CUDA_MPS_LOG_DIRECTORY"] = str(d / "log")
-    os.makedirs(env["CUDA_MPS_PIPE_DIRECTORY"])
-    os.makedirs(env["CUDA_MPS_LOG_DIRECTORY"])
-    if subprocess.run([control, "-d"], env=env, timeout=30).returncode != 0:
-        pytest.skip("nvidia-cuda-mps-control -d failed")
+    mps = Mps()
+    why = mps.start()
+    if why is not None:
+        pytest.skip(f"needs MPS: {why}")
     try:
-        yield env
+        yield {**os.environ, **mps.env}
     finally:
-        subprocess.run([control], input="quit\n", text=True, env=env, timeout=30)
+        mps.stop()
 
 
 def _run_step_processes(
