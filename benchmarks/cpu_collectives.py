@@ -1,8 +1,9 @@
 """jax_rccl against jax.lax on 8 virtual CPU devices, in the same run.
 
 For psum, all_gather and psum_scatter at 1 KB .. 64 MB per device: median time per call of a
-jitted shard_map holding one collective, algorithm bandwidth and bus bandwidth (nccl-tests
-formulas), and the ratio (jax.lax time / jax_rccl time: above 1 means jax_rccl is faster).
+jitted shard_map holding one collective (jax.lax's and jax_rccl's calls alternating), the median
+of `--runs` runs, algorithm bandwidth and bus bandwidth (nccl-tests formulas), and the ratio
+(jax.lax time / jax_rccl time: above 1 means jax_rccl is faster).
 
     .venv/bin/python -P benchmarks/cpu_collectives.py [--sizes 1K,1M] [--colls psum]
 """
@@ -52,18 +53,22 @@ def make_fn(lib, coll: str, mesh: Mesh):
     return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("i"), out_specs=out))
 
 
-def time_fn(fn, x, min_iters: int, min_seconds: float) -> float:
+def time_pair(f_lax, f_rccl, x, min_iters: int, min_seconds: float) -> tuple[float, float]:
+    """Median time per call of each, their calls alternating (a drift of the machine's load
+    then falls on both alike)."""
     for _ in range(3):
-        fn(x).block_until_ready()
-    times = []
+        f_lax(x).block_until_ready()
+        f_rccl(x).block_until_ready()
+    times: tuple[list[float], list[float]] = ([], [])
     t_end = time.perf_counter() + min_seconds
-    while len(times) < min_iters or time.perf_counter() < t_end:
-        t0 = time.perf_counter()
-        fn(x).block_until_ready()
-        times.append(time.perf_counter() - t0)
-        if len(times) >= 200:
+    while len(times[0]) < min_iters or time.perf_counter() < t_end:
+        for fn, out in ((f_lax, times[0]), (f_rccl, times[1])):
+            t0 = time.perf_counter()
+            fn(x).block_until_ready()
+            out.append(time.perf_counter() - t0)
+        if len(times[0]) >= 200:
             break
-    return statistics.median(times)
+    return statistics.median(times[0]), statistics.median(times[1])
 
 
 def bus_factor(coll: str, n: int) -> float:
@@ -76,6 +81,7 @@ def main() -> None:
     ap.add_argument("--colls", default="psum,all_gather,psum_scatter")
     ap.add_argument("--min-iters", type=int, default=5)
     ap.add_argument("--min-seconds", type=float, default=0.3)
+    ap.add_argument("--runs", type=int, default=3, help="runs per point; the table: their medians")
     args = ap.parse_args()
 
     devices = jax.devices()
@@ -84,7 +90,8 @@ def main() -> None:
     sharding = NamedSharding(mesh, P("i"))
     print(
         f"jax {jax.__version__}, {n} CPU devices, {os.cpu_count()} cores; "
-        f"time = median per call; ratio = jax.lax time / jax_rccl time"
+        f"time = median per call (calls alternating), median of {args.runs} runs; "
+        "ratio = jax.lax time / jax_rccl time"
     )
     head = (
         f"{'coll':<13}{'size/dev':>9} | {'lax us':>10} {'algbw':>7} {'busbw':>7} | "
@@ -96,8 +103,13 @@ def main() -> None:
         for size in (parse_size(s) for s in args.sizes.split(",")):
             count = max(size // 4, n) // n * n  # float32 elements per device, divisible by n
             x = jax.device_put(jnp.ones((n * count,), jnp.float32), sharding)
-            t_lax = time_fn(make_fn(jax.lax, coll, mesh), x, args.min_iters, args.min_seconds)
-            t_rccl = time_fn(make_fn(jax_rccl, coll, mesh), x, args.min_iters, args.min_seconds)
+            f_lax, f_rccl = make_fn(jax.lax, coll, mesh), make_fn(jax_rccl, coll, mesh)
+            runs = [
+                time_pair(f_lax, f_rccl, x, args.min_iters, args.min_seconds)
+                for _ in range(args.runs)
+            ]
+            t_lax = statistics.median(r[0] for r in runs)
+            t_rccl = statistics.median(r[1] for r in runs)
             # nccl-tests: psum and psum_scatter count the input per device, all_gather the
             # output per device.
             nbytes = count * 4 * (n if coll == "all_gather" else 1)

@@ -124,6 +124,11 @@ struct Execution {
   bool complete = false;
   Status verdict;  // set by the last rank: the ranks disagree on the call
   uint64_t ticket = 0;
+  // One-shot (Arrival::oneShot): the rank that runs the body for all (-1: none), and its result,
+  // which every rank returns.
+  int oneShotRank = -1;
+  int oneShotVotes = 0;
+  Status oneShotResult;
   // ExecContext::barrier
   int barrierArrived = 0;
   uint64_t barrierGeneration = 0;
@@ -238,6 +243,7 @@ std::shared_ptr<Execution> Communicator::Join(const ExecKey& key, Arrival arriva
     return nullptr;
   }
   e->present[r] = 1;
+  e->oneShotVotes += arrival.oneShot ? 1 : 0;
   e->peers[r] = std::move(arrival.slots);
   e->collFingerprints[r] = arrival.collFingerprint;
   e->sendSum += arrival.sendHash;
@@ -283,10 +289,16 @@ std::shared_ptr<Execution> Communicator::Join(const ExecKey& key, Arrival arriva
   } else {
     e->ticket = nextTicket_++;
   }
-  e->complete = true;
   completedSites_.insert({key.instance, key.callSite});
   pending_.erase(key);
   Stats().rendezvousPending.fetch_sub(1);
+  if (e->verdict.ok() && e->errorRank < 0 && !crossProcess() && e->oneShotVotes == n) {
+    // This rank runs the call for all (Communicator::Run) and completes it then: the others
+    // sleep once, until it is done.
+    e->oneShotRank = r;
+    return e;
+  }
+  e->complete = true;
   cv_.notify_all();
   return e;
 }
@@ -549,6 +561,38 @@ std::string Communicator::Culprits(int rank, uint64_t seq) {
   return text;
 }
 
+Status Communicator::RunOneShot(Execution& e, int rank, double timeout, const std::string& name,
+                                const std::function<Status(const ExecContext&)>& body,
+                                std::unique_lock<std::mutex>& lock) {
+  Status result = WaitTurn(e, rank, timeout, name, lock);
+  if (result.ok()) {
+    lock.unlock();
+    ExecContext ctx;
+    ctx.rank = rank;
+    ctx.nRanks = nRanks();
+    ctx.transport = transport_.get();
+    ctx.peers = &e.peers;
+    ctx.deadline = DeadlineIn(timeout);
+    ctx.aborted = &failed_;
+    ctx.name = name;
+    ctx.rankNames = &rankNames_;
+    ctx.whole = true;
+    result = body(ctx);
+    Stats().oneShots.fetch_add(1, std::memory_order_relaxed);
+    lock.lock();
+  }
+  e.oneShotResult = result;
+  e.complete = true;
+  ++served_[rank];
+  cv_.notify_all();
+  lock.unlock();
+  if (!result.ok()) {
+    JR_STATUS_FRAME_(result);
+    Fail(result.message());
+  }
+  return result;
+}
+
 Status Communicator::Run(const ExecKey& key, Arrival arrival, double timeout,
                          const std::string& name,
                          const std::function<Status(const ExecContext&)>& body) {
@@ -581,7 +625,12 @@ Status Communicator::Run(const ExecKey& key, Arrival arrival, double timeout,
       }
       return v;
     }
+    if (e->oneShotRank == rank) return RunOneShot(*e, rank, timeout, name, body, lock);
     JR_CHECK(WaitComplete(*e, rank, deadline, timeout, name, lock));
+    if (e->oneShotRank >= 0) {  // run for this rank by the last to arrive
+      ++served_[rank];
+      return e->oneShotResult;
+    }
     if (!e->verdict.ok()) {
       // Across processes the other processes' ranks would wait for this call's data: stop them.
       Status v = e->verdict;

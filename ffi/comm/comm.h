@@ -110,6 +110,10 @@ struct Arrival {
   // Set when the rank cannot take part (its plan failed to build): the execution then fails on
   // every rank at once instead of the others waiting for the deadline.
   Status error;
+  // The plan may run one-shot (host::OneShotEligible; the same on every rank, whose plans agree):
+  // in a group within one process, the last rank to arrive runs the body for every rank
+  // (ExecContext::whole) and the others return when it is done, woken once.
+  bool oneShot = false;
 };
 
 // Order-independent hash of one point-to-point transfer (src -> dst, k-th on that pair, bytes).
@@ -188,6 +192,11 @@ class Communicator {
   // missing local ranks, else Ok (comm_stall.cc).
   Status PoolStallError(const ExecKey& key, const std::vector<uint8_t>& present, int rank,
                         const std::string& name, StallWindow& w);
+  // The last rank to arrive at a one-shot execution: runs `body` for every rank (with `lock`
+  // released), then completes the execution for all.
+  Status RunOneShot(Execution& e, int rank, double timeout, const std::string& name,
+                    const std::function<Status(const ExecContext&)>& body,
+                    std::unique_lock<std::mutex>& lock);
   Status WaitTurn(Execution& e, int rank, double timeout, const std::string& name,
                   std::unique_lock<std::mutex>& lock);
   Status Barrier(Execution& e, int rank, Clock::time_point deadline, const std::string& name);

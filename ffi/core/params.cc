@@ -111,6 +111,7 @@ StatusOr<Params> LoadValidParams() {
   if (p.nchannels < 0 || p.nchannels > 64) return bad("JAX_RCCL_NCHANNELS");
   if (p.p2p_ll_threshold < 0) return bad("JAX_RCCL_P2P_LL_THRESHOLD");
   if (p.huge_pages != 0 && p.huge_pages != 1) return bad("JAX_RCCL_HUGE_PAGES");
+  if (p.cpu_oneshot < 0) return bad("JAX_RCCL_CPU_ONESHOT");
   if (p.net_threads < 0 || p.net_threads > 64) return bad("JAX_RCCL_NET_THREADS");
   if (p.net_nchannels < 0 || p.net_nchannels > 64) return bad("JAX_RCCL_NET_NCHANNELS");
   if (p.net_streams < 0 || p.net_streams > 64) return bad("JAX_RCCL_NET_STREAMS");

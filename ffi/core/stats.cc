@@ -58,6 +58,7 @@ void ResetStats() {
   s.rendezvousTimeouts = 0;
   s.mismatches = 0;
   s.errors = 0;
+  s.oneShots = 0;
   s.netBytesSent = 0;
   s.netBytesReceived = 0;
   s.netSendNs = 0;
@@ -85,6 +86,7 @@ std::vector<std::pair<const char*, int64_t>> StatsSnapshot() {
       {"rendezvous_timeouts", s.rendezvousTimeouts.load()},
       {"mismatches", s.mismatches.load()},
       {"errors", s.errors.load()},
+      {"one_shots", s.oneShots.load()},
       {"communicators", s.communicators.load()},
       {"rendezvous_pending", s.rendezvousPending.load()},
       {"net_bytes_sent", s.netBytesSent.load()},

@@ -19,6 +19,7 @@ struct RuntimeStats {
   std::atomic<int64_t> rendezvousTimeouts{0};
   std::atomic<int64_t> mismatches{0};  // executions whose ranks disagreed on the call
   std::atomic<int64_t> errors{0};      // executions that returned an error
+  std::atomic<int64_t> oneShots{0};    // CPU executions one rank ran for its group (one-shot)
   std::atomic<int64_t> communicators{0};
   std::atomic<int64_t> rendezvousPending{0};  // rendezvous entries alive in the maps
   // The network proxies (GPU groups across hosts, ffi/comm/proxy.h): bytes each way, and where

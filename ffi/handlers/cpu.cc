@@ -78,6 +78,7 @@ struct DeviceSlot : SlotBase {
   uint64_t collFingerprint = 0, sendHash = 0, recvHash = 0;
   std::string collText;                   // CallFingerprint::text
   std::vector<RaggedTransfer> transfers;  // ragged_all_to_all: this execution's, by task
+  bool oneShot = false;                   // host::OneShotEligible (in-process groups)
 };
 
 std::atomic<int64_t> g_nextInstance{1};
@@ -163,6 +164,8 @@ struct CpuBackend {
     slot.recvHash = fp.recv;
     slot.collFingerprint = fp.coll;
     slot.collText = std::move(fp.text);
+    slot.oneShot = !slot.comm->crossProcess() && st.kind != Kind::kRaggedAllToAll &&
+                   host::OneShotEligible(plan, st.params.cpu_oneshot);
     slot.plan = std::make_unique<jax_rccl::Plan>(std::move(plan));
     return Status::Ok();
   }
@@ -210,6 +213,7 @@ struct CpuBackend {
     arrival.what = slot.collText;
     arrival.sendHash = slot.sendHash;
     arrival.recvHash = slot.recvHash;
+    arrival.oneShot = slot.oneShot;
     arrival.slots.resize(slot.sources.size());
     const bool ragged = st.kind == Kind::kRaggedAllToAll;
     for (size_t t = 0; t < slot.sources.size(); ++t) {

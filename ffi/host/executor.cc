@@ -98,7 +98,8 @@ class Executor {
   int64_t CollOpCount(const Unit& u) const;
   // phase 0: the reduction or copy; phase 1 (all_reduce only, after a barrier): gather the
   // peers' reduced sub-slices into this rank's output.
-  Status RunDirect(const WorkElemColl& e, TaskRt* t, int phase);
+  // `me`: the rank whose share runs (this rank, or any rank in a one-shot execution).
+  Status RunDirect(const WorkElemColl& e, TaskRt* t, int phase, int me);
   Status TimeoutError(const std::vector<Lane>& lanes) const;
   Status MismatchError(const Unit& u, int peer, const StepTag& got) const;
   std::string RankName(int r) const {
@@ -202,7 +203,7 @@ bool DirectTwoPhase(const WorkElemColl& e, int64_t unitSize) {
 
 // Direct (ours): reads (and for small all_reduces and reduce, writes) peers' buffers in place;
 // the caller holds the barriers.
-Status Executor::RunDirect(const WorkElemColl& e, TaskRt* t, int phase) {
+Status Executor::RunDirect(const WorkElemColl& e, TaskRt* t, int phase, int me) {
   const TaskPlan& tp = *t->tp;
   const auto& peers = *ctx_.peers;
   const int n = n_;
@@ -220,13 +221,17 @@ Status Executor::RunDirect(const WorkElemColl& e, TaskRt* t, int phase) {
   // This rank's share of [0, wc): near-equal sub-slices aligned to 64 bytes.
   const int64_t align = std::max<int64_t>(1, 64 / us);
   const int64_t per = DivUpI(DivUpI(wc, n), align) * align;
-  const int64_t myLo = std::min(wc, per * rank_);
-  const int64_t myHi = std::min(wc, per * (rank_ + 1));
+  const int64_t myLo = std::min(wc, per * me);
+  const int64_t myHi = std::min(wc, per * (me + 1));
   const int64_t myN = myHi - myLo;
   std::vector<const void*> srcs(n);
   std::vector<void*> dsts(n);
   std::vector<uint64_t> args(n);
-  for (int k = 0; k < n; ++k) args[k] = k == rank_ ? t->opArg : tr_->OpArg(k, slot);
+  // A one-shot execution runs only plans whose op argument is the same on every rank.
+  for (int k = 0; k < n; ++k) {
+    args[k] = k == rank_ || ctx_.whole ? t->opArg : tr_->OpArg(k, slot);
+  }
+  char* const myRecv = recvOf(me);
   if (phase != 0 && tp.coll != Coll::kAllReduce) return Status::Ok();
   switch (tp.coll) {
     case Coll::kAllReduce: {
@@ -242,16 +247,16 @@ Status Executor::RunDirect(const WorkElemColl& e, TaskRt* t, int phase) {
         // Reduce-scatter: sub-slice r over every input into this rank's own output.
         if (myN == 0) break;
         for (int k = 0; k < n; ++k) srcs[k] = sendOf(k) + (wo + myLo) * us;
-        dsts[0] = t->recv + (wo + myLo) * us;
+        dsts[0] = myRecv + (wo + myLo) * us;
         t->direct(srcs.data(), n, dsts.data(), 1, myN, args.data());
       } else {
         // All-gather: the peers' reduced sub-slices from their outputs into this one.
         for (int k = 0; k < n; ++k) {
-          if (k == rank_) continue;
+          if (k == me) continue;
           const int64_t lo = std::min(wc, per * k);
           const int64_t hi = std::min(wc, per * (k + 1));
           if (hi > lo) {
-            std::memcpy(t->recv + (wo + lo) * us, recvOf(k) + (wo + lo) * us,
+            std::memcpy(myRecv + (wo + lo) * us, recvOf(k) + (wo + lo) * us,
                         size_t((hi - lo) * us));
           }
         }
@@ -266,21 +271,21 @@ Status Executor::RunDirect(const WorkElemColl& e, TaskRt* t, int phase) {
       break;
     }
     case Coll::kReduceScatter: {
-      for (int k = 0; k < n; ++k) srcs[k] = sendOf(k) + (int64_t(rank_) * count + wo) * us;
-      dsts[0] = t->recv + wo * us;
+      for (int k = 0; k < n; ++k) srcs[k] = sendOf(k) + (int64_t(me) * count + wo) * us;
+      dsts[0] = myRecv + wo * us;
       t->direct(srcs.data(), n, dsts.data(), 1, wc, args.data());
       break;
     }
     case Coll::kAllGather: {
       for (int k = 0; k < n; ++k) {
-        char* to = t->recv + (int64_t(k) * count + wo) * us;
+        char* to = myRecv + (int64_t(k) * count + wo) * us;
         const char* from = sendOf(k) + wo * us;
         if (to != from) std::memcpy(to, from, size_t(wc * us));
       }
       break;
     }
     case Coll::kBroadcast: {
-      char* to = t->recv + wo * us;
+      char* to = myRecv + wo * us;
       const char* from = sendOf(int(e.root)) + wo * us;
       if (to != from) std::memcpy(to, from, size_t(wc * us));
       break;
@@ -596,6 +601,26 @@ Status Executor::RunKernel(const KernelPlan& kp) {
     lane.ch = &ch;
     lanes.push_back(std::move(lane));
   }
+  if (ctx_.whole) {
+    // One thread runs every rank's share, phase by phase: the order of the phases stands in for
+    // the barriers (the Communicator runs one-shot only plans of Direct elements).
+    for (const Lane& lane : lanes) {
+      for (const Work& w : lane.ch->works) {
+        JR_REQUIRE(w.header.type != kWorkTypeP2p, Code::kInternal, ctx_.name,
+                   ": a one-shot execution met a point-to-point work");
+      }
+    }
+    for (int phase = 0; phase < (hasDirectAllReduce ? 2 : 1); ++phase) {
+      for (int me = 0; me < n_; ++me) {
+        for (auto& [e, t] : direct) {
+          JR_REQUIRE(t->tp->algo == Algo::kDirect || t->tp->pattern == Pattern::kDirect,
+                     Code::kInternal, ctx_.name, ": a one-shot execution met a FIFO element");
+          JR_CHECK(RunDirect(*e, t, phase, me));
+        }
+      }
+    }
+    return Status::Ok();
+  }
   if (hasDirect) {
     JR_REQUIRE(static_cast<bool>(ctx_.barrier), Code::kInternal, ctx_.name,
                ": a direct algorithm needs the execution's barrier");
@@ -603,10 +628,10 @@ Status Executor::RunKernel(const KernelPlan& kp) {
     for (size_t i = 0; i < tasks_.size(); ++i) args[i] = tasks_[i].opArg;
     tr_->PublishOpArgs(rank_, args);
     JR_CHECK(ctx_.barrier());
-    for (auto& [e, t] : direct) JR_CHECK(RunDirect(*e, t, 0));
+    for (auto& [e, t] : direct) JR_CHECK(RunDirect(*e, t, 0, rank_));
     if (hasDirectAllReduce) {
       JR_CHECK(ctx_.barrier());
-      for (auto& [e, t] : direct) JR_CHECK(RunDirect(*e, t, 1));
+      for (auto& [e, t] : direct) JR_CHECK(RunDirect(*e, t, 1, rank_));
     }
   }
   for (Lane& lane : lanes) {
@@ -649,6 +674,19 @@ Status Executor::Run() {
 }
 
 }  // namespace
+
+bool OneShotEligible(const Plan& plan, int64_t maxBytes) {
+  if (maxBytes <= 0 || plan.nRanks < 2 || plan.oneRank || plan.tasks.empty()) return false;
+  int64_t bytes = 0;
+  for (const TaskPlan& tp : plan.tasks) {
+    if (tp.coll == Coll::kSend || tp.coll == Coll::kRecv) return false;
+    if (tp.algo != Algo::kDirect && tp.pattern != Pattern::kDirect) return false;
+    if (tp.opFull.scalarArgIsPtr) return false;  // a scalar each rank reads at its own turn
+    const bool spread = tp.coll == Coll::kAllGather || tp.coll == Coll::kReduceScatter;
+    bytes += int64_t(tp.count) * int64_t(DataTypeSize(tp.dtype)) * (spread ? plan.nRanks : 1);
+  }
+  return bytes <= maxBytes;
+}
 
 Status ExecutePlan(const Plan& plan, const ExecContext& ctx) {
   JR_REQUIRE(ctx.peers != nullptr, Code::kInternal, ctx.name, ": no peer buffer table");

@@ -71,7 +71,16 @@ struct ExecContext {
   bool checkSteps = true;
   // By rank, how messages name it ("rank r (device d, process p, host 'h')"); null: "rank r".
   const std::vector<std::string>* rankNames = nullptr;
+  // A one-shot execution (OneShotEligible): this thread runs every rank's part of the plan, whose
+  // elements are all Direct and whose op arguments are the same on every rank, over
+  // `peers` (all ranks in this process, all arrived); no barrier, no FIFO.
+  bool whole = false;
 };
+
+// Whether `plan` may run one-shot: at least two ranks, every collective element Direct, no
+// point-to-point task, no op argument that differs between ranks (a PreMulSum scalar read from
+// memory), and at most `maxBytes` moved per rank (0: never).
+bool OneShotEligible(const Plan& plan, int64_t maxBytes);
 
 // Runs `plan` (built for ctx.rank) over this rank's slots `mine` (== (*ctx.peers)[ctx.rank]).
 // Errors: a wait past the deadline (kTimeout, naming the peer waited for), an abort.
