@@ -19,6 +19,7 @@
 #include "ffi/core/params.h"
 #include "ffi/core/stats.h"
 #include "ffi/handlers/collective.h"
+#include "ffi/handlers/common.h"
 #include "ffi/planner/types.h"
 
 namespace nb = nanobind;
@@ -211,6 +212,10 @@ void BindRuntime(nb::module_& m) {
       nb::arg("session"),
       "Unlinks the shared-memory segments of `session` whose creating process has exited; "
       "returns how many.");
+  m.def(
+      "call_attribute_names", []() { return CallAttributeNames(); },
+      "The custom calls' attribute names (ffi/handlers/common.h: JAX_RCCL_CALL_ATTRS), then "
+      "'abi_version'.");
   m.def(
       "cpu_ffi_targets",
       []() {

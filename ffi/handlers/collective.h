@@ -25,29 +25,9 @@
 // communicator comes, the GPU passes the operand's address to the kernels, which read it when
 // they run). The plan stays the same across calls.
 //
-// A backend B (ffi/handlers/cpu.cc, ffi/handlers/gpu.cc) gives:
-//   State, Slot      its state (derived from CollectiveState<Slot>, with `static ffi::TypeId id`)
-//                    and slot (derived from SlotBase) types;
-//   Call             what the execute context says of the call (device, run id or stream);
-//   kStateTypeName   the state type's registered name;
-//   ExecuteHandler() the execute stage's handler (Ffi::Bind()...To(...)): its context and
-//                    traits, calling Collective<B>::Execute;
-//   kInstantiateWho, kExecuteWho   prefixes of internal errors;
-//   kOneRankCopies   MakeRankTasks's argument;
-//   Configure(State&, protocol)    after the attributes are parsed;
-//   SlotOf(State&, const Call&) -> StatusOr<Slot*>;
-//   CheckOperands(const State&, Slot&, const Call&, args, rets) -> Status   (first call);
-//   Connect(const State&, Slot&) -> Status                the group's communicator;
-//   BuildPlan(const State&, Slot&, std::vector<TaskDesc>) -> Status   plan (upload), keep;
-//   OnFailedCall(const State&, Slot&, const Call&)        a call of a slot whose build failed;
-//   BeginCall(const State&, Slot&, const Call&) -> Status and
-//   LockCall(Slot&) -> std::unique_lock<std::mutex>       before the call's buffers are bound;
-//   Output(const State&, const Call&, void* out, size_t bytes, bool zero) -> Status;
-//   Zero(const Call&, void* out, size_t bytes) -> Status;
-//   Ragged(const State&, Slot&, const Call&, CallLeaves&, const ffi::AnyBuffer& output,
-//          const void* table) -> Status;
-//   HasPlan(const Slot&) -> bool;
-//   Run(const State&, Slot&, const Call&, const CallLeaves&) -> Status.
+// A backend B (ffi/handlers/cpu.cc, ffi/handlers/gpu.cc) gives the members that
+// BackendContract<B> (below) lists with their exact signatures; the compiler checks them where
+// Collective<B> is instantiated.
 #pragma once
 
 #include <atomic>
@@ -58,6 +38,7 @@
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -219,9 +200,88 @@ class CallLeaves {
   void** p_;
 };
 
-// The collective handler over backend B (see the top of this file).
+// What a backend B supplies, checked by the compiler (each member's role in the order the handler
+// uses them):
+//   State, Slot      its state (derived from CollectiveState<Slot>, with `static ffi::TypeId id`)
+//                    and slot (derived from SlotBase) types;
+//   Call             what the execute context says of the call (device, run id or stream);
+//   kStateTypeName   the state type's registered name;
+//   ExecuteHandler() the execute stage's handler (Ffi::Bind()...To(...)): its context and
+//                    traits, calling Collective<B>::Execute;
+//   kInstantiateWho, kExecuteWho   prefixes of internal errors;
+//   kOneRankCopies   MakeRankTasks's argument;
+//   Configure        after the attributes are parsed;
+//   SlotOf           the call's slot;
+//   CheckOperands    at the slot's first call;
+//   Connect          the group's communicator;
+//   BuildPlan        plan (upload), keep;
+//   OnFailedCall     a call of a slot whose build failed;
+//   BeginCall, LockCall   before the call's buffers are bound;
+//   Output, Zero     a result's buffer before and after the collective;
+//   Ragged           ragged_all_to_all's result base and offsets table;
+//   HasPlan          whether the call runs anything on this rank;
+//   Run              the call.
+template <typename B>
+struct BackendContract {
+  using State = typename B::State;
+  using Slot = typename B::Slot;
+  using Call = typename B::Call;
+  using Args = xla::ffi::RemainingArgs;
+  using Rets = xla::ffi::RemainingRets;
+  template <typename Want, typename Got>
+  static constexpr bool kIs = std::is_same_v<Want, Got>;
+
+  static_assert(std::is_base_of_v<CollectiveState<Slot>, State>,
+                "B::State derives from CollectiveState<B::Slot>");
+  static_assert(std::is_base_of_v<SlotBase, Slot>, "B::Slot derives from SlotBase");
+  static_assert(kIs<xla::ffi::TypeId, std::remove_cv_t<decltype(State::id)>>,
+                "B::State has `static xla::ffi::TypeId id`");
+  static_assert(std::is_convertible_v<decltype(B::kStateTypeName), const char*> &&
+                    std::is_convertible_v<decltype(B::kInstantiateWho), const char*> &&
+                    std::is_convertible_v<decltype(B::kExecuteWho), const char*>,
+                "B::kStateTypeName, kInstantiateWho and kExecuteWho are strings");
+  static_assert(kIs<const bool, decltype(B::kOneRankCopies)>, "B::kOneRankCopies is a bool");
+  static_assert(kIs<void (*)(State&, std::string_view), decltype(&B::Configure)>,
+                "B::Configure(State&, std::string_view protocol)");
+  static_assert(kIs<StatusOr<Slot*> (*)(State&, const Call&), decltype(&B::SlotOf)>,
+                "B::SlotOf(State&, const Call&) -> StatusOr<Slot*>");
+  static_assert(kIs<Status (*)(const State&, Slot&, const Call&, const Args&, const Rets&),
+                    decltype(&B::CheckOperands)>,
+                "B::CheckOperands(const State&, Slot&, const Call&, args, rets) -> Status");
+  static_assert(kIs<Status (*)(const State&, Slot&), decltype(&B::Connect)>,
+                "B::Connect(const State&, Slot&) -> Status");
+  static_assert(
+      kIs<Status (*)(const State&, Slot&, std::vector<TaskDesc>), decltype(&B::BuildPlan)>,
+      "B::BuildPlan(const State&, Slot&, std::vector<TaskDesc>) -> Status");
+  static_assert(kIs<void (*)(const State&, Slot&, const Call&), decltype(&B::OnFailedCall)>,
+                "B::OnFailedCall(const State&, Slot&, const Call&)");
+  static_assert(kIs<Status (*)(const State&, Slot&, const Call&), decltype(&B::BeginCall)>,
+                "B::BeginCall(const State&, Slot&, const Call&) -> Status");
+  static_assert(kIs<std::unique_lock<std::mutex> (*)(Slot&), decltype(&B::LockCall)>,
+                "B::LockCall(Slot&) -> std::unique_lock<std::mutex>");
+  static_assert(
+      kIs<Status (*)(const State&, const Call&, void*, size_t, bool), decltype(&B::Output)>,
+      "B::Output(const State&, const Call&, void* out, size_t bytes, bool zero) -> Status");
+  static_assert(kIs<Status (*)(const Call&, void*, size_t), decltype(&B::Zero)>,
+                "B::Zero(const Call&, void* out, size_t bytes) -> Status");
+  static_assert(kIs<Status (*)(const State&, Slot&, const Call&, CallLeaves&,
+                               const xla::ffi::AnyBuffer&, const void*),
+                    decltype(&B::Ragged)>,
+                "B::Ragged(const State&, Slot&, const Call&, CallLeaves&, const AnyBuffer& output, "
+                "const void* table) -> Status");
+  static_assert(kIs<bool (*)(const Slot&), decltype(&B::HasPlan)>,
+                "B::HasPlan(const Slot&) -> bool");
+  static_assert(
+      kIs<Status (*)(const State&, Slot&, const Call&, const CallLeaves&), decltype(&B::Run)>,
+      "B::Run(const State&, Slot&, const Call&, const CallLeaves&) -> Status");
+  static constexpr bool kChecked = true;
+};
+
+// The collective handler over backend B (see BackendContract).
 template <typename B>
 class Collective {
+  static_assert(BackendContract<B>::kChecked);
+
  public:
   using State = typename B::State;
   using Slot = typename B::Slot;

@@ -233,21 +233,23 @@ Status DecodeCallAttrs(Kind kind, const ffi::Dictionary& attrs, CallAttrs* out) 
              "this program's jax_rccl calls were lowered for contract version ", version,
              "; this jax_rccl runs versions ", kOldestAbiVersion, " to ", kAbiVersion,
              " (install the jax_rccl release that exported it, or a newer one)");
-  JR_ASSIGN_OR_RETURN(auto groups, AttrOf<ffi::Span<const int64_t>>(attrs, "replica_groups"));
-  JR_ASSIGN_OR_RETURN(int64_t groupSize, AttrOf<int64_t>(attrs, "group_size"));
-  JR_ASSIGN_OR_RETURN(int32_t op, AttrOf<int32_t>(attrs, "op"));
-  JR_ASSIGN_OR_RETURN(int32_t premul, AttrOf<int32_t>(attrs, "premul"));
-  JR_ASSIGN_OR_RETURN(double premulValue, AttrOf<double>(attrs, "premul_value"));
-  JR_ASSIGN_OR_RETURN(int64_t root, AttrOf<int64_t>(attrs, "root"));
-  JR_ASSIGN_OR_RETURN(auto perm, AttrOf<ffi::Span<const int64_t>>(attrs, "perm"));
-  JR_ASSIGN_OR_RETURN(std::string_view algorithm, AttrOf<std::string_view>(attrs, "algorithm"));
-  JR_ASSIGN_OR_RETURN(std::string_view protocol, AttrOf<std::string_view>(attrs, "protocol"));
-  JR_ASSIGN_OR_RETURN(int64_t callSite, AttrOf<int64_t>(attrs, "call_site"));
-  JR_ASSIGN_OR_RETURN(std::string_view name, AttrOf<std::string_view>(attrs, "name"));
+  // (JR_ASSIGN_OR_RETURN names its temporary by line, and these expand on one line.)
+#define JR_READ_ATTR_(n, T)             \
+  auto n##_read = AttrOf<T>(attrs, #n); \
+  JR_CHECK(n##_read.status());          \
+  T n = n##_read.take();
+  JAX_RCCL_CALL_ATTRS(JR_READ_ATTR_)
+#undef JR_READ_ATTR_
   out->abiVersion = version;
   out->protocolText = std::string(protocol);
-  return ParseCallAttrs(kind, groups, groupSize, op, premul, premulValue, root, perm, algorithm,
-                        protocol, callSite, name, out);
+  return ParseCallAttrs(kind, replica_groups, group_size, op, premul, premul_value, root, perm,
+                        algorithm, protocol, call_site, name, out);
+}
+
+std::vector<std::string> CallAttributeNames() {
+#define JR_NAME_ATTR_(n, T) #n,
+  return {JAX_RCCL_CALL_ATTRS(JR_NAME_ATTR_) "abi_version"};
+#undef JR_NAME_ATTR_
 }
 
 Status ReadLeaves(const CallAttrs& attrs, const ffi::RemainingArgs& args,

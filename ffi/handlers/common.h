@@ -74,6 +74,25 @@ struct CallAttrs {
 inline constexpr int kAbiVersion = 2;
 inline constexpr int kOldestAbiVersion = 1;
 
+// The custom calls' attributes, each named once, with the type the dictionary holds it as:
+// X(name, type). The lowering writes the same names (jax_rccl/lowering.py; tests/jax/
+// test_export_abi.py compares them with call_attribute_names()), plus `abi_version` (optional).
+#define JAX_RCCL_CALL_ATTRS(X)                     \
+  X(replica_groups, xla::ffi::Span<const int64_t>) \
+  X(group_size, int64_t)                           \
+  X(op, int32_t)                                   \
+  X(premul, int32_t)                               \
+  X(premul_value, double)                          \
+  X(root, int64_t)                                 \
+  X(perm, xla::ffi::Span<const int64_t>)           \
+  X(algorithm, std::string_view)                   \
+  X(protocol, std::string_view)                    \
+  X(call_site, int64_t)                            \
+  X(name, std::string_view)
+
+// The names of JAX_RCCL_CALL_ATTRS, in order, then "abi_version".
+std::vector<std::string> CallAttributeNames();
+
 // Reads every attribute of the contract from a call's dictionary (`abi_version` optional:
 // absent means 1), then validates them as ParseCallAttrs does.
 Status DecodeCallAttrs(Kind kind, const xla::ffi::Dictionary& attrs, CallAttrs* out);

@@ -183,3 +183,30 @@ def test_symbolic_shapes_under_install_keep_xla(kind):
         exp = export.export(f)(*export.symbolic_args_specs((a,), "_,b2"))
         got = exp.call(jax.device_put(a, NamedSharding(mesh, P())))
     np.testing.assert_array_equal(np.asarray(got), np.asarray(f(a)))
+
+
+def test_the_lowering_writes_exactly_the_attributes_the_runtime_reads():
+    """The attribute names are declared once on each side (ffi/handlers/common.h:
+    JAX_RCCL_CALL_ATTRS; jax_rccl/lowering.py and _ragged.py): every call of a program holds
+    exactly those."""
+    from jax_rccl import _explain, _jax_rccl
+
+    mesh = mesh_1d()
+
+    def body(x, off, sizes):
+        return (
+            *_body(x),
+            jax_rccl.pbroadcast(x, "i", 0),
+            jax_rccl.ragged_all_to_all(x, jnp.zeros_like(x), off, sizes, off, sizes, axis_name="i"),
+        )
+
+    x = jax.device_put(_x(), NamedSharding(mesh, P("i")))
+    off = jnp.zeros(64, jnp.int32)
+    spec = (P("i"), P("i"), P("i"))
+    f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=P("i"), check_vma=False))
+    module = f.lower(x, off, off).compiler_ir("stablehlo")
+    calls = _explain.lowered_calls(module)
+    assert len(calls) >= 6, calls
+    names = set(_jax_rccl.call_attribute_names())
+    for call in calls:
+        assert set(call["attrs"]) == names, (call["kind"], sorted(call["attrs"]), sorted(names))
