@@ -32,7 +32,7 @@ struct Geometry {
   int64_t stepBytes[kNumProtocols] = {0, 0, 0};  // buffSizes[p] / kSteps (16-byte multiples)
 };
 
-// The pads carry the other direction's sender state (hip/kernel_piece.h: SendTailMine) and, in the
+// The pads carry the other direction's sender state (hip/kernel_addr.h: SendTailMine) and, in the
 // header from a rank to itself, Direct's handshake words.
 struct alignas(128) ConnHeader {
   uint64_t tail;  // written by the sender
@@ -41,7 +41,7 @@ struct alignas(128) ConnHeader {
   uint64_t pad1[15];
 };
 static_assert(sizeof(ConnHeader) == 256, "ConnHeader is 256 bytes");
-// The pad index of a sender's words (hip/kernel_piece.h: SendTailMine); Direct uses those below.
+// The pad index of a sender's words (hip/kernel_addr.h: SendTailMine); Direct uses those below.
 constexpr int kSendPad = 8;
 
 struct RegionLayout {
@@ -78,7 +78,7 @@ struct RegionLayout {
 // per channel, both connections between this process's rank and that rank: direction 0 (this rank
 // sends) and 1 (this rank receives), each a header and kSteps slots. A slot holds a step of any
 // protocol (slotBytes: the largest step), so that the proxy receives a step in place before it
-// knows its protocol. The headers keep the counters as a region's do (hip/kernel_piece.h), with the
+// knows its protocol. The headers keep the counters as a region's do (hip/kernel_addr.h), with the
 // sender's words of direction 0 in direction 1's header, as for any peer. The kernels tell such a
 // peer by bit 0 of its entry in the region table (KernelArgs::regions; regions are 4096-byte
 // aligned), and then:

@@ -3,7 +3,7 @@
 // stays small): one block per channel of a launch walks that channel's works (a
 // persistent plan's work array), running each work element's primitive program
 // (ffi/compute/coll_program.h) through the connection FIFOs of hip/device_conn.h with the element's
-// protocol, a type (hip/kernel_piece.h: ProtoSimple, ProtoLL, ProtoLL128) chosen once per element:
+// protocol, a type (hip/kernel_proto.h: ProtoSimple, ProtoLL, ProtoLL128) chosen once per element:
 //   - Simple: the sender waits for room (head), writes a step into the receiver's slot, fences,
 //     and publishes tail; the receiver waits for tail, reads the slot, and publishes head.
 //   - LL: 16-byte lines of two (data, flag) words stored in single accesses; the flag is the step
