@@ -88,8 +88,7 @@ uint64_t HostScalarBits(const nb::handle& scalar, DataType dtype) {
     throw nb::value_error(
         ("scalar: " + shown + " is out of range for dtype " + DataTypeName(dtype)).c_str());
   }
-  uint64_t bits = neg ? static_cast<uint64_t>(s) : u;
-  return bits & maxU;
+  return IntegerBits(neg ? static_cast<uint64_t>(s) : u, dtype);
 }
 
 nb::dict OpFullDict(const DevRedOpFull& full) {

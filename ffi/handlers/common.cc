@@ -83,42 +83,6 @@ StatusOr<DataType> FromFfiType(ffi::DataType t) {
   }
 }
 
-// The bytes of `value` in `dtype` (the immediate PreMulSum scalar).
-uint64_t ScalarBits(double value, DataType dtype) {
-  if (IsFloating(dtype)) return FloatBits(value, dtype);
-  uint64_t bits = 0;
-  auto put = [&](auto v) { std::memcpy(&bits, &v, sizeof(v)); };
-  switch (dtype) {
-    case DataType::kInt8:
-      put(static_cast<int8_t>(value));
-      break;
-    case DataType::kUint8:
-      put(static_cast<uint8_t>(value));
-      break;
-    case DataType::kInt16:
-      put(static_cast<int16_t>(value));
-      break;
-    case DataType::kUint16:
-      put(static_cast<uint16_t>(value));
-      break;
-    case DataType::kInt32:
-      put(static_cast<int32_t>(value));
-      break;
-    case DataType::kUint32:
-      put(static_cast<uint32_t>(value));
-      break;
-    case DataType::kInt64:
-      put(static_cast<int64_t>(value));
-      break;
-    case DataType::kUint64:
-      put(static_cast<uint64_t>(value));
-      break;
-    default:
-      break;
-  }
-  return bits;
-}
-
 Status ParseCallAttrs(Kind kind, ffi::Span<const int64_t> groups, int64_t groupSize, int32_t op,
                       int32_t premul, double premulValue, int64_t root,
                       ffi::Span<const int64_t> perm, std::string_view algorithm,

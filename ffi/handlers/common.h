@@ -45,8 +45,6 @@ xla::ffi::Error ToFfiError(const Status& s);
 
 StatusOr<DataType> FromFfiType(xla::ffi::DataType t);
 
-// The bytes of `value` in `dtype` (the immediate PreMulSum scalar).
-uint64_t ScalarBits(double value, DataType dtype);
 
 // The attributes of one call site (the FFI contract, docs/architecture.md), validated, with the
 // parameters read at instantiate.

@@ -141,11 +141,6 @@ void TaskBytes(const TaskDesc& t, int n, size_t* in, size_t* out) {
   }
 }
 
-uint64_t ScalarBits(double v, DataType dtype) {
-  if (IsFloating(dtype)) return FloatBits(v, dtype);
-  return uint64_t(int64_t(v));
-}
-
 struct RunResult {
   std::vector<std::vector<nb::bytes>> outputs;
   double seconds = 0;
