@@ -35,9 +35,10 @@ namespace jax_rccl {
     "ranks, 16 above; at most 32 on GPUs)")                                                        \
   X(huge_pages, "JAX_RCCL_HUGE_PAGES", Int, 1, "0 or 1",                                           \
     "1: advise transparent huge pages on large CPU outputs before writing them; 0: leave them")    \
-  X(cpu_oneshot, "JAX_RCCL_CPU_ONESHOT", Int, 262144, "an integer >= 0 (0: off)",                  \
-    "CPU groups within one process: a Direct call moving at most this many bytes per rank runs "   \
-    "one-shot (the last rank to arrive runs every rank's part; one wake-up per call)")             \
+  X(cpu_oneshot, "JAX_RCCL_CPU_ONESHOT", Int, 2097152, "an integer >= 0 (0: off)",                 \
+    "CPU groups within one process: a Direct call whose larger buffer per rank holds at most "     \
+    "this many bytes (all_reduce's counted 4 times) runs one-shot: the last rank to arrive runs "  \
+    "every rank's part (one wake-up per call)")                                                    \
   X(transport, "JAX_RCCL_TRANSPORT", String, "auto", "auto, shm, socket",                          \
     "Between processes: auto (shared memory on one host, TCP sockets between hosts), shm, or "     \
     "socket (TCP between all processes, also on one host)")                                        \

@@ -682,8 +682,12 @@ bool OneShotEligible(const Plan& plan, int64_t maxBytes) {
     if (tp.coll == Coll::kSend || tp.coll == Coll::kRecv) return false;
     if (tp.algo != Algo::kDirect && tp.pattern != Pattern::kDirect) return false;
     if (tp.opFull.scalarArgIsPtr) return false;  // a scalar each rank reads at its own turn
+    // The larger of a rank's buffers (all_gather's output, psum_scatter's input); reductions
+    // whose every rank's output takes the whole result count four times (one thread reads every
+    // input and writes every output, where all_gather's and psum_scatter's move one of the two).
     const bool spread = tp.coll == Coll::kAllGather || tp.coll == Coll::kReduceScatter;
-    bytes += int64_t(tp.count) * int64_t(DataTypeSize(tp.dtype)) * (spread ? plan.nRanks : 1);
+    const int64_t weight = spread ? plan.nRanks : (tp.coll == Coll::kAllReduce ? 4 : 1);
+    bytes += int64_t(tp.count) * int64_t(DataTypeSize(tp.dtype)) * weight;
   }
   return bytes <= maxBytes;
 }

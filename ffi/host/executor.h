@@ -79,7 +79,8 @@ struct ExecContext {
 
 // Whether `plan` may run one-shot: at least two ranks, every collective element Direct, no
 // point-to-point task, no op argument that differs between ranks (a PreMulSum scalar read from
-// memory), and at most `maxBytes` moved per rank (0: never).
+// memory), and at most `maxBytes` per rank (0: never), counted as the larger of a rank's buffers
+// (all_gather's output, psum_scatter's input), all_reduce's four times.
 bool OneShotEligible(const Plan& plan, int64_t maxBytes);
 
 // Runs `plan` (built for ctx.rank) over this rank's slots `mine` (== (*ctx.peers)[ctx.rank]).
