@@ -77,6 +77,7 @@ def test_exported_program_across_processes_checks_the_mesh_order(mps_env, cb):  
         assert error is not None, f"process {r['process']}: the reversed mesh ran: {r}"
         assert "exported with" in error and "partition" in error, error
         assert r["reversed_seconds"] < 20, r  # found by the check, not by a timeout
-        # Without command buffers the host reads the check at the first call; recorded into one,
-        # the kernels compare it and the next program's call raises.
-        assert r["reversed_where"] == ("next program" if cb else "first call"), r
+        # Without command buffers the host reads the check at the first call; with them XLA may
+        # still run that call directly (the host check), or record it, when the kernels compare
+        # it and the next program's call raises.
+        assert r["reversed_where"] in (("first call", "next program") if cb else ("first call",)), r

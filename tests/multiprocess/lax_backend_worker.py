@@ -55,7 +55,11 @@ def step(x, y, w):
 x0 = [((np.arange(count) + 7 * r) % 13 - 6).astype(np.int32) for r in range(n)]
 x = jax.make_array_from_callback((n * count,), spec, lambda idx: np.concatenate(x0)[idx])
 y = jax.jit(lambda v: v.astype(jnp.float32))(x)
-w = jax.device_put(np.ones(count, np.float32), NamedSharding(mesh, P()))
+# Replicated without jax.device_put, whose check that every process passed the same value runs an
+# XLA all-gather (NCCL, which refuses processes that share one GPU).
+w = jax.make_array_from_callback(
+    (count,), NamedSharding(mesh, P()), lambda idx: np.ones(count, np.float32)[idx]
+)
 text = step.lower(x, y, w).compile().as_text()
 xla_ops = [
     op
