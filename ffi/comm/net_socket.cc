@@ -89,6 +89,7 @@ class SocketComm final : public NetComm {
     if (closed_) return Status::Ok();
     return stream_->Poll();
   }
+  std::string Transport() const override { return "socket"; }
 
  private:
   std::shared_ptr<Stream> stream_;
@@ -205,6 +206,18 @@ void RaiseOpenFileLimit() {
 }
 
 }  // namespace
+
+namespace tcp {
+
+std::unique_ptr<NetComm> MakeStreamComm(int fd, bool send, std::string peer,
+                                        std::shared_ptr<Helper> helper, int channel) {
+  auto stream = std::make_shared<Stream>(fd, send, std::move(peer), std::move(helper), 0, channel);
+  auto comm = std::make_unique<SocketComm>(std::move(stream));
+  (void)comm->Attach(channel);  // a fresh stream: its one channel is free
+  return comm;
+}
+
+}  // namespace tcp
 
 std::unique_ptr<Net> MakeSocketNet(std::string session, int process, int threads, int streams) {
   RaiseOpenFileLimit();

@@ -253,6 +253,12 @@ class Stream {
   bool ctlPending_ = false;  // (mu_) some of ctl_ is not written yet
 };
 
+// A connection's end on a stream of its own over `fd` (connected, authenticated and ready:
+// PrepareStream), carrying channel `channel` (net_socket.cc; JAX_RCCL_NET=auto's connections on
+// TCP, net_ucx.cc).
+std::unique_ptr<NetComm> MakeStreamComm(int fd, bool send, std::string peer,
+                                        std::shared_ptr<Helper> helper, int channel);
+
 }  // namespace tcp
 }  // namespace comm
 }  // namespace jax_rccl
