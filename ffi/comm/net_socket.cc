@@ -188,7 +188,7 @@ class SocketNet final : public Net {
 
 }  // namespace
 
-namespace {
+namespace tcp {
 
 // A group across hosts holds a socket per channel each way and rank of another host (and an
 // eventfd per helper): a job of many hosts passes the usual soft limit of 1024 open files. The
@@ -205,10 +205,6 @@ void RaiseOpenFileLimit() {
   });
 }
 
-}  // namespace
-
-namespace tcp {
-
 std::unique_ptr<NetComm> MakeStreamComm(int fd, bool send, std::string peer,
                                         std::shared_ptr<Helper> helper, int channel) {
   auto stream = std::make_shared<Stream>(fd, send, std::move(peer), std::move(helper), 0, channel);
@@ -220,7 +216,7 @@ std::unique_ptr<NetComm> MakeStreamComm(int fd, bool send, std::string peer,
 }  // namespace tcp
 
 std::unique_ptr<Net> MakeSocketNet(std::string session, int process, int threads, int streams) {
-  RaiseOpenFileLimit();
+  tcp::RaiseOpenFileLimit();
   return std::make_unique<SocketNet>(std::move(session), process, threads, streams);
 }
 

@@ -259,6 +259,10 @@ class Stream {
 std::unique_ptr<NetComm> MakeStreamComm(int fd, bool send, std::string peer,
                                         std::shared_ptr<Helper> helper, int channel);
 
+// Raises this process's soft limit of open files to the hard one (at most 2^20), once: a group
+// across many hosts holds a socket per channel each way and rank of another host.
+void RaiseOpenFileLimit();
+
 }  // namespace tcp
 }  // namespace comm
 }  // namespace jax_rccl

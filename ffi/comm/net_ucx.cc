@@ -435,6 +435,7 @@ StatusOr<std::unique_ptr<NetComm>> UcxNet::Accept(const NetKey& key, Clock::time
 
 StatusOr<std::unique_ptr<Net>> MakeUcxNet(const NetOptions& options, const ucx::Api* api,
                                           bool autoMode) {
+  tcp::RaiseOpenFileLimit();  // auto's connections on TCP, UCX's on its TCP transport too
   std::shared_ptr<Worker> w;
   if (api != nullptr) {
     JR_ASSIGN_OR_RETURN(w, Worker::Create(api));

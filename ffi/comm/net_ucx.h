@@ -91,7 +91,10 @@ class Worker {
   // left to do (sends a credit allows, credits due).
   void Progress();
   // Creates an endpoint to the worker at `address` (mu held); its transports in words
-  // ("posix/memory, cma/memory") in *transports, and *fast: one of them beats TCP.
+  // ("posix/memory, cma/memory") in *transports, and *fast: one of them beats TCP. The endpoint
+  // handles a peer's failure where its transports can tell one; where UCX finds a faster
+  // transport only without that (its shared-memory ones), it takes that one when every transport
+  // it picks is local to this machine (the connection's socket tells a peer's death).
   StatusOr<ucp_ep_h> Connect(const std::string& address, std::string* transports, bool* fast);
   // Closes `ep` (mu held): flushed, or at once (`force`); its end is left to Progress.
   void CloseEndpoint(ucp_ep_h ep, bool force);
@@ -111,6 +114,10 @@ class Worker {
 
  private:
   explicit Worker(const Api* a) : api(*a) {}
+  // One endpoint, with (`errors`) or without UCX's handling of a peer's failure; the transports'
+  // names and their text.
+  StatusOr<ucp_ep_h> CreateEndpoint(const std::string& address, bool errors,
+                                    std::vector<std::string>* names, std::string* text);
 };
 
 // One connection's end on a worker (under the worker's mu).
@@ -199,6 +206,9 @@ class Conn {
 // Whether transport `name` beats TCP between two processes: any but tcp and UCX's copies between
 // host and device memory.
 bool FastTransport(const std::string& name);
+// Whether transport `name` works only within one machine (shared memory, cma, GPU IPC and
+// copies).
+bool LocalTransport(const std::string& name);
 // The memory types of ucp_context_query's mask in words ("host, cuda"); whether one is a GPU's.
 std::string DescribeMemoryTypes(uint64_t mask);
 bool DeviceMemory(uint64_t mask);

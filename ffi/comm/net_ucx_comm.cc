@@ -119,6 +119,14 @@ const char* MemoryTypeName(int t) {
 
 }  // namespace
 
+bool LocalTransport(const std::string& name) {
+  static const std::set<std::string> local = {"self",     "posix",     "sysv",      "cma",
+                                              "knem",     "xpmem",     "cuda_ipc",  "rocm_ipc",
+                                              "ze_ipc",   "cuda_copy", "rocm_copy", "gdr_copy",
+                                              "ze_copy"};
+  return local.count(name) != 0;
+}
+
 bool FastTransport(const std::string& name) {
   // TCP, and UCX's copies between host and device memory (which stage, they do not cross hosts).
   static const std::set<std::string> slow = {"tcp",      "cuda_copy", "rocm_copy",
@@ -244,17 +252,18 @@ void Worker::Progress() {
                 closing.end());
 }
 
-StatusOr<ucp_ep_h> Worker::Connect(const std::string& peerAddress, std::string* transports,
-                                   bool* fast) {
+StatusOr<ucp_ep_h> Worker::CreateEndpoint(const std::string& peerAddress, bool errors,
+                                          std::vector<std::string>* names, std::string* text) {
   ucp_ep_params_t ep;
   std::memset(&ep, 0, sizeof(ep));
-  ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
-                  UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
   ep.address = reinterpret_cast<const ucp_address_t*>(peerAddress.data());
-  // A peer's failure is a status (the endpoint's), not the end of this process.
-  ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-  ep.err_handler.cb = &OnEndpointError;
-  ep.err_handler.arg = this;
+  ep.err_mode = errors ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
+  if (errors) {
+    ep.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    ep.err_handler.cb = &OnEndpointError;
+    ep.err_handler.arg = this;
+  }
   ucp_ep_h h = nullptr;
   const ucs_status_t s = api.ucp_ep_create(worker, &ep, &h);
   JR_REQUIRE(s == UCS_OK, Code::kSystem, StatusText(api, s));
@@ -265,8 +274,8 @@ StatusOr<ucp_ep_h> Worker::Connect(const std::string& peerAddress, std::string* 
   attr.transports.entries = entries;
   attr.transports.num_entries = 32;
   attr.transports.entry_size = sizeof(ucp_transport_entry_t);
-  transports->clear();
-  *fast = false;
+  names->clear();
+  text->clear();
   if (api.ucp_ep_query(h, &attr) == UCS_OK) {
     std::set<std::string> seen;
     for (unsigned i = 0; i < attr.transports.num_entries; ++i) {
@@ -275,12 +284,41 @@ StatusOr<ucp_ep_h> Worker::Connect(const std::string& peerAddress, std::string* 
       const std::string name = t != nullptr ? t : "";
       const std::string one = detail::StrCat(name, "/", d != nullptr ? d : "?");
       if (!seen.insert(one).second) continue;
-      *transports += transports->empty() ? one : ", " + one;
-      *fast = *fast || FastTransport(name);
+      names->push_back(name);
+      *text += text->empty() ? one : ", " + one;
     }
   }
-  if (transports->empty()) *transports = "?";
+  if (text->empty()) *text = "?";
   return h;
+}
+
+StatusOr<ucp_ep_h> Worker::Connect(const std::string& peerAddress, std::string* transports,
+                                   bool* fast) {
+  auto anyFast = [](const std::vector<std::string>& names) {
+    return std::any_of(names.begin(), names.end(), FastTransport);
+  };
+  // With error handling (a peer's failure is the endpoint's status, not the end of this
+  // process): the transports that can tell a peer's failure, which UCX's shared-memory ones do
+  // not.
+  std::vector<std::string> names;
+  StatusOr<ucp_ep_h> ep = CreateEndpoint(peerAddress, true, &names, transports);
+  *fast = ep.ok() && anyFast(names);
+  if (*fast) return ep;
+  // Without: taken only when every transport it picks is local to this machine (shared memory,
+  // cma, GPU IPC; a peer's death shows on the connection's socket) and one beats TCP.
+  std::vector<std::string> localNames;
+  std::string localText;
+  StatusOr<ucp_ep_h> local = CreateEndpoint(peerAddress, false, &localNames, &localText);
+  const bool allLocal =
+      local.ok() && std::all_of(localNames.begin(), localNames.end(), LocalTransport);
+  if (allLocal && anyFast(localNames)) {
+    if (ep.ok()) CloseEndpoint(ep.value(), false);
+    *transports = localText;
+    *fast = true;
+    return local;
+  }
+  if (local.ok()) CloseEndpoint(local.value(), false);
+  return ep;
 }
 
 void Worker::CloseEndpoint(ucp_ep_h ep, bool force) {

@@ -156,10 +156,12 @@ nb::dict RunNetProxy(const std::string& session, int process, uint64_t group,
   }
   const Clock::time_point deadline =
       Clock::now() + std::chrono::microseconds(int64_t(timeout_s * 1e6));
+  Status connected;
   {
     nb::gil_scoped_release release;
-    ThrowIfError(proxy->Connect(deadline));
+    connected = proxy->Connect(deadline);
   }
+  ThrowIfError(connected);  // with the interpreter's lock (it raises a Python exception)
   // The stand-in kernels: one thread per local rank, over all its connections.
   std::vector<Status> errors(local_ranks.size());
   std::atomic<bool> abandoned{false};

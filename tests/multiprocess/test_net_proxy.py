@@ -27,6 +27,30 @@ from worker import runtime_threads  # noqa: E402
 HERE = os.path.abspath(__file__)
 STEPS = 8  # kSteps: slots per connection
 
+#: The networks the proxy runs on (JAX_RCCL_NET): our TCP, and UCX over its TCP and over its
+#: shared-memory transports (the faked hosts share this machine, so UCX may use them).
+BACKENDS = {
+    "socket": {"JAX_RCCL_NET": "socket"},
+    "ucx_tcp": {"JAX_RCCL_NET": "ucx", "UCX_TLS": "tcp"},
+    "ucx_sm": {"JAX_RCCL_NET": "ucx", "UCX_TLS": "sm,self"},
+}
+
+
+def _ucx_absent() -> str | None:
+    """Why UCX is not here (None when it is): neither the libucx wheel nor a system libucp. A
+    build without the UCX backend where UCX is here is a broken build, and fails the tests."""
+    import ctypes.util
+    import importlib.util
+
+    if importlib.util.find_spec("libucx") is not None or ctypes.util.find_library("ucp"):
+        return None
+    return "no UCX on this machine (pip install jax_rccl[ucx]); the UCX backend is optional"
+
+
+NEEDS_UCX = pytest.mark.skipif(_ucx_absent() is not None, reason=str(_ucx_absent()))
+NETS = ["socket", pytest.param("ucx_tcp", marks=NEEDS_UCX), pytest.param("ucx_sm", marks=NEEDS_UCX)]
+UCX_NETS = [pytest.param("ucx_tcp", marks=NEEDS_UCX), pytest.param("ucx_sm", marks=NEEDS_UCX)]
+
 
 # ---- the worker (one process: the ranks of some hosts) ----
 
@@ -59,7 +83,20 @@ def worker(args: dict) -> dict:
     folder = args["folder"]
     out: dict = {"process": p}
     t0 = time.monotonic()
+    log = os.path.join(folder, f"{p}.stderr")
+    if args.get("capture_stderr"):
+        # The runtime's INFO lines (C stdio), for the driver to read.
+        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.dup2(fd, 2)
     try:
+        if p in args.get("no_ucx", []):
+            # A process where UCX cannot be loaded: no libucx to import, no libucp to open.
+            sys.modules["libucx"] = None
+            native.set_ucx_library("libucp-absent.so.0")
+        else:
+            from jax_rccl import _ucx
+
+            out["ucx_source"] = _ucx.load()
         if args.get("nofile_soft"):
             import resource
 
@@ -100,8 +137,10 @@ def worker(args: dict) -> dict:
                 hold_channel=args.get("hold_channel", -1),
                 trace_dir=args.get("trace_dir", ""),
                 trace_events=args.get("trace_events", 0),
+                net=args.get("net_of", {}).get(str(p), ""),
             )
             out["rounds"].append([list(c) for c in res.get("conns", [])])
+            out.setdefault("transports", []).append(list(res.get("transports", [])))
             out["stats"].append(dict(res.get("stats", {})))
             out.setdefault("bytes", []).append(res.get("bytes", 0))
         out["seconds"] = time.monotonic() - t0
@@ -112,6 +151,7 @@ def worker(args: dict) -> dict:
             import resource
 
             out["nofile"] = list(resource.getrlimit(resource.RLIMIT_NOFILE))
+        out["counts"] = native.socket_listener_counts()
         if p == args.get("faulty", -1):
             if args["fault"] == "stop":
                 time.sleep(args["timeout"] + 5)  # stopped: connections open, nothing moves
@@ -122,6 +162,10 @@ def worker(args: dict) -> dict:
     except Exception as e:  # noqa: BLE001 - reported to the driver
         out["error"] = f"{type(e).__name__}: {e}"
         out["seconds"] = time.monotonic() - t0
+    if args.get("capture_stderr"):
+        sys.stderr.flush()
+        with open(log) as f:
+            out["stderr"] = f.read()
     return out
 
 
@@ -160,7 +204,9 @@ def _topology(nranks: int, nnodes: int, **kw):
     )
 
 
-def _run(topo, programs, process_of_rank, timeout=20.0, **kw) -> list[dict]:
+def _run(
+    topo, programs, process_of_rank, timeout=20.0, net="socket", env=None, **kw
+) -> list[dict]:
     kw.setdefault("stop_after", -1)
     with tempfile.TemporaryDirectory() as folder:
         return spawn(
@@ -169,6 +215,7 @@ def _run(topo, programs, process_of_rank, timeout=20.0, **kw) -> list[dict]:
             1,
             "proxy",
             timeout_s=timeout + 60,
+            env_extra={**BACKENDS[net], **(env or {})},
             folder=folder,
             group=0x5EED,
             programs=programs,
