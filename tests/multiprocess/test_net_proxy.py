@@ -204,9 +204,7 @@ def _topology(nranks: int, nnodes: int, **kw):
     )
 
 
-def _run(
-    topo, programs, process_of_rank, timeout=20.0, net="socket", env=None, **kw
-) -> list[dict]:
+def _run(topo, programs, process_of_rank, timeout=20.0, net="socket", env=None, **kw) -> list[dict]:
     kw.setdefault("stop_after", -1)
     with tempfile.TemporaryDirectory() as folder:
         return spawn(
@@ -244,6 +242,22 @@ def _planned(programs) -> dict:
     return sends
 
 
+def _check_transports(results, net: str) -> None:
+    """Every connection moved its bytes on `net`: TCP streams, or UCX over the transports its
+    UCX_TLS allows (tcp; shared memory, cma, or self within one process)."""
+    allowed = {"socket": None, "ucx_tcp": {"tcp"}, "ucx_sm": {"posix", "sysv", "cma", "self"}}[net]
+    for res in results:
+        for transports in res["transports"]:
+            assert transports, res
+            for t in transports:
+                if allowed is None:
+                    assert t == "socket", t
+                    continue
+                assert t.startswith("ucx: "), t
+                names = {part.split("/")[0] for part in t[len("ucx: ") :].split(", ")}
+                assert names and names <= allowed, t
+
+
 def _check(results, programs) -> None:
     for res in results:
         assert "error" not in res, res
@@ -270,10 +284,12 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("net", NETS)
 @pytest.mark.parametrize("coll,count,dtype,algo,proto", CASES)
-def test_two_hosts_move_every_planned_step(coll, count, dtype, algo, proto):
+def test_two_hosts_move_every_planned_step(coll, count, dtype, algo, proto, net):
     """Two processes, one per host, two ranks each: the proxy of each process carries its ranks'
-    steps to the other host's; every step arrives intact, once, and the counts are the plan's."""
+    steps to the other host's; every step arrives intact, once, and the counts are the plan's;
+    each connection on the network asked for."""
     from jax_rccl.planner import Task
 
     topo = _topology(4, 2)
@@ -283,11 +299,13 @@ def test_two_hosts_move_every_planned_step(coll, count, dtype, algo, proto):
         algorithm=algo,
         protocol=proto,
     )
-    results = _run(topo, programs, [0, 0, 1, 1])
+    results = _run(topo, programs, [0, 0, 1, 1], net=net)
     _check(results, programs)
+    _check_transports(results, net)
 
 
-def test_one_process_two_fake_hosts_and_several_tasks():
+@pytest.mark.parametrize("net", NETS)
+def test_one_process_two_fake_hosts_and_several_tasks(net):
     """Both hosts in one process (the proxy connects to its own listener), one rank per host,
     a group of tasks whose proxy ops the planner interleaves, on 4 channels."""
     from jax_rccl.planner import Task
@@ -299,8 +317,9 @@ def test_one_process_two_fake_hosts_and_several_tasks():
         Task("reduce_scatter", 1 << 19, "float32"),
     ]
     programs = _plan_programs(tasks, topo)
-    results = _run(topo, programs, [0, 0])
+    results = _run(topo, programs, [0, 0], net=net)
     _check(results, programs)
+    _check_transports(results, net)
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="no /proc (thread names)")
@@ -355,6 +374,20 @@ def test_four_hosts_of_one_rank(net_threads, net_streams):
     _check(results, programs)
 
 
+@pytest.mark.parametrize("net", UCX_NETS)
+def test_four_hosts_of_one_rank_on_ucx(net):
+    """Four processes, each its own host, every ring connection across hosts, on UCX."""
+    from jax_rccl.planner import Task
+
+    topo = _topology(4, 4)
+    programs = _plan_programs(
+        [Task("all_reduce", 1 << 18, "float32")], topo, algorithm="ring", protocol="simple"
+    )
+    results = _run(topo, programs, [0, 1, 2, 3], net=net)
+    _check(results, programs)
+    _check_transports(results, net)
+
+
 @pytest.mark.parametrize("net_streams", [1, 3])
 @pytest.mark.parametrize("coll,count,dtype,algo,proto", CASES[:3] + CASES[4:6])
 def test_channels_sharing_streams_move_every_planned_step(
@@ -370,8 +403,16 @@ def test_channels_sharing_streams_move_every_planned_step(
     _check(results, programs)
 
 
-@pytest.mark.parametrize("net_threads", [0, 2], ids=["proxy_pumps", "helper_threads"])
-def test_a_lagging_channel_holds_up_no_other_channel_on_its_stream(net_threads):
+@pytest.mark.parametrize(
+    "net,net_threads",
+    [
+        ("socket", 0),
+        ("socket", 2),
+        *[pytest.param(n.values[0], 0, marks=NEEDS_UCX) for n in UCX_NETS],
+    ],
+    ids=["proxy_pumps", "helper_threads", "ucx_tcp", "ucx_sm"],
+)
+def test_a_lagging_channel_holds_up_no_other_channel_on_its_stream(net, net_threads):
     """4 channels on one TCP stream; the receiver takes none of channel 0's steps until the other
     three have finished (a block that runs behind the others). Its sender may post only as many
     steps as the receiver has receives for (credits), so channel 0's steps never sit in the
@@ -385,11 +426,14 @@ def test_a_lagging_channel_holds_up_no_other_channel_on_its_stream(net_threads):
     # Many more steps per channel than a connection's slots: without credits, channel 0's ninth
     # step would wait in the stream ahead of everything else.
     assert all(o["nsteps"] >= 4 * STEPS for o in programs[0]), programs[0]
-    results = _run(topo, programs, [0, 1], net_streams=1, hold_channel=0, net_threads=net_threads)
+    results = _run(
+        topo, programs, [0, 1], net=net, net_streams=1, hold_channel=0, net_threads=net_threads
+    )
     _check(results, programs)
 
 
-def test_a_sender_that_stops_at_once_still_ships_its_last_steps():
+@pytest.mark.parametrize("net", NETS)
+def test_a_sender_that_stops_at_once_still_ships_its_last_steps(net):
     """The sending process stops its proxy as soon as its stand-in posted the last step (as at
     process exit, with steps still in its slots) while the receiver frees each step only after
     5 ms: Stop ships the rest and closes in order, and the receiver gets every step."""
@@ -399,11 +443,12 @@ def test_a_sender_that_stops_at_once_still_ships_its_last_steps():
     programs = _plan_programs(
         [Task("broadcast", 1 << 20, "int8", root=0)], topo, algorithm="ring", protocol="simple"
     )
-    results = _run(topo, programs, [0, 1], drain_wait=False, recv_delay_us=5000)
+    results = _run(topo, programs, [0, 1], net=net, drain_wait=False, recv_delay_us=5000)
     _check(results, programs)
 
 
-def test_repeated_launches_continue_the_counters():
+@pytest.mark.parametrize("net", NETS)
+def test_repeated_launches_continue_the_counters(net):
     """The same proxy serves the plan three times over (a launch and two replays): its counters
     go on from where the last launch left them, and every step still arrives once."""
     from jax_rccl.planner import Task
@@ -413,14 +458,15 @@ def test_repeated_launches_continue_the_counters():
         [Task("all_reduce", 1 << 17, "float32"), Task("all_gather", 999, "int8")], topo
     )
     programs = [ops * 3 for ops in once]
-    results = _run(topo, programs, [0, 0, 1, 1])
+    results = _run(topo, programs, [0, 0, 1, 1], net=net)
     _check(results, programs)
     for res in results:
         for channel, frm, to, _, proxy in res["conns"]:
             assert proxy == 3 * _planned(once)[(channel, frm, to)]
 
 
-def test_runtime_stats_tell_where_the_steps_waited():
+@pytest.mark.parametrize("net", NETS)
+def test_runtime_stats_tell_where_the_steps_waited(net):
     """The proxies count into the runtime counters: every byte one process sent, the other
     received; and a receiver whose kernel frees each step only after 20 ms has its receiving
     connections' slots all full (the network waits for the kernel) for a large part of their
@@ -433,7 +479,7 @@ def test_runtime_stats_tell_where_the_steps_waited():
     )
     full = {}
     for delay in (0, 20000):
-        results = _run(topo, programs, [0, 1], recv_delay_us=delay)
+        results = _run(topo, programs, [0, 1], net=net, recv_delay_us=delay)
         _check(results, programs)
         send, recv = results[0]["stats"][0], results[1]["stats"][0]
         # What one process's proxy sent, the other's received (two processes' counters).
@@ -449,9 +495,17 @@ def test_runtime_stats_tell_where_the_steps_waited():
     assert full[20000] > 0.3 and full[20000] > full[0], full
 
 
-@pytest.mark.parametrize("net_streams", [0, 1], ids=["stream_per_channel", "one_stream"])
+@pytest.mark.parametrize(
+    "net,net_streams",
+    [
+        ("socket", 0),
+        ("socket", 1),
+        *[pytest.param(n.values[0], 0, marks=NEEDS_UCX) for n in UCX_NETS],
+    ],
+    ids=["stream_per_channel", "one_stream", "ucx_tcp", "ucx_sm"],
+)
 @pytest.mark.parametrize("fault", ["exit", "stop"])
-def test_a_dead_or_stopped_peer_is_an_error_naming_it(fault, net_streams):
+def test_a_dead_or_stopped_peer_is_an_error_naming_it(fault, net, net_streams):
     """Process 1 (ranks 2 and 3, host 1) stops after a few steps: it exits (its connections
     close) or stays with its connections open and moves nothing. Process 0 must fail naming a
     rank of host 1: an exit at once, a stop when its proxy's timeout passes with its sends stuck
@@ -471,6 +525,7 @@ def test_a_dead_or_stopped_peer_is_an_error_naming_it(fault, net_streams):
         faulty=1,
         fault=fault,
         stop_after=5,
+        net=net,
         net_streams=net_streams,
     )
     r0 = results[0]
@@ -486,7 +541,8 @@ def test_a_dead_or_stopped_peer_is_an_error_naming_it(fault, net_streams):
         assert timeout < r0["seconds"] < 2 * timeout, r0
 
 
-def test_a_failed_proxy_resets_its_connections_so_its_peers_fail_at_once():
+@pytest.mark.parametrize("net", NETS)
+def test_a_failed_proxy_resets_its_connections_so_its_peers_fail_at_once(net):
     """Three hosts of one rank in a ring (0 -> 1 -> 2 -> 0); process 1's kernel stops (its proxy
     runs on). Process 0's proxy fails when its sends to rank 1 stall, and resets its connections:
     process 2, whose sends to rank 0 then break, fails at once, well before its own wait on rank 1
@@ -499,7 +555,9 @@ def test_a_failed_proxy_resets_its_connections_so_its_peers_fail_at_once():
         [Task("all_reduce", 3 << 22, "float32")], topo, algorithm="ring", protocol="simple"
     )
     timeout = 4.0
-    results = _run(topo, programs, [0, 1, 2], timeout=timeout, faulty=1, fault="stop", stop_after=3)
+    results = _run(
+        topo, programs, [0, 1, 2], timeout=timeout, faulty=1, fault="stop", stop_after=3, net=net
+    )
     r0, r2 = results[0], results[2]
     assert "rank 1 (host 1) took no network data" in r0.get("error", ""), r0
     err = r2.get("error", "")
@@ -542,8 +600,15 @@ def _random_round(rng: random.Random, nchannels: int) -> dict:
     return {"programs": progs, "step_bytes": step_bytes}
 
 
-@pytest.mark.parametrize("net_streams", [0, 2])
-def test_random_protocol_mixes_in_one_process(net_streams):
+@pytest.mark.parametrize(
+    "net,net_streams",
+    [
+        ("socket", 0),
+        ("socket", 2),
+        *[pytest.param(n.values[0], 0, marks=NEEDS_UCX) for n in UCX_NETS],
+    ],
+)
+def test_random_protocol_mixes_in_one_process(net, net_streams):
     """Twelve proxies in turn, each over random programs: protocols changing from segment to
     segment on a connection, random step sizes, 1 to 4 channels (each on a stream of its own, or
     on 2 streams per pair of ranks), ops of both directions mixed. Every step arrives with its
@@ -557,6 +622,7 @@ def test_random_protocol_mixes_in_one_process(net_streams):
             1,
             "proxy",
             timeout_s=120,
+            env_extra=BACKENDS[net],
             folder=folder,
             group=0x7A11,
             rounds=rounds,
