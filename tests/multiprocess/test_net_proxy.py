@@ -108,6 +108,8 @@ def worker(args: dict) -> dict:
         publish(folder, f"{p}.ep", f"127.0.0.1:{port}")
         deadline = time.monotonic() + 30
         eps = [wait_file(os.path.join(folder, f"{q}.ep"), deadline) for q in range(nprocs)]
+        if args.get("wait_go"):
+            wait_file(os.path.join(folder, "go"), deadline)  # a stranger has done its part
         process_of = args["process_of_rank"]
         local = [r for r, q in enumerate(process_of) if q == p]
         # One proxy per round, one after the other (a new group each).
@@ -204,25 +206,31 @@ def _topology(nranks: int, nnodes: int, **kw):
     )
 
 
-def _run(topo, programs, process_of_rank, timeout=20.0, net="socket", env=None, **kw) -> list[dict]:
+def _run(
+    topo, programs, process_of_rank, timeout=20.0, net="socket", env=None, folder=None, **kw
+) -> list[dict]:
+    """Runs the programs, a process per value of `process_of_rank`, on network `net` (BACKENDS;
+    `env` added), in `folder` (a new one unless given)."""
     kw.setdefault("stop_after", -1)
-    with tempfile.TemporaryDirectory() as folder:
-        return spawn(
-            HERE,
-            max(process_of_rank) + 1,
-            1,
-            "proxy",
-            timeout_s=timeout + 60,
-            env_extra={**BACKENDS[net], **(env or {})},
-            folder=folder,
-            group=0x5EED,
-            programs=programs,
-            process_of_rank=process_of_rank,
-            host_of_rank=[r // topo.local_ranks for r in range(topo.nranks)],
-            step_bytes=[b // STEPS for b in topo.buff_sizes],
-            timeout=timeout,
-            **kw,
-        )
+    if folder is None:
+        with tempfile.TemporaryDirectory() as tmp:
+            return _run(topo, programs, process_of_rank, timeout, net, env, tmp, **kw)
+    return spawn(
+        HERE,
+        max(process_of_rank) + 1,
+        1,
+        "proxy",
+        timeout_s=timeout + 60,
+        env_extra={**BACKENDS[net], **(env or {})},
+        folder=folder,
+        group=0x5EED,
+        programs=programs,
+        process_of_rank=process_of_rank,
+        host_of_rank=[r // topo.local_ranks for r in range(topo.nranks)],
+        step_bytes=[b // STEPS for b in topo.buff_sizes],
+        timeout=timeout,
+        **kw,
+    )
 
 
 def _planned(programs) -> dict:
@@ -639,6 +647,170 @@ def test_random_protocol_mixes_in_one_process(net, net_streams):
         assert len(conns) == 2 * len(planned)
         for channel, frm, to, stand_in, proxy in conns:
             assert stand_in == proxy == planned[(channel, frm, to)]
+
+
+# ---- choosing the network (JAX_RCCL_NET) ----
+
+
+def _info_lines(res: dict) -> list[str]:
+    return [ln for ln in res["stderr"].splitlines() if ln.startswith("jax_rccl INFO net: channel")]
+
+
+@NEEDS_UCX
+@pytest.mark.parametrize("tls,picked", [("sm,self", "ucx"), ("tcp", "socket")])
+def test_auto_takes_ucx_only_for_a_transport_faster_than_tcp(tls, picked):
+    """JAX_RCCL_NET=auto: where UCX reaches the other host over shared memory it carries the
+    connection; where it offers only its TCP, our TCP does. JAX_RCCL_DEBUG=INFO says, for every
+    connection at both ends, which backend and which UCX transports were chosen, and why."""
+    from jax_rccl.planner import Task
+
+    topo = _topology(4, 2)
+    programs = _plan_programs([Task("all_reduce", 1 << 18, "float32")], topo, protocol="simple")
+    env = {"JAX_RCCL_NET": "auto", "UCX_TLS": tls, "JAX_RCCL_DEBUG": "INFO"}
+    results = _run(topo, programs, [0, 0, 1, 1], env=env, capture_stderr=True)
+    _check(results, programs)
+    for res in results:
+        assert res["ucx_source"] in ("system", "wheel"), res
+        assert "jax_rccl INFO net: JAX_RCCL_NET=auto: UCX 1." in res["stderr"], res["stderr"]
+        transports = res["transports"][0]
+        lines = _info_lines(res)
+        assert len(lines) == len(transports) == len(res["conns"]), (lines, transports)
+        for t, line in zip(transports, lines, strict=True):
+            if picked == "ucx":
+                assert t.startswith("ucx: ") and ("sysv" in t or "posix" in t), t
+                assert "(JAX_RCCL_NET=auto: faster than TCP)" in line, line
+                assert t[len("ucx: ") :] in line, (t, line)
+            else:
+                assert t == "socket", t
+                assert "our TCP (JAX_RCCL_NET=auto: UCX offers only tcp/" in line, line
+
+
+@NEEDS_UCX
+def test_auto_with_a_peer_without_ucx_runs_on_tcp():
+    """A process where UCX cannot be loaded and one where it can, both JAX_RCCL_NET=auto: every
+    connection between them runs on our TCP (the receiver decides, knowing both ends)."""
+    from jax_rccl.planner import Task
+
+    topo = _topology(4, 2)
+    programs = _plan_programs([Task("all_reduce", 1 << 18, "float32")], topo, protocol="simple")
+    env = {"JAX_RCCL_NET": "auto", "UCX_TLS": "sm,self", "JAX_RCCL_DEBUG": "INFO"}
+    results = _run(topo, programs, [0, 0, 1, 1], env=env, no_ucx=[0], capture_stderr=True)
+    _check(results, programs)
+    assert "ucx_source" not in results[0] and results[1]["ucx_source"] in ("system", "wheel")
+    for res in results:
+        assert set(res["transports"][0]) == {"socket"}, res["transports"]
+    why = {"this process has no UCX", "rank 0 has no UCX", "rank 1 has no UCX"}
+    for line in _info_lines(results[1]):
+        assert any(w in line for w in why), line
+
+
+def test_socket_runs_where_ucx_cannot_be_loaded_and_ucx_is_then_an_error():
+    """Processes where UCX cannot be loaded (no libucx to import, libucp not found): auto and
+    socket run every connection on our TCP; ucx fails at once with an error that says why and
+    what to do."""
+    from jax_rccl.planner import Task
+
+    topo = _topology(4, 2)
+    programs = _plan_programs([Task("all_reduce", 1 << 18, "float32")], topo, protocol="simple")
+    for net in ("auto", "socket"):
+        env = {"JAX_RCCL_NET": net, "JAX_RCCL_DEBUG": "INFO"}
+        results = _run(topo, programs, [0, 0, 1, 1], env=env, no_ucx=[0, 1], capture_stderr=True)
+        _check(results, programs)
+        for res in results:
+            assert set(res["transports"][0]) == {"socket"}, res["transports"]
+            if net == "auto":
+                assert (
+                    "JAX_RCCL_NET=auto: no UCX (jax_rccl: UCX could not be loaded"
+                    in (res["stderr"])
+                ), res["stderr"]
+    results = _run(topo, programs, [0, 0, 1, 1], env={"JAX_RCCL_NET": "ucx"}, no_ucx=[0, 1])
+    for res in results:
+        err = res.get("error", "")
+        assert err.startswith("NotImplementedError: jax_rccl: UCX could not be loaded"), res
+        assert "libucp-absent.so.0" in err and "pip install jax_rccl[ucx]" in err, err
+        assert "JAX_RCCL_NET=ucx" in err, err
+
+
+@NEEDS_UCX
+@pytest.mark.parametrize("net", UCX_NETS)
+def test_a_stranger_without_the_secret_gets_no_ucx_endpoint(net):
+    """A stranger that knows the session id but not the secret connects to every listener as the
+    sender of a UCX connection of the group (its hello, then a proof it cannot make): it is
+    dropped after the challenge, before any offer or answer, so it never learns a UCP worker
+    address or a connection token; the listeners count it, and the job's connections run on
+    UCX."""
+    import socket
+    import struct
+    import uuid
+
+    from test_transport_security import HELLO_MAGIC, _closed_on, _split
+
+    from jax_rccl.planner import Task
+
+    topo = _topology(4, 2)
+    programs = _plan_programs([Task("all_reduce", 1 << 18, "float32")], topo, protocol="simple")
+    session = uuid.uuid4().hex
+    got: dict = {}
+
+    def stranger(folder):
+        try:
+            deadline = time.monotonic() + 60
+            eps = [wait_file(os.path.join(folder, f"{q}.ep"), deadline) for q in range(2)]
+            for ep in eps:
+                with socket.create_connection(_split(ep), timeout=5) as s:
+                    # Group 0x5EED, channel 0 of a UCX connection (flag 1 << 25), rank 0 -> 2.
+                    hello = struct.pack(
+                        "<QQiiii64s16s",
+                        HELLO_MAGIC,
+                        0x5EED,
+                        (1 << 25) | 0,
+                        0,
+                        2,
+                        0,
+                        session.encode(),
+                        os.urandom(16),
+                    )
+                    s.sendall(hello)
+                    challenge = b""
+                    while len(challenge) < 48:
+                        chunk = s.recv(48 - len(challenge))
+                        assert chunk, "the listener closed before its challenge"
+                        challenge += chunk
+                    s.sendall(os.urandom(32))
+                    got.setdefault("closed", []).append(_closed_on(s))
+        except BaseException as e:  # noqa: BLE001 - reported below
+            got["error"] = repr(e)
+        finally:
+            publish(folder, "go", "")
+
+    with tempfile.TemporaryDirectory() as folder:
+        t = threading.Thread(target=stranger, args=(folder,), daemon=True)
+        t.start()
+        results = spawn(
+            HERE,
+            2,
+            1,
+            "proxy",
+            timeout_s=90,
+            session=session,
+            env_extra=BACKENDS[net],
+            folder=folder,
+            group=0x5EED,
+            programs=programs,
+            process_of_rank=[0, 0, 1, 1],
+            host_of_rank=[0, 0, 1, 1],
+            step_bytes=[b // STEPS for b in topo.buff_sizes],
+            timeout=20.0,
+            stop_after=-1,
+            wait_go=True,
+        )
+        t.join(10)
+    assert "error" not in got, got["error"]
+    assert got["closed"] == [True, True], got
+    _check(results, programs)
+    _check_transports(results, net)
+    for res in results:
+        assert res["counts"]["unauthorized"] >= 1, res["counts"]
 
 
 if __name__ == "__main__":
