@@ -124,8 +124,8 @@ struct NetOptions {
   std::string backend = "auto";  // JAX_RCCL_NET: auto, socket or ucx
   std::string session;           // as MakeSocketNet's
   int process = 0;
-  int threads = 0;  // TCP helper threads (MakeSocketNet's; auto's connections on TCP too)
-  int streams = 0;  // TCP streams per pair of ranks (MakeSocketNet's; `socket` only)
+  int threads = 0;    // TCP helper threads (MakeSocketNet's; auto's connections on TCP too)
+  int streams = 0;    // TCP streams per pair of ranks (MakeSocketNet's; `socket` only)
   bool info = false;  // JAX_RCCL_DEBUG=INFO: a line per connection on stderr saying its backend
 };
 

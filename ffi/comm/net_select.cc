@@ -39,8 +39,8 @@ UcxInfo DescribeUcx(bool load) {
   unsigned major = 0, minor = 0, release = 0;
   u.ucp_get_version(&major, &minor, &release);
   ucp_context_h ctx = nullptr;
-  const ucs_status_t s = u.ucp_init_version(UCP_API_MAJOR, minor < UCP_API_MINOR ? minor : UCP_API_MINOR,
-                                            &params, config, &ctx);
+  const ucs_status_t s = u.ucp_init_version(
+      UCP_API_MAJOR, minor < UCP_API_MINOR ? minor : UCP_API_MINOR, &params, config, &ctx);
   u.ucp_config_release(config);
   if (s != UCS_OK) {
     info.error = detail::StrCat("ucp_init: ", ucx::StatusText(u, s));
@@ -49,7 +49,8 @@ UcxInfo DescribeUcx(bool load) {
   ucp_context_attr_t ca;
   std::memset(&ca, 0, sizeof(ca));
   ca.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES;
-  if (u.ucp_context_query(ctx, &ca) == UCS_OK) info.memoryTypes = ucx::DescribeMemoryTypes(ca.memory_types);
+  if (u.ucp_context_query(ctx, &ca) == UCS_OK)
+    info.memoryTypes = ucx::DescribeMemoryTypes(ca.memory_types);
   u.ucp_cleanup(ctx);
   return info;
 }
@@ -79,14 +80,15 @@ StatusOr<std::unique_ptr<Net>> MakeNet(const NetOptions& o) {
     return MakeSocketNet(o.session, o.process, o.threads, o.streams);
   }
   JR_REQUIRE(o.backend == "auto" || o.backend == "ucx", Code::kInvalidArgument,
-             "jax_rccl: JAX_RCCL_NET='", o.backend, "' is not a network; allowed: auto, socket, ucx");
+             "jax_rccl: JAX_RCCL_NET='", o.backend,
+             "' is not a network; allowed: auto, socket, ucx");
 #ifdef JAX_RCCL_WITH_UCX
   StatusOr<const ucx::Api*> api = ucx::Load();
   if (o.backend == "ucx") {
     if (!api.ok()) {
-      return Status(api.status().code(),
-                    detail::StrCat(api.status().message(), " (JAX_RCCL_NET=ucx; JAX_RCCL_NET=auto "
-                                   "or socket runs on our TCP)"));
+      return Status(api.status().code(), detail::StrCat(api.status().message(),
+                                                        " (JAX_RCCL_NET=ucx; JAX_RCCL_NET=auto "
+                                                        "or socket runs on our TCP)"));
     }
   }
   if (o.info) {
@@ -94,15 +96,16 @@ StatusOr<std::unique_ptr<Net>> MakeNet(const NetOptions& o) {
       std::fprintf(stderr, "jax_rccl INFO net: JAX_RCCL_NET=%s: UCX %s from %s\n",
                    o.backend.c_str(), api.value()->version.c_str(), api.value()->path.c_str());
     } else {
-      std::fprintf(stderr, "jax_rccl INFO net: JAX_RCCL_NET=auto: no UCX (%s); connections go on "
-                   "our TCP\n", api.status().message().c_str());
+      std::fprintf(stderr,
+                   "jax_rccl INFO net: JAX_RCCL_NET=auto: no UCX (%s); connections go on "
+                   "our TCP\n",
+                   api.status().message().c_str());
     }
   }
   return MakeUcxNet(o, api.ok() ? api.value() : nullptr, o.backend == "auto");
 #else
-  JR_REQUIRE(o.backend != "ucx", Code::kUnsupported,
-             "jax_rccl: JAX_RCCL_NET=ucx, but ", DescribeUcx(false).error,
-             "; JAX_RCCL_NET=auto or socket runs on our TCP");
+  JR_REQUIRE(o.backend != "ucx", Code::kUnsupported, "jax_rccl: JAX_RCCL_NET=ucx, but ",
+             DescribeUcx(false).error, "; JAX_RCCL_NET=auto or socket runs on our TCP");
   return MakeSocketNet(o.session, o.process, o.threads, o.streams);
 #endif
 }

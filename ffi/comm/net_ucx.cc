@@ -35,8 +35,8 @@ constexpr int kUcxChannelFlag = 1 << 25;
 
 constexpr uint64_t kOfferMagic = 0x3176786375726a00ull | 'o';   // the offer (sender -> receiver)
 constexpr uint64_t kAnswerMagic = 0x3176786375726a00ull | 'a';  // the answer
-constexpr uint32_t kOfferHasUcx = 1;   // the sender has UCX (its worker's address follows)
-constexpr uint32_t kOfferAuto = 2;     // the sender runs JAX_RCCL_NET=auto
+constexpr uint32_t kOfferHasUcx = 1;         // the sender has UCX (its worker's address follows)
+constexpr uint32_t kOfferAuto = 2;           // the sender runs JAX_RCCL_NET=auto
 constexpr uint32_t kMaxWireBytes = 1 << 16;  // an address or a message, at most
 
 struct OfferWire {
@@ -249,13 +249,14 @@ UcxNet::Answered UcxNet::Answer(const KeyId& id, int fd, Clock::time_point deadl
   const std::string sender = detail::StrCat("rank ", std::get<2>(id));
   const std::string receiver = detail::StrCat("rank ", std::get<3>(id));
   // The offer follows the handshake at once.
-  const Clock::time_point by =
-      std::min(deadline, Clock::now() + std::chrono::milliseconds(int64_t(kHandshakeSeconds * 1e3)));
+  const Clock::time_point by = std::min(
+      deadline, Clock::now() + std::chrono::milliseconds(int64_t(kHandshakeSeconds * 1e3)));
   OfferWire offer{};
   std::string address;
   if (!ReadExact(fd, &offer, sizeof(offer), by) || offer.magic != kOfferMagic ||
       offer.addressBytes > kMaxWireBytes) {
-    a.error = Status(Code::kSystem, detail::StrCat("jax_rccl: ", sender, " sent no valid offer for "
+    a.error = Status(Code::kSystem, detail::StrCat("jax_rccl: ", sender,
+                                                   " sent no valid offer for "
                                                    "its network connection (channel ",
                                                    std::get<1>(id), ")"));
     return a;
@@ -306,7 +307,8 @@ UcxNet::Answered UcxNet::Answer(const KeyId& id, int fd, Clock::time_point deadl
   const std::string& mine = a.decision == 'U' ? w_->address : std::string();
   answer.addressBytes = uint32_t(mine.size());
   answer.textBytes = uint32_t(std::min<size_t>(text.size(), kMaxWireBytes));
-  if (!WriteExact(fd, &answer, sizeof(answer), by) || !WriteExact(fd, mine.data(), mine.size(), by) ||
+  if (!WriteExact(fd, &answer, sizeof(answer), by) ||
+      !WriteExact(fd, mine.data(), mine.size(), by) ||
       !WriteExact(fd, text.data(), answer.textBytes, by)) {
     a.error = Status(Code::kSystem, detail::StrCat("jax_rccl: cannot answer ", sender,
                                                    "'s network connection: ", ErrnoText(errno)));
@@ -354,8 +356,8 @@ StatusOr<std::unique_ptr<NetComm>> UcxNet::Connect(const NetKey& key, const std:
   const std::string mine = w_ != nullptr ? w_->address : std::string();
   JR_REQUIRE(WriteExact(fd, &offer, sizeof(offer), deadline) &&
                  WriteExact(fd, mine.data(), mine.size(), deadline),
-             Code::kSystem, "jax_rccl: cannot offer ", peer, " a network connection: ",
-             ErrnoText(errno));
+             Code::kSystem, "jax_rccl: cannot offer ", peer,
+             " a network connection: ", ErrnoText(errno));
   // The answer, while this process answers its own peers (they may be connecting to it first).
   while (true) {
     struct pollfd pfd = {fd, POLLIN, 0};
@@ -368,8 +370,8 @@ StatusOr<std::unique_ptr<NetComm>> UcxNet::Connect(const NetKey& key, const std:
   JR_REQUIRE(ReadExact(fd, &answer, sizeof(answer), deadline) && answer.magic == kAnswerMagic &&
                  answer.addressBytes <= kMaxWireBytes && answer.textBytes <= kMaxWireBytes,
              Code::kSystem, "jax_rccl: ", peer,
-             " gave no valid answer to the set-up of its network connection (channel ",
-             key.channel, "; did its process exit?)");
+             " gave no valid answer to the set-up of its network connection (channel ", key.channel,
+             "; did its process exit?)");
   std::string address(answer.addressBytes, '\0'), text(answer.textBytes, '\0');
   JR_REQUIRE(ReadExact(fd, address.data(), address.size(), deadline) &&
                  ReadExact(fd, text.data(), text.size(), deadline),
@@ -381,7 +383,8 @@ StatusOr<std::unique_ptr<NetComm>> UcxNet::Connect(const NetKey& key, const std:
     return tcp::MakeStreamComm(guard.release(), true, peer, NextHelper(), key.channel);
   }
   JR_REQUIRE(answer.decision == 'U' && conn != nullptr, Code::kSystem, "jax_rccl: ", peer,
-             " answered the set-up of channel ", key.channel, " with a decision this process "
+             " answered the set-up of channel ", key.channel,
+             " with a decision this process "
              "cannot follow (do the processes run the same build?)");
   {
     std::lock_guard<std::mutex> lock(w_->mu);

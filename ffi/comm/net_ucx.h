@@ -106,11 +106,11 @@ class Worker {
   ucp_worker_h worker = nullptr;
   std::string address;  // this worker's, for peers
   uint64_t memoryTypes = 0;
-  std::map<uint64_t, Conn*> conns;           // by token
-  std::vector<Conn*> kicked;                 // connections with work after the last progress
+  std::map<uint64_t, Conn*> conns;            // by token
+  std::vector<Conn*> kicked;                  // connections with work after the last progress
   std::vector<std::unique_ptr<Req>> orphans;  // requests of connections gone, UCX still has
-  std::vector<void*> closing;                // endpoint closes in flight
-  uint64_t dropped = 0;                      // messages whose token named no connection
+  std::vector<void*> closing;                 // endpoint closes in flight
+  uint64_t dropped = 0;                       // messages whose token named no connection
 
  private:
   explicit Worker(const Api* a) : api(*a) {}
@@ -123,8 +123,7 @@ class Worker {
 // One connection's end on a worker (under the worker's mu).
 class Conn {
  public:
-  Conn(std::shared_ptr<Worker> w, bool send, std::string peer, int channel, int fd,
-       uint64_t token);
+  Conn(std::shared_ptr<Worker> w, bool send, std::string peer, int channel, int fd, uint64_t token);
   ~Conn();  // not closed: aborted
 
   // NetComm's calls (each takes the worker's mu).
@@ -206,6 +205,8 @@ class Conn {
 // Whether transport `name` beats TCP between two processes: any but tcp and UCX's copies between
 // host and device memory.
 bool FastTransport(const std::string& name);
+// The UCX the workers run on (once one was created).
+const Api& LoadedApi();
 // Whether transport `name` works only within one machine (shared memory, cma, GPU IPC and
 // copies).
 bool LocalTransport(const std::string& name);

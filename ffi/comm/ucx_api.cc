@@ -52,12 +52,12 @@ StatusOr<const Api*> Load() {
             "system UCX's libucp.so.0 on the library path");
   }
   Api api;
-#define JAX_RCCL_UCX_LOOKUP(name)                                                                \
-  api.name = reinterpret_cast<decltype(api.name)>(dlsym(h, #name));                              \
-  if (api.name == nullptr) {                                                                     \
-    dlclose(h);                                                                                  \
-    JR_FAIL(Code::kUnsupported, "jax_rccl: the UCX library ", L.library, " has no ", #name,      \
-            " (jax_rccl needs UCP ", kMinMajor, ".", kMinMinor, " or newer)");                   \
+#define JAX_RCCL_UCX_LOOKUP(name)                                                           \
+  api.name = reinterpret_cast<decltype(api.name)>(dlsym(h, #name));                         \
+  if (api.name == nullptr) {                                                                \
+    dlclose(h);                                                                             \
+    JR_FAIL(Code::kUnsupported, "jax_rccl: the UCX library ", L.library, " has no ", #name, \
+            " (jax_rccl needs UCP ", kMinMajor, ".", kMinMinor, " or newer)");              \
   }
   JAX_RCCL_UCX_FUNCTIONS(JAX_RCCL_UCX_LOOKUP)
 #undef JAX_RCCL_UCX_LOOKUP

@@ -17,30 +17,30 @@ namespace comm {
 namespace ucx {
 
 // The UCP and UCS functions the backend calls (one pointer each, found by dlsym).
-#define JAX_RCCL_UCX_FUNCTIONS(X) \
-  X(ucp_get_version)              \
-  X(ucp_get_version_string)       \
-  X(ucp_config_read)              \
-  X(ucp_config_release)           \
-  X(ucp_init_version)             \
-  X(ucp_cleanup)                  \
-  X(ucp_context_query)            \
-  X(ucp_worker_create)            \
-  X(ucp_worker_destroy)           \
-  X(ucp_worker_query)             \
-  X(ucp_worker_release_address)   \
-  X(ucp_worker_progress)          \
+#define JAX_RCCL_UCX_FUNCTIONS(X)   \
+  X(ucp_get_version)                \
+  X(ucp_get_version_string)         \
+  X(ucp_config_read)                \
+  X(ucp_config_release)             \
+  X(ucp_init_version)               \
+  X(ucp_cleanup)                    \
+  X(ucp_context_query)              \
+  X(ucp_worker_create)              \
+  X(ucp_worker_destroy)             \
+  X(ucp_worker_query)               \
+  X(ucp_worker_release_address)     \
+  X(ucp_worker_progress)            \
   X(ucp_worker_set_am_recv_handler) \
-  X(ucp_ep_create)                \
-  X(ucp_ep_close_nbx)             \
-  X(ucp_ep_query)                 \
-  X(ucp_am_send_nbx)              \
-  X(ucp_am_recv_data_nbx)         \
-  X(ucp_am_data_release)          \
-  X(ucp_request_check_status)     \
-  X(ucp_request_free)             \
-  X(ucp_mem_map)                  \
-  X(ucp_mem_unmap)                \
+  X(ucp_ep_create)                  \
+  X(ucp_ep_close_nbx)               \
+  X(ucp_ep_query)                   \
+  X(ucp_am_send_nbx)                \
+  X(ucp_am_recv_data_nbx)           \
+  X(ucp_am_data_release)            \
+  X(ucp_request_check_status)       \
+  X(ucp_request_free)               \
+  X(ucp_mem_map)                    \
+  X(ucp_mem_unmap)                  \
   X(ucs_status_string)
 
 struct Api {

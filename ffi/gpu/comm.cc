@@ -605,11 +605,11 @@ StatusOr<GpuComm*> GetOrCreateComm(const std::vector<int64_t>& devices, const Pa
           placement, g, onHost);
       JR_CHECK(shm->CreateLocal());
     }
-    JR_CHECK(comm->SetShared(
-        std::move(placement), std::move(shm),
-        GpuComm::NetSettings{int(params.net_threads), int(params.net_nchannels),
-                             int(params.net_streams), params.net_trace, params.net,
-                             params.debug == "INFO" || params.debug == "TRACE"}));
+    JR_CHECK(
+        comm->SetShared(std::move(placement), std::move(shm),
+                        GpuComm::NetSettings{int(params.net_threads), int(params.net_nchannels),
+                                             int(params.net_streams), params.net_trace, params.net,
+                                             params.debug == "INFO" || params.debug == "TRACE"}));
     if (comm->crossHost()) {
       // At exit the proxies close their connections in order, so that a peer still finishing its
       // last steps sees the end of the data, not a failure.

@@ -147,8 +147,8 @@ nb::dict RunNetProxy(const std::string& session, int process, uint64_t group,
   options.info = params.value().debug == "INFO" || params.value().debug == "TRACE";
   StatusOr<std::unique_ptr<comm::Net>> made = comm::MakeNet(options);
   ThrowIfError(made.status());
-  auto proxy = std::make_unique<comm::NetProxy>(made.take(), group, pcs, endpoints, rankString,
-                                                timeout_s);
+  auto proxy =
+      std::make_unique<comm::NetProxy>(made.take(), group, pcs, endpoints, rankString, timeout_s);
   if (trace_events > 0) {
     proxy->TraceTo(trace_dir, size_t(trace_events));
   } else {
