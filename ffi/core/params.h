@@ -65,7 +65,8 @@ namespace jax_rccl {
     "TCP streams each way between two ranks of different hosts that carry a GPU group's "          \
     "channels (channel c on stream c % S; a step goes only into a receive its receiver posted, "   \
     "so channels sharing a stream never hold each other up); 0: a stream per channel; every "      \
-    "process of a group sets the same")                                                            \
+    "process of a group sets the same; JAX_RCCL_NET=socket only (auto's TCP connections have a "   \
+    "stream each)")                                                                                \
   X(net_trace, "JAX_RCCL_NET_TRACE", String, "", "a folder this process can write; empty: none",   \
     "An existing folder where the network proxy of each GPU group across hosts writes, when it "   \
     "stops, a timeline of its last 2^20 step events (benchmarks/net_trace.py summarizes them); "   \
