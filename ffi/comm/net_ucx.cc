@@ -154,6 +154,13 @@ class UcxNet final : public Net {
   UcxNet(NetOptions o, std::shared_ptr<Worker> w, bool autoMode)
       : o_(std::move(o)), w_(std::move(w)), auto_(autoMode) {}
 
+  ~UcxNet() override {
+    // Answers no Accept took (a group that never got that far): their sockets go.
+    for (auto& [id, a] : answered_) {
+      if (a.fd >= 0) close(a.fd);
+    }
+  }
+
   const char* name() const override { return auto_ ? "auto" : "ucx"; }
 
   Status Listen(const NetKey& key) override {

@@ -813,6 +813,37 @@ def test_a_stranger_without_the_secret_gets_no_ucx_endpoint(net):
         assert res["counts"]["unauthorized"] >= 1, res["counts"]
 
 
+@NEEDS_UCX
+def test_ucx_info_says_which_ucx_and_what_it_moves():
+    """A fresh process has the backend built but UCX not loaded; jax_rccl._ucx.load() makes it
+    loadable (a system UCX, else the wheel's), and the runtime then reports the UCX it loaded:
+    a version it runs on, the file, and the memory types UCX can move (host here: no GPU)."""
+    import subprocess
+
+    code = (
+        f"import json, sys; sys.path.insert(0, {os.path.dirname(HERE)!r})\n"
+        "from test_shm_transport import load_native\n"
+        "native = load_native()\n"
+        "before = native.net_ucx_info()\n"
+        "from jax_rccl import _ucx\n"
+        "source = _ucx.load()\n"
+        "print(json.dumps([before, source, native.net_ucx_info(True)]))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-P", "-c", code], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    before, source, after = json.loads(out.stdout.splitlines()[-1])
+    assert before["built"] and not before["loaded"], before
+    assert source in ("system", "wheel"), source
+    assert after["loaded"] and after["error"] == "", after
+    assert tuple(int(x) for x in after["version"].split(".")[:2]) >= (1, 15), after
+    assert "host" in after["memory_types"].split(", "), after
+    assert os.path.isfile(after["path"]), after
+    if source == "wheel":
+        assert f"{os.sep}libucx{os.sep}lib{os.sep}" in after["path"], after
+
+
 if __name__ == "__main__":
     print(json.dumps(worker(json.loads(sys.argv[1]))), flush=True)
 
