@@ -1,5 +1,6 @@
-"""The network proxy (ffi/comm/proxy.h) over the TCP network interface (ffi/comm/net.h), with a
-host-memory stand-in for the GPU kernels' FIFOs (ffi/testing/bind_proxy.cc).
+"""The network proxy (ffi/comm/proxy.h) over the network interface (ffi/comm/net.h): our TCP, and
+UCX over its TCP and its shared-memory transports (JAX_RCCL_NET), with a host-memory stand-in
+for the GPU kernels' FIFOs (ffi/testing/bind_proxy.cc).
 
 Ranks sit on two hosts, faked by the world table; each process runs the proxy for its ranks and
 a stand-in kernel per rank that moves exactly the steps of the planner's proxy ops (every
