@@ -87,7 +87,8 @@ class NetComm {
   // caller with nothing in flight on this connection.
   virtual Status Poll() = 0;
   // Bytes this end moved so far (headers included): a caller that polls sees a message advance
-  // before it completes.
+  // before it completes (TCP; UCX, which does not show a message in progress, counts whole
+  // messages).
   uint64_t bytesMoved() const { return bytesMoved_.load(std::memory_order_relaxed); }
   // How this end moves its bytes, in words ("socket", "ucx: posix/memory, cma/memory").
   virtual std::string Transport() const = 0;
