@@ -9,6 +9,10 @@ PY := $(VENV)/bin/python
 LINT_TOOLS = $(shell $(PY) -c "import tomllib; d = tomllib.load(open('pyproject.toml', 'rb')); \
   print(' '.join(repr(r) for r in d['project']['optional-dependencies']['dev'] \
   if not r.startswith('jax_rccl')))")
+# UCX's headers for the UCX network backend (the [ucx] extra of pyproject.toml, which the [test]
+# extra installs too): before the build, so that the first build has the backend.
+UCX_WHEEL = $(shell $(PY) -c "import tomllib; d = tomllib.load(open('pyproject.toml', 'rb')); \
+  print(d['project']['optional-dependencies']['ucx'][0])")
 CXX_SOURCES := $(shell git ls-files 'ffi/*.h' 'ffi/*.cc' 'hip/*.h' 'hip/*.hip' 2>/dev/null)
 
 .PHONY: demo test install lint bench clean
@@ -21,7 +25,8 @@ $(PY):
 # scikit-build-core keeps its build folder, so a second install rebuilds only what changed. The
 # compile steps show as they go ("[k/n] ..."); the whole log is in build/install.log.
 install: $(PY)
-	$(PY) -m pip install -q "jax>=0.10.2,<0.12" "nanobind>=2.0" "scikit-build-core>=0.10"
+	$(PY) -m pip install -q "jax>=0.10.2,<0.12" "nanobind>=2.0" "scikit-build-core>=0.10" \
+	  "$(UCX_WHEEL)"
 	@mkdir -p build
 	@echo "building and installing jax_rccl (a first build takes a few minutes on 2 cores)"
 	@$(PY) -m pip install -v --no-build-isolation ".[test]" 2>&1 | tee build/install.log | \

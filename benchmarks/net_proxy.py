@@ -1,8 +1,9 @@
-"""The network proxy (ffi/comm/proxy.h) over its TCP network interface against the raw loopback
-socket bandwidth, measured in the same two processes.
+"""The network proxy (ffi/comm/proxy.h) over its network interface (our TCP, or UCX) against the
+raw loopback socket bandwidth, measured in the same two processes.
 
     .venv/bin/python -P benchmarks/net_proxy.py [--sizes 1M,4M,16M,64M,256M] [--channels 1,2]
         [--repeat 3] [--net-threads 8] [--net-streams 0,4] [--step-kib 512] [--touch]
+        [--nets socket,ucx_tcp,ucx_sm]
 
 Two plain Python processes (no JAX), each one rank on its own fake host. Per size S and channel
 count C, each rank's stand-in kernel (``jax_rccl._jax_rccl_testing.run_net_proxy``, verify off:
@@ -16,7 +17,10 @@ GPU path, less the bus). ``raw`` is the same traffic
 over plain TCP sockets between the same processes: S bytes each way, C sockets each way, blocking
 send/recv of 4 MiB in C++ (``raw_socket_transfer``), one thread per socket. GB/s = S / time (one
 direction; both directions run at once). ratio = proxy GB/s / raw GB/s. Each figure is the
-median of --repeat runs; the time is process 0's.
+median of --repeat runs; the time is process 0's. ``--nets``: the networks the proxy runs on, each
+in turn (JAX_RCCL_NET): ``socket`` (our TCP; the rows of every --net-streams), ``ucx_tcp`` and
+``ucx_sm`` (UCX with UCX_TLS=tcp, or sm,self: its shared-memory transports, which the two fake
+hosts of one machine can use), ``auto``; UCX as jax_rccl/_ucx.py loads it.
 """
 
 from __future__ import annotations
@@ -81,7 +85,23 @@ def _raw(native, folder: str, p: int, size: int, channels: int, tag: str) -> flo
     return secs
 
 
-def _proxy(native, args, eps, p: int, size: int, channels: int, streams: int, group: int) -> float:
+#: --nets: (JAX_RCCL_NET, UCX_TLS) of each.
+NETS = {
+    "socket": ("socket", None),
+    "ucx_tcp": ("ucx", "tcp"),
+    "ucx_sm": ("ucx", "sm,self"),
+    "auto": ("auto", None),
+}
+
+
+def _proxy(
+    native, args, eps, p: int, size: int, channels: int, streams: int, group: int, net: str
+) -> float:
+    backend, tls = NETS[net]
+    if tls is None:
+        os.environ.pop("UCX_TLS", None)
+    else:
+        os.environ["UCX_TLS"] = tls  # read when the network's UCX worker starts
     step = args["step"]
     steps = -(-size // step)
     per = [steps // channels + (1 if c < steps % channels else 0) for c in range(channels)]
@@ -111,6 +131,7 @@ def _proxy(native, args, eps, p: int, size: int, channels: int, streams: int, gr
         args["touch"],
         args["net_threads"],
         net_streams=streams,
+        net=backend,
     )
     want = {c: n for c, n in enumerate(per) if n > 0}
     for channel, _, _, stand_in, proxy in res["conns"]:
@@ -125,6 +146,10 @@ def worker(args: dict) -> dict:
     p, folder = args["process"], args["folder"]
     secret = hashlib.sha256(f"benchmark {args['session']}".encode()).digest()
     native.set_session_secret(secret)
+    if any(n != "socket" for n in args["nets"]):
+        from jax_rccl import _ucx
+
+        _ucx.load()
     port = native.socket_listen("127.0.0.1")
     _publish(folder, f"{p}.ep", f"127.0.0.1:{port}")
     eps = [_read(folder, f"{q}.ep") for q in range(2)]
@@ -134,18 +159,24 @@ def worker(args: dict) -> dict:
         for ch in args["channels"]:
             key = f"{size}x{ch}"
             raw: list[float] = []
-            prox: dict[int, list[float]] = {st: [] for st in args["streams"]}
+            prox: dict[str, list[float]] = {v: [] for v in _variants(args)}
             for r in range(args["repeat"]):
                 _barrier(folder, p, f"go{key}.{r}")
                 raw.append(_raw(native, folder, p, size, ch, f"{key}.{r}"))
-                for st in args["streams"]:
-                    _barrier(folder, p, f"px{key}.{r}.{st}")
-                    prox[st].append(_proxy(native, args, eps, p, size, ch, st, group))
+                for v in prox:
+                    net, st = v.rsplit(":", 1)
+                    _barrier(folder, p, f"px{key}.{r}.{v}")
+                    prox[v].append(_proxy(native, args, eps, p, size, ch, int(st), group, net))
                     group += 1
             out["raw"][key] = statistics.median(raw)
-            for st in args["streams"]:
-                out["proxy"][f"{key}s{st}"] = statistics.median(prox[st])
+            for v, times in prox.items():
+                out["proxy"][f"{key}:{v}"] = statistics.median(times)
     return out
+
+
+def _variants(args: dict) -> list[str]:
+    """'net:streams' of every proxy row: our TCP with each stream count, the others once."""
+    return [f"{n}:{st}" for n in args["nets"] for st in (args["streams"] if n == "socket" else [0])]
 
 
 def parse_size(s: str) -> int:
@@ -172,6 +203,7 @@ def main() -> None:
     )
     ap.add_argument("--step-kib", type=int, default=STEP // 1024, help="Simple step, KiB")
     ap.add_argument("--touch", action="store_true", help="stand-ins write and check every byte")
+    ap.add_argument("--nets", default="socket", help="networks, a list of " + ", ".join(NETS))
     a = ap.parse_args()
     if a.net_threads < 0:
         ap.error("--net-threads must be >= 0")
@@ -182,6 +214,9 @@ def main() -> None:
     streams = [int(s) for s in a.net_streams.split(",")]
     if any(not 0 <= s <= 64 for s in streams):
         ap.error("--net-streams: integers 0..64")
+    nets = a.nets.split(",")
+    if any(n not in NETS for n in nets):
+        ap.error("--nets: a list of " + ", ".join(NETS))
     session = uuid.uuid4().hex
     with tempfile.TemporaryDirectory() as folder:
         procs = []
@@ -193,6 +228,7 @@ def main() -> None:
                 "sizes": sizes,
                 "channels": channels,
                 "streams": streams,
+                "nets": nets,
                 "repeat": a.repeat,
                 "net_threads": a.net_threads,
                 "step": a.step_kib * 1024,
@@ -218,19 +254,21 @@ def main() -> None:
         " GB/s = bytes per direction / time (both directions at once)"
     )
     print(
-        f"{'size':>8} {'ch':>3} {'str':>3} | {'raw ms':>9} {'GB/s':>6} | {'proxy ms':>9} "
-        f"{'GB/s':>6} | {'ratio':>5}"
+        f"{'size':>8} {'ch':>3} {'net':>8} {'str':>3} | {'raw ms':>9} {'GB/s':>6} | "
+        f"{'proxy ms':>9} {'GB/s':>6} | {'ratio':>5}"
     )
-    print("-" * 66)
+    print("-" * 75)
     for size in sizes:
         for ch in channels:
             key = f"{size}x{ch}"
             raw = res["raw"][key]
             label = f"{size >> 20}MB" if size >= 1 << 20 else f"{size >> 10}KB"
-            for st in streams:
-                prox = res["proxy"][f"{key}s{st}"]
+            for v in _variants({"nets": nets, "streams": streams}):
+                net, st = v.rsplit(":", 1)
+                prox = res["proxy"][f"{key}:{v}"]
+                shown = (int(st) or ch) if net == "socket" else "-"
                 print(
-                    f"{label:>8} {ch:>3} {st or ch:>3} | {raw * 1e3:9.2f} "
+                    f"{label:>8} {ch:>3} {net:>8} {shown:>3} | {raw * 1e3:9.2f} "
                     f"{size / raw / 1e9:6.2f} | {prox * 1e3:9.2f} {size / prox / 1e9:6.2f} | "
                     f"{raw / prox:5.2f}"
                 )

@@ -19,7 +19,8 @@ own distributed key-value store; lowering, compiling or exporting a program wait
 - only when the run needs sockets (processes on several hosts, or ``JAX_RCCL_TRANSPORT=socket``)
   every process starts its TCP listener, bound to the one address it advertises, and publishes
   ``address:port`` under ``jax_rccl/endpoint/<process>``; a run on one host over shared memory
-  opens no listening socket;
+  opens no listening socket; with processes on several hosts and GPUs here, UCX is made loadable
+  for the GPU groups' network (``JAX_RCCL_NET`` auto or ucx: jax_rccl/_ucx.py);
 - the table goes to the runtime once: ``_jax_rccl.set_world(world)``.
 
 "host" is ``socket.gethostname()``, or ``JAX_RCCL_HOSTNAME`` when set (for tests: processes of
@@ -57,6 +58,7 @@ AGREED_SETTINGS = (
     "JAX_RCCL_PROTO",
     "JAX_RCCL_NCHANNELS",
     "JAX_RCCL_TRANSPORT",
+    "JAX_RCCL_NET",
     "JAX_RCCL_P2P_LL_THRESHOLD",
 )
 
@@ -201,6 +203,21 @@ def _listen(all_on_this_host: bool) -> str:
     return f"{addr}:{port}"
 
 
+def _prepare_network(hosts: list[str]) -> None:
+    """Makes UCX loadable (jax_rccl/_ucx.py: a system UCX first, else the libucx wheel's) when
+    this process's GPU groups may cross hosts on it (JAX_RCCL_NET auto or ucx, a build with the
+    UCX backend): the runtime loads it when it first makes such a group's network."""
+    if len(set(hosts)) <= 1 or (_param("net") or "auto") == "socket":
+        return
+    if not _jax_rccl.net_ucx_info()["built"]:
+        return
+    if all(d.platform == "cpu" for d in jax.local_devices()):
+        return  # CPU groups across hosts run on the socket transport (ffi/comm/socket.cc)
+    from jax_rccl import _ucx
+
+    _ucx.load()
+
+
 def ensure_world() -> dict | None:
     """Meets the other processes once (no-op in a single-process program); the world or None.
 
@@ -339,6 +356,7 @@ def _bootstrap() -> None:
             peers[p]["endpoint"] = ep
             endpoints.append(ep)
         table["endpoints"] = endpoints
+        _prepare_network(hosts)
     _jax_rccl.set_world(table)
     # Before JAX's own shutdown (atexit runs last-registered first), which may abort the
     # process when a peer is gone: segments of processes that died before every peer

@@ -35,6 +35,7 @@ BUILD_VARIABLES = (
     "JAX_RCCL_DEVICE_TYPES",
     "JAX_RCCL_OPENSSL",
     "JAX_RCCL_TESTING",
+    "JAX_RCCL_UCX",
 )
 #: Settings that existed once, with what became of them.
 REMOVED_VARIABLES = {

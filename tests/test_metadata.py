@@ -50,3 +50,18 @@ def test_the_installed_package_says_so_and_jax_is_in_range():
     assert TESTED.specifier.contains(Version(version("jax")))
     installed = _jax(requires("jax_rccl") or [])
     assert installed.specifier == TESTED.specifier
+
+
+def test_the_ucx_wheel_is_the_ucx_extra_the_tests_and_the_build_take():
+    """The UCX network backend's UCX: the [ucx] extra (only on the platforms the wheel exists
+    for), which the [test] extra takes, so the tests run on UCX; its headers are a build
+    requirement (no library is linked: a build of a wheel has the backend), and the Makefile
+    installs it before its first build, so that build has the backend too."""
+    d = _pyproject()
+    (ucx,) = [Requirement(r) for r in d["project"]["optional-dependencies"]["ucx"]]
+    assert ucx.name == "libucx-cu13" and ucx.marker is not None
+    assert ucx.marker.evaluate({"sys_platform": "linux", "platform_machine": "x86_64"})
+    assert not ucx.marker.evaluate({"sys_platform": "darwin", "platform_machine": "arm64"})
+    assert "jax_rccl[ucx]" in d["project"]["optional-dependencies"]["test"]
+    assert str(ucx) in [str(Requirement(r)) for r in d["build-system"]["requires"]]
+    assert "$(UCX_WHEEL)" in (ROOT / "Makefile").read_text()

@@ -11,6 +11,7 @@
 
 #include "ffi/bind/bindings.h"
 #include "ffi/comm/hmac.h"
+#include "ffi/comm/net.h"
 #include "ffi/comm/socket_listen.h"
 #include "ffi/comm/world.h"
 #include "ffi/planner/planner.h"
@@ -226,6 +227,26 @@ void BindSocketSetup(nb::module_& m, bool testing) {
       testing ? same
               : "Connections the listener accepted (handshake done) and dropped (of which "
                 "unauthorized).");
+  m.def(
+      "net_ucx_info",
+      [](bool load) {
+        const comm::UcxInfo u = comm::DescribeUcx(load);
+        nb::dict d;
+        d["built"] = u.built;
+        d["loaded"] = u.loaded;
+        d["version"] = u.version;
+        d["path"] = u.path;
+        d["memory_types"] = u.memoryTypes;
+        d["error"] = u.error;
+        return d;
+      },
+      nb::arg("load") = false,
+      testing ? same
+              : "The UCX network backend (JAX_RCCL_NET): {'built': this build has it, 'loaded': "
+                "libucp is loaded in this process, 'version', 'path', 'memory_types': what it "
+                "can move ('host', 'host, cuda', ...), 'error': why not built or loaded}; "
+                "`load`: load UCX first (jax_rccl._ucx.load() prefers a system UCX, then the "
+                "libucx wheel).");
 }
 
 }  // namespace jax_rccl

@@ -10,13 +10,14 @@
 // sends each step's protocol and size in it), which the receiving Test reports, where NCCL matches
 // integer tags; errors are Status values with the peer named in their text.
 //
-// The first backend is TCP (net_socket.cc) over the socket transport's listener and its
-// authenticated handshake (socket_listen.h): a stranger that cannot prove the run's secret never
-// gets a connection. An RDMA backend (verbs, or UCX) implements the same class: RegMr registers
-// the proxy's buffers (the FIFO slots: host-pinned memory, or device memory with GPUDirect RDMA)
-// and returns the key its Isend/Irecv need, connection set-up exchanges queue pairs over the same
-// authenticated TCP handshake, and Test polls the completion queue; docs/multiprocess.md says
-// more. The planner and the kernels do not change.
+// Backends (JAX_RCCL_NET, MakeNet): TCP (net_socket.cc) over the socket transport's listener and
+// its authenticated handshake (socket_listen.h): a stranger that cannot prove the run's secret
+// never gets a connection; and UCX (net_ucx.h), loaded at run time, whose connections are set up
+// over the same authenticated handshake (the UCP worker addresses travel on that socket only):
+// RegMr registers the proxy's buffers with UCX (ucp_mem_map; device memory where the UCX found
+// reports it can move it), Isend/Irecv are UCP active messages, and Test makes UCX's progress.
+// `auto` picks UCX per connection where it offers a transport faster than TCP between the two
+// ends, else TCP; docs/multiprocess.md says more. The planner and the kernels do not change.
 #pragma once
 
 #include <atomic>
@@ -86,8 +87,11 @@ class NetComm {
   // caller with nothing in flight on this connection.
   virtual Status Poll() = 0;
   // Bytes this end moved so far (headers included): a caller that polls sees a message advance
-  // before it completes.
+  // before it completes (TCP; UCX, which does not show a message in progress, counts whole
+  // messages).
   uint64_t bytesMoved() const { return bytesMoved_.load(std::memory_order_relaxed); }
+  // How this end moves its bytes, in words ("socket", "ucx: posix/memory, cma/memory").
+  virtual std::string Transport() const = 0;
   static constexpr int kMaxRequests = 8;
 
  protected:
@@ -115,6 +119,35 @@ class Net {
 // bytes (0: the caller's Test does); `streams` > 0: the channels between two ranks share that
 // many TCP streams (channel c on stream c % streams; 0: a stream per channel).
 std::unique_ptr<Net> MakeSocketNet(std::string session, int process, int threads, int streams);
+
+// What MakeNet builds.
+struct NetOptions {
+  std::string backend = "auto";  // JAX_RCCL_NET: auto, socket or ucx
+  std::string session;           // as MakeSocketNet's
+  int process = 0;
+  int threads = 0;    // TCP helper threads (MakeSocketNet's; auto's connections on TCP too)
+  int streams = 0;    // TCP streams per pair of ranks (MakeSocketNet's; `socket` only)
+  bool info = false;  // JAX_RCCL_DEBUG=INFO: a line per connection on stderr saying its backend
+};
+
+// The network JAX_RCCL_NET names: `socket` MakeSocketNet's; `ucx` UCX's (an error when this build
+// has no UCX backend or UCX cannot be loaded); `auto` UCX per connection where it offers a
+// transport faster than TCP between the two ends, else our TCP (also when UCX cannot be loaded
+// here, or at the peer).
+StatusOr<std::unique_ptr<Net>> MakeNet(const NetOptions& options);
+
+// This build's UCX backend (UcxInfo(true) loads UCX when it is not yet).
+struct UcxInfo {
+  bool built = false;   // compiled with UCX's headers
+  bool loaded = false;  // libucp loaded in this process
+  std::string version, path;
+  std::string memoryTypes;  // what UCX can move: "host", "host, cuda", ...
+  std::string error;        // why it is not built or not loaded
+};
+UcxInfo DescribeUcx(bool load);
+// Test hook: the library the UCX backend loads (empty: libucp.so.0); a name that does not exist
+// makes a process where UCX cannot be loaded.
+void SetUcxLibrary(const std::string& name);
 
 }  // namespace comm
 }  // namespace jax_rccl

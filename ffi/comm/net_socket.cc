@@ -89,6 +89,7 @@ class SocketComm final : public NetComm {
     if (closed_) return Status::Ok();
     return stream_->Poll();
   }
+  std::string Transport() const override { return "socket"; }
 
  private:
   std::shared_ptr<Stream> stream_;
@@ -187,7 +188,7 @@ class SocketNet final : public Net {
 
 }  // namespace
 
-namespace {
+namespace tcp {
 
 // A group across hosts holds a socket per channel each way and rank of another host (and an
 // eventfd per helper): a job of many hosts passes the usual soft limit of 1024 open files. The
@@ -204,10 +205,18 @@ void RaiseOpenFileLimit() {
   });
 }
 
-}  // namespace
+std::unique_ptr<NetComm> MakeStreamComm(int fd, bool send, std::string peer,
+                                        std::shared_ptr<Helper> helper, int channel) {
+  auto stream = std::make_shared<Stream>(fd, send, std::move(peer), std::move(helper), 0, channel);
+  auto comm = std::make_unique<SocketComm>(std::move(stream));
+  (void)comm->Attach(channel);  // a fresh stream: its one channel is free
+  return comm;
+}
+
+}  // namespace tcp
 
 std::unique_ptr<Net> MakeSocketNet(std::string session, int process, int threads, int streams) {
-  RaiseOpenFileLimit();
+  tcp::RaiseOpenFileLimit();
   return std::make_unique<SocketNet>(std::move(session), process, threads, streams);
 }
 

@@ -253,6 +253,16 @@ class Stream {
   bool ctlPending_ = false;  // (mu_) some of ctl_ is not written yet
 };
 
+// A connection's end on a stream of its own over `fd` (connected, authenticated and ready:
+// PrepareStream), carrying channel `channel` (net_socket.cc; JAX_RCCL_NET=auto's connections on
+// TCP, net_ucx.cc).
+std::unique_ptr<NetComm> MakeStreamComm(int fd, bool send, std::string peer,
+                                        std::shared_ptr<Helper> helper, int channel);
+
+// Raises this process's soft limit of open files to the hard one (at most 2^20), once: a group
+// across many hosts holds a socket per channel each way and rank of another host.
+void RaiseOpenFileLimit();
+
 }  // namespace tcp
 }  // namespace comm
 }  // namespace jax_rccl

@@ -33,6 +33,7 @@ struct NetProxy::Link {
   uint32_t index = 0;  // in links_ (the timeline's connection)
   ProxyConnection c;
   std::unique_ptr<NetComm> comm;
+  NetMemory* mem = nullptr;           // the slots, registered with the network (RegMr)
   std::string peer;                   // the remote rank, for messages
   uint64_t posted = 0;                // requests posted (steps)
   uint64_t done = 0;                  // requests completed (send: head posted; recv: tail posted)
@@ -81,7 +82,7 @@ Status NetProxy::Connect(Clock::time_point deadline) {
     Fail(opened.message());
     for (auto& lk : links_) {
       if (lk->comm != nullptr) lk->comm->Abort();
-      lk->comm.reset();
+      Release(*lk);
     }
     return opened;
   }
@@ -117,6 +118,7 @@ Status NetProxy::Open(Clock::time_point deadline) {
               "; channel ", lk->c.channel, ", from rank ", lk->c.local, ")");
     }
     JR_ASSIGN_OR_RETURN(lk->comm, std::move(comm));
+    JR_CHECK(Register(*lk));
   }
   for (auto& lk : links_) {
     if (lk->c.send) continue;
@@ -128,8 +130,30 @@ Status NetProxy::Open(Clock::time_point deadline) {
               "; to rank ", lk->c.local, ")");
     }
     JR_ASSIGN_OR_RETURN(lk->comm, std::move(comm));
+    JR_CHECK(Register(*lk));
   }
   return Status::Ok();
+}
+
+Status NetProxy::Register(Link& lk) {
+  // The connection's slots (host memory the device maps): a backend that moves registered
+  // memory (UCX) gets their handle once, not a lookup per step.
+  JR_ASSIGN_OR_RETURN(lk.mem, lk.comm->RegMr(lk.c.fifo.slots, size_t(lk.c.fifo.slotBytes) * kSteps,
+                                             NetMemoryType::kHost));
+  return Status::Ok();
+}
+
+void NetProxy::Release(Link& lk) {
+  if (lk.comm == nullptr) return;
+  if (lk.mem != nullptr) (void)lk.comm->DeregMr(lk.mem);
+  lk.mem = nullptr;
+  lk.comm.reset();
+}
+
+std::vector<std::string> NetProxy::Transports() const {
+  std::vector<std::string> out;
+  for (const auto& lk : links_) out.push_back(lk->comm != nullptr ? lk->comm->Transport() : "");
+  return out;
 }
 
 bool NetProxy::Failed(std::string* reason) const {
@@ -181,7 +205,7 @@ void NetProxy::Stop() {
         }
       }
       lk->comm->Abort();
-      lk->comm.reset();
+      Release(*lk);
     }
     if (pending) std::this_thread::sleep_for(std::chrono::microseconds(100));
   }
@@ -278,7 +302,7 @@ bool NetProxy::ProgressSend(Link& lk, Clock::time_point now) {
     }
     NetRequest* r = nullptr;
     Status s = lk.comm->Isend(c.fifo.slots + int64_t(slot) * c.fifo.slotBytes, size_t(bytes), info,
-                              nullptr, &r);
+                              lk.mem, &r);
     if (!s.ok()) return FailLink(lk, s.message());
     if (r == nullptr) break;
     if (lk.posted == lk.done) lk.since = now;
@@ -328,7 +352,7 @@ bool NetProxy::ProgressRecv(Link& lk) {
     const int slot = int(lk.posted % kSteps);
     NetRequest* r = nullptr;
     Status s = lk.comm->Irecv(c.fifo.slots + int64_t(slot) * c.fifo.slotBytes,
-                              size_t(c.fifo.slotBytes), nullptr, &r);
+                              size_t(c.fifo.slotBytes), lk.mem, &r);
     if (!s.ok()) return FailLink(lk, s.message());
     if (r == nullptr) break;
     lk.requests[slot] = r;

@@ -110,6 +110,8 @@ class NetProxy {
 
   // Steps each connection moved (in the order given), for tests and statistics.
   std::vector<uint64_t> StepsMoved() const;
+  // How each connection moves its bytes (NetComm::Transport; in the order given), once connected.
+  std::vector<std::string> Transports() const;
   // Before Connect: record a timeline of the steps, the last `events` of it written into folder
   // `dir` when the proxy stops (see the top of the file); empty: none.
   void TraceTo(std::string dir, size_t events = kTraceEvents) {
@@ -137,6 +139,8 @@ class NetProxy {
  private:
   struct Link;
   Status Open(Clock::time_point deadline);  // both ends of every connection
+  Status Register(Link& link);              // its slots with the network (RegMr)
+  void Release(Link& link);                 // its registration, then its end
   void Loop();
   bool ProgressSend(Link& link, Clock::time_point now);
   bool ProgressRecv(Link& link);

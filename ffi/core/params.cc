@@ -128,6 +128,9 @@ StatusOr<Params> LoadValidParams() {
   if (p.transport != "auto" && p.transport != "shm" && p.transport != "socket") {
     return bad("JAX_RCCL_TRANSPORT", "is not allowed");
   }
+  if (p.net != "auto" && p.net != "socket" && p.net != "ucx") {
+    return bad("JAX_RCCL_NET", "is not allowed");
+  }
   if (!p.lax.empty() && p.lax != "0" && p.lax != "1") {
     std::string rest = p.lax;
     bool ok = true;

@@ -42,6 +42,11 @@ namespace jax_rccl {
   X(transport, "JAX_RCCL_TRANSPORT", String, "auto", "auto, shm, socket",                          \
     "Between processes: auto (shared memory on one host, TCP sockets between hosts), shm, or "     \
     "socket (TCP between all processes, also on one host)")                                        \
+  X(net, "JAX_RCCL_NET", String, "auto", "auto, socket, ucx",                                      \
+    "Network between hosts for GPU groups: auto (UCX per connection where it offers a transport "  \
+    "faster than TCP between the two hosts, such as verbs or shared memory; else our TCP), "       \
+    "socket (our TCP) or ucx (UCX on every connection: an error when UCX cannot be loaded); "      \
+    "every process sets the same")                                                                 \
   X(check_calls, "JAX_RCCL_CHECK_CALLS", Int, 1, "0 or 1",                                         \
     "1: a rank checks every FIFO step it receives against its own call; 0: skip the check "        \
     "(benchmarks; CPU senders still tag their steps, GPU kernels neither tag nor count)")          \
@@ -64,7 +69,8 @@ namespace jax_rccl {
     "TCP streams each way between two ranks of different hosts that carry a GPU group's "          \
     "channels (channel c on stream c % S; a step goes only into a receive its receiver posted, "   \
     "so channels sharing a stream never hold each other up); 0: a stream per channel; every "      \
-    "process of a group sets the same")                                                            \
+    "process of a group sets the same; JAX_RCCL_NET=socket only (auto's TCP connections have a "   \
+    "stream each)")                                                                                \
   X(net_trace, "JAX_RCCL_NET_TRACE", String, "", "a folder this process can write; empty: none",   \
     "An existing folder where the network proxy of each GPU group across hosts writes, when it "   \
     "stops, a timeline of its last 2^20 step events (benchmarks/net_trace.py summarizes them); "   \

@@ -125,8 +125,8 @@ Status GpuComm::Init() {
   return Status::Ok();
 }
 
-void GpuComm::SetShared(comm::GroupPlacement placement, std::unique_ptr<comm::ShmGroup> shm,
-                        const NetSettings& net) {
+Status GpuComm::SetShared(comm::GroupPlacement placement, std::unique_ptr<comm::ShmGroup> shm,
+                          const NetSettings& net) {
   placement_ = std::move(placement);
   netChannels_ = net.channels;
   netStreams_ = net.streams;
@@ -140,9 +140,17 @@ void GpuComm::SetShared(comm::GroupPlacement placement, std::unique_ptr<comm::Sh
     crossHost_ = crossHost_ || otherHost_[size_t(r)];
   }
   // The records' exchange, then the proxy, use it (comm_net.cc).
-  if (crossHost_)
-    net_ =
-        comm::MakeSocketNet(placement_.session, placement_.thisProcess, net.threads, net.streams);
+  if (crossHost_) {
+    comm::NetOptions o;
+    o.backend = net.backend;
+    o.session = placement_.session;
+    o.process = placement_.thisProcess;
+    o.threads = net.threads;
+    o.streams = net.streams;
+    o.info = net.info;
+    JR_ASSIGN_OR_RETURN(net_, comm::MakeNet(o));
+  }
+  return Status::Ok();
 }
 
 Status GpuComm::Failure() {
@@ -597,9 +605,11 @@ StatusOr<GpuComm*> GetOrCreateComm(const std::vector<int64_t>& devices, const Pa
           placement, g, onHost);
       JR_CHECK(shm->CreateLocal());
     }
-    comm->SetShared(std::move(placement), std::move(shm),
-                    GpuComm::NetSettings{int(params.net_threads), int(params.net_nchannels),
-                                         int(params.net_streams), params.net_trace});
+    JR_CHECK(
+        comm->SetShared(std::move(placement), std::move(shm),
+                        GpuComm::NetSettings{int(params.net_threads), int(params.net_nchannels),
+                                             int(params.net_streams), params.net_trace, params.net,
+                                             params.debug == "INFO" || params.debug == "TRACE"}));
     if (comm->crossHost()) {
       // At exit the proxies close their connections in order, so that a peer still finishing its
       // last steps sees the end of the data, not a failure.

@@ -91,11 +91,14 @@ class GpuComm {
     int streams = 0;    // TCP streams carrying the channels between two ranks of different hosts
                         // (0: one per channel; every process of the group sets the same)
     std::string trace;  // the folder of the network proxy's timeline (empty: none)
+    std::string backend = "auto";  // JAX_RCCL_NET: auto, socket or ucx (comm::MakeNet)
+    bool info = false;             // JAX_RCCL_DEBUG=INFO: each connection's backend on stderr
   };
   // A group spanning processes: its placement, the segments of its ranks on this host (this
   // process's created; null when every other rank is on another host) and `net`.
-  void SetShared(comm::GroupPlacement placement, std::unique_ptr<comm::ShmGroup> shm,
-                 const NetSettings& net);
+  // Errors: the network JAX_RCCL_NET names cannot be made (comm::MakeNet).
+  Status SetShared(comm::GroupPlacement placement, std::unique_ptr<comm::ShmGroup> shm,
+                   const NetSettings& net);
   bool shared() const { return crossProcess_; }
   // Some rank is on another host (its steps go through the network proxy).
   bool crossHost() const { return crossHost_; }

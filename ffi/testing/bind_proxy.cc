@@ -21,6 +21,7 @@
 #include "ffi/comm/comm.h"
 #include "ffi/comm/net_stream.h"
 #include "ffi/comm/proxy.h"
+#include "ffi/core/params.h"
 #include "ffi/core/stats.h"
 #include "ffi/planner/work.h"
 
@@ -75,7 +76,7 @@ nb::dict RunNetProxy(const std::string& session, int process, uint64_t group,
                      const nb::list& program, const std::vector<int64_t>& step_bytes,
                      double timeout_s, int64_t stop_after, bool verify, int net_threads,
                      bool drain_wait, int64_t recv_delay_us, int net_streams, int hold_channel,
-                     const std::string& trace_dir, int64_t trace_events) {
+                     const std::string& trace_dir, int64_t trace_events, const std::string& net) {
   Check(step_bytes.size() == size_t(kProxyProtocols), "step_bytes: 3 sizes");
   Check(nb::len(program) == local_ranks.size(), "program: one list per local rank");
   const std::vector<std::pair<const char*, int64_t>> statsBefore = StatsSnapshot();
@@ -134,9 +135,20 @@ nb::dict RunNetProxy(const std::string& session, int process, uint64_t group,
     pcs.push_back(pc);
     order.push_back(c.get());
   }
-  auto proxy = std::make_unique<comm::NetProxy>(
-      comm::MakeSocketNet(session, process, net_threads, net_streams), group, pcs, endpoints,
-      rankString, timeout_s);
+  // The network JAX_RCCL_NET names (or `net`), as a GPU group's (ffi/gpu/comm.cc: SetShared).
+  StatusOr<Params> params = LoadValidParams();
+  ThrowIfError(params.status());
+  comm::NetOptions options;
+  options.backend = net.empty() ? params.value().net : net;
+  options.session = session;
+  options.process = process;
+  options.threads = net_threads;
+  options.streams = net_streams;
+  options.info = params.value().debug == "INFO" || params.value().debug == "TRACE";
+  StatusOr<std::unique_ptr<comm::Net>> made = comm::MakeNet(options);
+  ThrowIfError(made.status());
+  auto proxy =
+      std::make_unique<comm::NetProxy>(made.take(), group, pcs, endpoints, rankString, timeout_s);
   if (trace_events > 0) {
     proxy->TraceTo(trace_dir, size_t(trace_events));
   } else {
@@ -144,10 +156,12 @@ nb::dict RunNetProxy(const std::string& session, int process, uint64_t group,
   }
   const Clock::time_point deadline =
       Clock::now() + std::chrono::microseconds(int64_t(timeout_s * 1e6));
+  Status connected;
   {
     nb::gil_scoped_release release;
-    ThrowIfError(proxy->Connect(deadline));
+    connected = proxy->Connect(deadline);
   }
+  ThrowIfError(connected);  // with the interpreter's lock (it raises a Python exception)
   // The stand-in kernels: one thread per local rank, over all its connections.
   std::vector<Status> errors(local_ranks.size());
   std::atomic<bool> abandoned{false};
@@ -276,6 +290,7 @@ nb::dict RunNetProxy(const std::string& session, int process, uint64_t group,
   }
   std::string reason;
   if (proxy->Failed(&reason)) ThrowIfError(Status(Code::kSystem, reason));
+  const std::vector<std::string> transports = proxy->Transports();
   proxy->Stop();  // without drain_wait: Stop itself ships what is still in the slots
   const std::vector<uint64_t> final = proxy->StepsMoved();
   nb::list connList;
@@ -288,6 +303,9 @@ nb::dict RunNetProxy(const std::string& session, int process, uint64_t group,
   out["conns"] = connList;
   out["seconds"] = seconds;
   out["bytes"] = proxy->bytesMoved();
+  nb::list transportList;
+  for (const std::string& t : transports) transportList.append(t);
+  out["transports"] = transportList;
   // The runtime counters the proxy added during this call (its net_* ones).
   nb::dict stats;
   const std::vector<std::pair<const char*, int64_t>> statsAfter = StatsSnapshot();
@@ -364,7 +382,7 @@ void BindProxy(nb::module_& m) {
       nb::arg("step_bytes"), nb::arg("timeout_s") = 10.0, nb::arg("stop_after") = -1,
       nb::arg("verify") = true, nb::arg("net_threads") = 2, nb::arg("drain_wait") = true,
       nb::arg("recv_delay_us") = 0, nb::arg("net_streams") = 0, nb::arg("hold_channel") = -1,
-      nb::arg("trace_dir") = "", nb::arg("trace_events") = 0,
+      nb::arg("trace_dir") = "", nb::arg("trace_events") = 0, nb::arg("net") = "",
       "Runs the network proxy for this process's ranks `local_ranks` with a host-memory "
       "stand-in for their kernels: `program[i]` lists local rank i's proxy ops (the planner's "
       "dicts: channel, protocol, nsteps, recv_peers, send_peers); every send step carries "
@@ -386,7 +404,11 @@ void BindProxy(nb::module_& m) {
       "stand-in takes none of that channel's received steps until every other connection of "
       "its rank is done (a channel whose receiver lags behind the others); `trace_dir`: the "
       "proxy writes its timeline there when it stops (JAX_RCCL_NET_TRACE), its last `trace_events` "
-      "events (0: the runtime's count).");
+      "events (0: the runtime's count); `net`: the network (auto, socket, ucx; empty: "
+      "JAX_RCCL_NET's). The result's 'transports' says how each connection moved its bytes.");
+  m.def("set_ucx_library", &comm::SetUcxLibrary, nb::arg("name"),
+        "The library the UCX backend loads (empty: libucp.so.0): a test names one that does not "
+        "exist to run a process where UCX cannot be loaded.");
 }
 
 }  // namespace jax_rccl

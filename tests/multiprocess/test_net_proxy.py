@@ -1,5 +1,6 @@
-"""The network proxy (ffi/comm/proxy.h) over the TCP network interface (ffi/comm/net.h), with a
-host-memory stand-in for the GPU kernels' FIFOs (ffi/testing/bind_proxy.cc).
+"""The network proxy (ffi/comm/proxy.h) over the network interface (ffi/comm/net.h): our TCP, and
+UCX over its TCP and its shared-memory transports (JAX_RCCL_NET), with a host-memory stand-in
+for the GPU kernels' FIFOs (ffi/testing/bind_proxy.cc).
 
 Ranks sit on two hosts, faked by the world table; each process runs the proxy for its ranks and
 a stand-in kernel per rank that moves exactly the steps of the planner's proxy ops (every
@@ -26,6 +27,30 @@ from worker import runtime_threads  # noqa: E402
 
 HERE = os.path.abspath(__file__)
 STEPS = 8  # kSteps: slots per connection
+
+#: The networks the proxy runs on (JAX_RCCL_NET): our TCP, and UCX over its TCP and over its
+#: shared-memory transports (the faked hosts share this machine, so UCX may use them).
+BACKENDS = {
+    "socket": {"JAX_RCCL_NET": "socket"},
+    "ucx_tcp": {"JAX_RCCL_NET": "ucx", "UCX_TLS": "tcp"},
+    "ucx_sm": {"JAX_RCCL_NET": "ucx", "UCX_TLS": "sm,self"},
+}
+
+
+def _ucx_absent() -> str | None:
+    """Why UCX is not here (None when it is): neither the libucx wheel nor a system libucp. A
+    build without the UCX backend where UCX is here is a broken build, and fails the tests."""
+    import ctypes.util
+    import importlib.util
+
+    if importlib.util.find_spec("libucx") is not None or ctypes.util.find_library("ucp"):
+        return None
+    return "no UCX on this machine (pip install jax_rccl[ucx]); the UCX backend is optional"
+
+
+NEEDS_UCX = pytest.mark.skipif(_ucx_absent() is not None, reason=str(_ucx_absent()))
+NETS = ["socket", pytest.param("ucx_tcp", marks=NEEDS_UCX), pytest.param("ucx_sm", marks=NEEDS_UCX)]
+UCX_NETS = [pytest.param("ucx_tcp", marks=NEEDS_UCX), pytest.param("ucx_sm", marks=NEEDS_UCX)]
 
 
 # ---- the worker (one process: the ranks of some hosts) ----
@@ -59,7 +84,20 @@ def worker(args: dict) -> dict:
     folder = args["folder"]
     out: dict = {"process": p}
     t0 = time.monotonic()
+    log = os.path.join(folder, f"{p}.stderr")
+    if args.get("capture_stderr"):
+        # The runtime's INFO lines (C stdio), for the driver to read.
+        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.dup2(fd, 2)
     try:
+        if p in args.get("no_ucx", []):
+            # A process where UCX cannot be loaded: no libucx to import, no libucp to open.
+            sys.modules["libucx"] = None
+            native.set_ucx_library("libucp-absent.so.0")
+        else:
+            from jax_rccl import _ucx
+
+            out["ucx_source"] = _ucx.load()
         if args.get("nofile_soft"):
             import resource
 
@@ -71,6 +109,8 @@ def worker(args: dict) -> dict:
         publish(folder, f"{p}.ep", f"127.0.0.1:{port}")
         deadline = time.monotonic() + 30
         eps = [wait_file(os.path.join(folder, f"{q}.ep"), deadline) for q in range(nprocs)]
+        if args.get("wait_go"):
+            wait_file(os.path.join(folder, "go"), deadline)  # a stranger has done its part
         process_of = args["process_of_rank"]
         local = [r for r, q in enumerate(process_of) if q == p]
         # One proxy per round, one after the other (a new group each).
@@ -100,8 +140,10 @@ def worker(args: dict) -> dict:
                 hold_channel=args.get("hold_channel", -1),
                 trace_dir=args.get("trace_dir", ""),
                 trace_events=args.get("trace_events", 0),
+                net=args.get("net_of", {}).get(str(p), ""),
             )
             out["rounds"].append([list(c) for c in res.get("conns", [])])
+            out.setdefault("transports", []).append(list(res.get("transports", [])))
             out["stats"].append(dict(res.get("stats", {})))
             out.setdefault("bytes", []).append(res.get("bytes", 0))
         out["seconds"] = time.monotonic() - t0
@@ -112,6 +154,7 @@ def worker(args: dict) -> dict:
             import resource
 
             out["nofile"] = list(resource.getrlimit(resource.RLIMIT_NOFILE))
+        out["counts"] = native.socket_listener_counts()
         if p == args.get("faulty", -1):
             if args["fault"] == "stop":
                 time.sleep(args["timeout"] + 5)  # stopped: connections open, nothing moves
@@ -122,6 +165,10 @@ def worker(args: dict) -> dict:
     except Exception as e:  # noqa: BLE001 - reported to the driver
         out["error"] = f"{type(e).__name__}: {e}"
         out["seconds"] = time.monotonic() - t0
+    if args.get("capture_stderr"):
+        sys.stderr.flush()
+        with open(log) as f:
+            out["stderr"] = f.read()
     return out
 
 
@@ -160,24 +207,31 @@ def _topology(nranks: int, nnodes: int, **kw):
     )
 
 
-def _run(topo, programs, process_of_rank, timeout=20.0, **kw) -> list[dict]:
+def _run(
+    topo, programs, process_of_rank, timeout=20.0, net="socket", env=None, folder=None, **kw
+) -> list[dict]:
+    """Runs the programs, a process per value of `process_of_rank`, on network `net` (BACKENDS;
+    `env` added), in `folder` (a new one unless given)."""
     kw.setdefault("stop_after", -1)
-    with tempfile.TemporaryDirectory() as folder:
-        return spawn(
-            HERE,
-            max(process_of_rank) + 1,
-            1,
-            "proxy",
-            timeout_s=timeout + 60,
-            folder=folder,
-            group=0x5EED,
-            programs=programs,
-            process_of_rank=process_of_rank,
-            host_of_rank=[r // topo.local_ranks for r in range(topo.nranks)],
-            step_bytes=[b // STEPS for b in topo.buff_sizes],
-            timeout=timeout,
-            **kw,
-        )
+    if folder is None:
+        with tempfile.TemporaryDirectory() as tmp:
+            return _run(topo, programs, process_of_rank, timeout, net, env, tmp, **kw)
+    return spawn(
+        HERE,
+        max(process_of_rank) + 1,
+        1,
+        "proxy",
+        timeout_s=timeout + 60,
+        env_extra={**BACKENDS[net], **(env or {})},
+        folder=folder,
+        group=0x5EED,
+        programs=programs,
+        process_of_rank=process_of_rank,
+        host_of_rank=[r // topo.local_ranks for r in range(topo.nranks)],
+        step_bytes=[b // STEPS for b in topo.buff_sizes],
+        timeout=timeout,
+        **kw,
+    )
 
 
 def _planned(programs) -> dict:
@@ -195,6 +249,22 @@ def _planned(programs) -> dict:
                 recvs[key] = recvs.get(key, 0) + o["nsteps"]
     assert sends == recvs, "a sender's network steps without its receiver's"
     return sends
+
+
+def _check_transports(results, net: str) -> None:
+    """Every connection moved its bytes on `net`: TCP streams, or UCX over the transports its
+    UCX_TLS allows (tcp; shared memory, cma, or self within one process)."""
+    allowed = {"socket": None, "ucx_tcp": {"tcp"}, "ucx_sm": {"posix", "sysv", "cma", "self"}}[net]
+    for res in results:
+        for transports in res["transports"]:
+            assert transports, res
+            for t in transports:
+                if allowed is None:
+                    assert t == "socket", t
+                    continue
+                assert t.startswith("ucx: "), t
+                names = {part.split("/")[0] for part in t[len("ucx: ") :].split(", ")}
+                assert names and names <= allowed, t
 
 
 def _check(results, programs) -> None:
@@ -223,10 +293,12 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("net", NETS)
 @pytest.mark.parametrize("coll,count,dtype,algo,proto", CASES)
-def test_two_hosts_move_every_planned_step(coll, count, dtype, algo, proto):
+def test_two_hosts_move_every_planned_step(coll, count, dtype, algo, proto, net):
     """Two processes, one per host, two ranks each: the proxy of each process carries its ranks'
-    steps to the other host's; every step arrives intact, once, and the counts are the plan's."""
+    steps to the other host's; every step arrives intact, once, and the counts are the plan's;
+    each connection on the network asked for."""
     from jax_rccl.planner import Task
 
     topo = _topology(4, 2)
@@ -236,11 +308,13 @@ def test_two_hosts_move_every_planned_step(coll, count, dtype, algo, proto):
         algorithm=algo,
         protocol=proto,
     )
-    results = _run(topo, programs, [0, 0, 1, 1])
+    results = _run(topo, programs, [0, 0, 1, 1], net=net)
     _check(results, programs)
+    _check_transports(results, net)
 
 
-def test_one_process_two_fake_hosts_and_several_tasks():
+@pytest.mark.parametrize("net", NETS)
+def test_one_process_two_fake_hosts_and_several_tasks(net):
     """Both hosts in one process (the proxy connects to its own listener), one rank per host,
     a group of tasks whose proxy ops the planner interleaves, on 4 channels."""
     from jax_rccl.planner import Task
@@ -252,8 +326,9 @@ def test_one_process_two_fake_hosts_and_several_tasks():
         Task("reduce_scatter", 1 << 19, "float32"),
     ]
     programs = _plan_programs(tasks, topo)
-    results = _run(topo, programs, [0, 0])
+    results = _run(topo, programs, [0, 0], net=net)
     _check(results, programs)
+    _check_transports(results, net)
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="no /proc (thread names)")
@@ -308,6 +383,20 @@ def test_four_hosts_of_one_rank(net_threads, net_streams):
     _check(results, programs)
 
 
+@pytest.mark.parametrize("net", UCX_NETS)
+def test_four_hosts_of_one_rank_on_ucx(net):
+    """Four processes, each its own host, every ring connection across hosts, on UCX."""
+    from jax_rccl.planner import Task
+
+    topo = _topology(4, 4)
+    programs = _plan_programs(
+        [Task("all_reduce", 1 << 18, "float32")], topo, algorithm="ring", protocol="simple"
+    )
+    results = _run(topo, programs, [0, 1, 2, 3], net=net)
+    _check(results, programs)
+    _check_transports(results, net)
+
+
 @pytest.mark.parametrize("net_streams", [1, 3])
 @pytest.mark.parametrize("coll,count,dtype,algo,proto", CASES[:3] + CASES[4:6])
 def test_channels_sharing_streams_move_every_planned_step(
@@ -323,8 +412,16 @@ def test_channels_sharing_streams_move_every_planned_step(
     _check(results, programs)
 
 
-@pytest.mark.parametrize("net_threads", [0, 2], ids=["proxy_pumps", "helper_threads"])
-def test_a_lagging_channel_holds_up_no_other_channel_on_its_stream(net_threads):
+@pytest.mark.parametrize(
+    "net,net_threads",
+    [
+        ("socket", 0),
+        ("socket", 2),
+        *[pytest.param(n.values[0], 0, marks=NEEDS_UCX) for n in UCX_NETS],
+    ],
+    ids=["proxy_pumps", "helper_threads", "ucx_tcp", "ucx_sm"],
+)
+def test_a_lagging_channel_holds_up_no_other_channel_on_its_stream(net, net_threads):
     """4 channels on one TCP stream; the receiver takes none of channel 0's steps until the other
     three have finished (a block that runs behind the others). Its sender may post only as many
     steps as the receiver has receives for (credits), so channel 0's steps never sit in the
@@ -338,11 +435,14 @@ def test_a_lagging_channel_holds_up_no_other_channel_on_its_stream(net_threads):
     # Many more steps per channel than a connection's slots: without credits, channel 0's ninth
     # step would wait in the stream ahead of everything else.
     assert all(o["nsteps"] >= 4 * STEPS for o in programs[0]), programs[0]
-    results = _run(topo, programs, [0, 1], net_streams=1, hold_channel=0, net_threads=net_threads)
+    results = _run(
+        topo, programs, [0, 1], net=net, net_streams=1, hold_channel=0, net_threads=net_threads
+    )
     _check(results, programs)
 
 
-def test_a_sender_that_stops_at_once_still_ships_its_last_steps():
+@pytest.mark.parametrize("net", NETS)
+def test_a_sender_that_stops_at_once_still_ships_its_last_steps(net):
     """The sending process stops its proxy as soon as its stand-in posted the last step (as at
     process exit, with steps still in its slots) while the receiver frees each step only after
     5 ms: Stop ships the rest and closes in order, and the receiver gets every step."""
@@ -352,11 +452,12 @@ def test_a_sender_that_stops_at_once_still_ships_its_last_steps():
     programs = _plan_programs(
         [Task("broadcast", 1 << 20, "int8", root=0)], topo, algorithm="ring", protocol="simple"
     )
-    results = _run(topo, programs, [0, 1], drain_wait=False, recv_delay_us=5000)
+    results = _run(topo, programs, [0, 1], net=net, drain_wait=False, recv_delay_us=5000)
     _check(results, programs)
 
 
-def test_repeated_launches_continue_the_counters():
+@pytest.mark.parametrize("net", NETS)
+def test_repeated_launches_continue_the_counters(net):
     """The same proxy serves the plan three times over (a launch and two replays): its counters
     go on from where the last launch left them, and every step still arrives once."""
     from jax_rccl.planner import Task
@@ -366,14 +467,15 @@ def test_repeated_launches_continue_the_counters():
         [Task("all_reduce", 1 << 17, "float32"), Task("all_gather", 999, "int8")], topo
     )
     programs = [ops * 3 for ops in once]
-    results = _run(topo, programs, [0, 0, 1, 1])
+    results = _run(topo, programs, [0, 0, 1, 1], net=net)
     _check(results, programs)
     for res in results:
         for channel, frm, to, _, proxy in res["conns"]:
             assert proxy == 3 * _planned(once)[(channel, frm, to)]
 
 
-def test_runtime_stats_tell_where_the_steps_waited():
+@pytest.mark.parametrize("net", NETS)
+def test_runtime_stats_tell_where_the_steps_waited(net):
     """The proxies count into the runtime counters: every byte one process sent, the other
     received; and a receiver whose kernel frees each step only after 20 ms has its receiving
     connections' slots all full (the network waits for the kernel) for a large part of their
@@ -386,7 +488,7 @@ def test_runtime_stats_tell_where_the_steps_waited():
     )
     full = {}
     for delay in (0, 20000):
-        results = _run(topo, programs, [0, 1], recv_delay_us=delay)
+        results = _run(topo, programs, [0, 1], net=net, recv_delay_us=delay)
         _check(results, programs)
         send, recv = results[0]["stats"][0], results[1]["stats"][0]
         # What one process's proxy sent, the other's received (two processes' counters).
@@ -402,9 +504,17 @@ def test_runtime_stats_tell_where_the_steps_waited():
     assert full[20000] > 0.3 and full[20000] > full[0], full
 
 
-@pytest.mark.parametrize("net_streams", [0, 1], ids=["stream_per_channel", "one_stream"])
+@pytest.mark.parametrize(
+    "net,net_streams",
+    [
+        ("socket", 0),
+        ("socket", 1),
+        *[pytest.param(n.values[0], 0, marks=NEEDS_UCX) for n in UCX_NETS],
+    ],
+    ids=["stream_per_channel", "one_stream", "ucx_tcp", "ucx_sm"],
+)
 @pytest.mark.parametrize("fault", ["exit", "stop"])
-def test_a_dead_or_stopped_peer_is_an_error_naming_it(fault, net_streams):
+def test_a_dead_or_stopped_peer_is_an_error_naming_it(fault, net, net_streams):
     """Process 1 (ranks 2 and 3, host 1) stops after a few steps: it exits (its connections
     close) or stays with its connections open and moves nothing. Process 0 must fail naming a
     rank of host 1: an exit at once, a stop when its proxy's timeout passes with its sends stuck
@@ -424,6 +534,7 @@ def test_a_dead_or_stopped_peer_is_an_error_naming_it(fault, net_streams):
         faulty=1,
         fault=fault,
         stop_after=5,
+        net=net,
         net_streams=net_streams,
     )
     r0 = results[0]
@@ -439,7 +550,8 @@ def test_a_dead_or_stopped_peer_is_an_error_naming_it(fault, net_streams):
         assert timeout < r0["seconds"] < 2 * timeout, r0
 
 
-def test_a_failed_proxy_resets_its_connections_so_its_peers_fail_at_once():
+@pytest.mark.parametrize("net", NETS)
+def test_a_failed_proxy_resets_its_connections_so_its_peers_fail_at_once(net):
     """Three hosts of one rank in a ring (0 -> 1 -> 2 -> 0); process 1's kernel stops (its proxy
     runs on). Process 0's proxy fails when its sends to rank 1 stall, and resets its connections:
     process 2, whose sends to rank 0 then break, fails at once, well before its own wait on rank 1
@@ -452,7 +564,9 @@ def test_a_failed_proxy_resets_its_connections_so_its_peers_fail_at_once():
         [Task("all_reduce", 3 << 22, "float32")], topo, algorithm="ring", protocol="simple"
     )
     timeout = 4.0
-    results = _run(topo, programs, [0, 1, 2], timeout=timeout, faulty=1, fault="stop", stop_after=3)
+    results = _run(
+        topo, programs, [0, 1, 2], timeout=timeout, faulty=1, fault="stop", stop_after=3, net=net
+    )
     r0, r2 = results[0], results[2]
     assert "rank 1 (host 1) took no network data" in r0.get("error", ""), r0
     err = r2.get("error", "")
@@ -495,8 +609,15 @@ def _random_round(rng: random.Random, nchannels: int) -> dict:
     return {"programs": progs, "step_bytes": step_bytes}
 
 
-@pytest.mark.parametrize("net_streams", [0, 2])
-def test_random_protocol_mixes_in_one_process(net_streams):
+@pytest.mark.parametrize(
+    "net,net_streams",
+    [
+        ("socket", 0),
+        ("socket", 2),
+        *[pytest.param(n.values[0], 0, marks=NEEDS_UCX) for n in UCX_NETS],
+    ],
+)
+def test_random_protocol_mixes_in_one_process(net, net_streams):
     """Twelve proxies in turn, each over random programs: protocols changing from segment to
     segment on a connection, random step sizes, 1 to 4 channels (each on a stream of its own, or
     on 2 streams per pair of ranks), ops of both directions mixed. Every step arrives with its
@@ -510,6 +631,7 @@ def test_random_protocol_mixes_in_one_process(net_streams):
             1,
             "proxy",
             timeout_s=120,
+            env_extra=BACKENDS[net],
             folder=folder,
             group=0x7A11,
             rounds=rounds,
@@ -526,6 +648,201 @@ def test_random_protocol_mixes_in_one_process(net_streams):
         assert len(conns) == 2 * len(planned)
         for channel, frm, to, stand_in, proxy in conns:
             assert stand_in == proxy == planned[(channel, frm, to)]
+
+
+# ---- choosing the network (JAX_RCCL_NET) ----
+
+
+def _info_lines(res: dict) -> list[str]:
+    return [ln for ln in res["stderr"].splitlines() if ln.startswith("jax_rccl INFO net: channel")]
+
+
+@NEEDS_UCX
+@pytest.mark.parametrize("tls,picked", [("sm,self", "ucx"), ("tcp", "socket")])
+def test_auto_takes_ucx_only_for_a_transport_faster_than_tcp(tls, picked):
+    """JAX_RCCL_NET=auto: where UCX reaches the other host over shared memory it carries the
+    connection; where it offers only its TCP, our TCP does. JAX_RCCL_DEBUG=INFO says, for every
+    connection at both ends, which backend and which UCX transports were chosen, and why."""
+    from jax_rccl.planner import Task
+
+    topo = _topology(4, 2)
+    programs = _plan_programs([Task("all_reduce", 1 << 18, "float32")], topo, protocol="simple")
+    env = {"JAX_RCCL_NET": "auto", "UCX_TLS": tls, "JAX_RCCL_DEBUG": "INFO"}
+    results = _run(topo, programs, [0, 0, 1, 1], env=env, capture_stderr=True)
+    _check(results, programs)
+    for res in results:
+        assert res["ucx_source"] in ("system", "wheel"), res
+        assert "jax_rccl INFO net: JAX_RCCL_NET=auto: UCX 1." in res["stderr"], res["stderr"]
+        transports = res["transports"][0]
+        lines = _info_lines(res)
+        assert len(lines) == len(transports) == len(res["conns"]), (lines, transports)
+        for t, line in zip(transports, lines, strict=True):
+            if picked == "ucx":
+                assert t.startswith("ucx: ") and ("sysv" in t or "posix" in t), t
+                assert "(JAX_RCCL_NET=auto: faster than TCP)" in line, line
+                assert t[len("ucx: ") :] in line, (t, line)
+            else:
+                assert t == "socket", t
+                assert "our TCP (JAX_RCCL_NET=auto: UCX offers only tcp/" in line, line
+
+
+@NEEDS_UCX
+def test_auto_with_a_peer_without_ucx_runs_on_tcp():
+    """A process where UCX cannot be loaded and one where it can, both JAX_RCCL_NET=auto: every
+    connection between them runs on our TCP (the receiver decides, knowing both ends)."""
+    from jax_rccl.planner import Task
+
+    topo = _topology(4, 2)
+    programs = _plan_programs([Task("all_reduce", 1 << 18, "float32")], topo, protocol="simple")
+    env = {"JAX_RCCL_NET": "auto", "UCX_TLS": "sm,self", "JAX_RCCL_DEBUG": "INFO"}
+    results = _run(topo, programs, [0, 0, 1, 1], env=env, no_ucx=[0], capture_stderr=True)
+    _check(results, programs)
+    assert "ucx_source" not in results[0] and results[1]["ucx_source"] in ("system", "wheel")
+    for res in results:
+        assert set(res["transports"][0]) == {"socket"}, res["transports"]
+    why = {"this process has no UCX", "rank 0 has no UCX", "rank 1 has no UCX"}
+    for line in _info_lines(results[1]):
+        assert any(w in line for w in why), line
+
+
+def test_socket_runs_where_ucx_cannot_be_loaded_and_ucx_is_then_an_error():
+    """Processes where UCX cannot be loaded (no libucx to import, libucp not found): auto and
+    socket run every connection on our TCP; ucx fails at once with an error that says why and
+    what to do."""
+    from jax_rccl.planner import Task
+
+    topo = _topology(4, 2)
+    programs = _plan_programs([Task("all_reduce", 1 << 18, "float32")], topo, protocol="simple")
+    for net in ("auto", "socket"):
+        env = {"JAX_RCCL_NET": net, "JAX_RCCL_DEBUG": "INFO"}
+        results = _run(topo, programs, [0, 0, 1, 1], env=env, no_ucx=[0, 1], capture_stderr=True)
+        _check(results, programs)
+        for res in results:
+            assert set(res["transports"][0]) == {"socket"}, res["transports"]
+            if net == "auto":
+                assert (
+                    "JAX_RCCL_NET=auto: no UCX (jax_rccl: UCX could not be loaded"
+                    in (res["stderr"])
+                ), res["stderr"]
+    results = _run(topo, programs, [0, 0, 1, 1], env={"JAX_RCCL_NET": "ucx"}, no_ucx=[0, 1])
+    for res in results:
+        err = res.get("error", "")
+        assert err.startswith("NotImplementedError: jax_rccl: UCX could not be loaded"), res
+        assert "libucp-absent.so.0" in err and "pip install jax_rccl[ucx]" in err, err
+        assert "JAX_RCCL_NET=ucx" in err, err
+
+
+@NEEDS_UCX
+@pytest.mark.parametrize("net", UCX_NETS)
+def test_a_stranger_without_the_secret_gets_no_ucx_endpoint(net):
+    """A stranger that knows the session id but not the secret connects to every listener as the
+    sender of a UCX connection of the group (its hello, then a proof it cannot make): it is
+    dropped after the challenge, before any offer or answer, so it never learns a UCP worker
+    address or a connection token; the listeners count it, and the job's connections run on
+    UCX."""
+    import socket
+    import struct
+    import uuid
+
+    from test_transport_security import HELLO_MAGIC, _closed_on, _split
+
+    from jax_rccl.planner import Task
+
+    topo = _topology(4, 2)
+    programs = _plan_programs([Task("all_reduce", 1 << 18, "float32")], topo, protocol="simple")
+    session = uuid.uuid4().hex
+    got: dict = {}
+
+    def stranger(folder):
+        try:
+            deadline = time.monotonic() + 60
+            eps = [wait_file(os.path.join(folder, f"{q}.ep"), deadline) for q in range(2)]
+            for ep in eps:
+                with socket.create_connection(_split(ep), timeout=5) as s:
+                    # Group 0x5EED, channel 0 of a UCX connection (flag 1 << 25), rank 0 -> 2.
+                    hello = struct.pack(
+                        "<QQiiii64s16s",
+                        HELLO_MAGIC,
+                        0x5EED,
+                        (1 << 25) | 0,
+                        0,
+                        2,
+                        0,
+                        session.encode(),
+                        os.urandom(16),
+                    )
+                    s.sendall(hello)
+                    challenge = b""
+                    while len(challenge) < 48:
+                        chunk = s.recv(48 - len(challenge))
+                        assert chunk, "the listener closed before its challenge"
+                        challenge += chunk
+                    s.sendall(os.urandom(32))
+                    got.setdefault("closed", []).append(_closed_on(s))
+        except BaseException as e:  # noqa: BLE001 - reported below
+            got["error"] = repr(e)
+        finally:
+            publish(folder, "go", "")
+
+    with tempfile.TemporaryDirectory() as folder:
+        t = threading.Thread(target=stranger, args=(folder,), daemon=True)
+        t.start()
+        results = spawn(
+            HERE,
+            2,
+            1,
+            "proxy",
+            timeout_s=90,
+            session=session,
+            env_extra=BACKENDS[net],
+            folder=folder,
+            group=0x5EED,
+            programs=programs,
+            process_of_rank=[0, 0, 1, 1],
+            host_of_rank=[0, 0, 1, 1],
+            step_bytes=[b // STEPS for b in topo.buff_sizes],
+            timeout=20.0,
+            stop_after=-1,
+            wait_go=True,
+        )
+        t.join(10)
+    assert "error" not in got, got["error"]
+    assert got["closed"] == [True, True], got
+    _check(results, programs)
+    _check_transports(results, net)
+    for res in results:
+        assert res["counts"]["unauthorized"] >= 1, res["counts"]
+
+
+@NEEDS_UCX
+def test_ucx_info_says_which_ucx_and_what_it_moves():
+    """A fresh process has the backend built but UCX not loaded; jax_rccl._ucx.load() makes it
+    loadable (a system UCX, else the wheel's), and the runtime then reports the UCX it loaded:
+    a version it runs on, the file, and the memory types UCX can move (host here: no GPU)."""
+    import subprocess
+
+    code = (
+        f"import json, sys; sys.path.insert(0, {os.path.dirname(HERE)!r})\n"
+        "from test_shm_transport import load_native\n"
+        "native = load_native()\n"
+        "before = native.net_ucx_info()\n"
+        "from jax_rccl import _ucx\n"
+        "source = _ucx.load()\n"
+        "print(json.dumps([before, source, native.net_ucx_info(True)]))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-P", "-c", code], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    before, source, after = json.loads(out.stdout.splitlines()[-1])
+    assert before["built"] and not before["loaded"], before
+    assert source in ("system", "wheel"), source
+    assert after["loaded"] and after["error"] == "", after
+    assert tuple(int(x) for x in after["version"].split(".")[:2]) >= (1, 15), after
+    assert "host" in after["memory_types"].split(", "), after
+    assert os.path.isfile(after["path"]), after
+    if source == "wheel":
+        assert f"{os.sep}libucx{os.sep}lib{os.sep}" in after["path"], after
 
 
 if __name__ == "__main__":
