@@ -88,7 +88,7 @@ uint64_t HostScalarBits(const nb::handle& scalar, DataType dtype) {
     throw nb::value_error(
         ("scalar: " + shown + " is out of range for dtype " + DataTypeName(dtype)).c_str());
   }
-  return IntegerBits(neg ? static_cast<uint64_t>(s) : u, dtype);
+  return WrappedIntegerBits(neg ? static_cast<uint64_t>(s) : u, dtype);
 }
 
 nb::dict OpFullDict(const DevRedOpFull& full) {

@@ -312,11 +312,18 @@ Status Communicator::WaitComplete(Execution& e, int rank, Clock::time_point dead
       std::chrono::duration<double>(std::clamp(stallGrace_ / 8, 0.05, 0.25)));
   StallWindow window;
   while (!e.complete && e.errorRank < 0) {
+    if (e.oneShotRank >= 0) {
+      // Every rank arrived and one runs the call for all, writing this rank's outputs: it
+      // completes the execution whatever happens (its own waits have the deadline), and only
+      // then may this rank return to XLA.
+      cv_.wait(lock);
+      continue;
+    }
     if (failed_.load()) return FailedError(name);
     const Clock::time_point until =
         stallGrace_ > 0 ? std::min(deadline, Clock::now() + poll) : deadline;
     if (cv_.wait_until(lock, until) == std::cv_status::timeout && !e.complete && e.errorRank < 0 &&
-        !failed_.load()) {
+        e.oneShotRank < 0 && !failed_.load()) {
       if (Clock::now() < deadline) {  // a poll, not the deadline
         Status stall = PoolStallError(e.key, e.present, rank, name, window);
         if (stall.ok()) continue;
@@ -564,7 +571,10 @@ std::string Communicator::Culprits(int rank, uint64_t seq) {
 Status Communicator::RunOneShot(Execution& e, int rank, double timeout, const std::string& name,
                                 const std::function<Status(const ExecContext&)>& body,
                                 std::unique_lock<std::mutex>& lock) {
-  Status result = WaitTurn(e, rank, timeout, name, lock);
+  // Every rank's earlier executions end first (their buffers and FIFOs are theirs until then):
+  // this thread runs every rank's share, so it waits for every rank's turn.
+  Status result;
+  for (int k = 0; k < nRanks() && result.ok(); ++k) result = WaitTurn(e, k, timeout, name, lock);
   if (result.ok()) {
     lock.unlock();
     ExecContext ctx;
@@ -583,7 +593,9 @@ Status Communicator::RunOneShot(Execution& e, int rank, double timeout, const st
   }
   e.oneShotResult = result;
   e.complete = true;
-  ++served_[rank];
+  if (result.ok()) {
+    for (int k = 0; k < nRanks(); ++k) ++served_[k];
+  }
   cv_.notify_all();
   lock.unlock();
   if (!result.ok()) {
@@ -627,10 +639,7 @@ Status Communicator::Run(const ExecKey& key, Arrival arrival, double timeout,
     }
     if (e->oneShotRank == rank) return RunOneShot(*e, rank, timeout, name, body, lock);
     JR_CHECK(WaitComplete(*e, rank, deadline, timeout, name, lock));
-    if (e->oneShotRank >= 0) {  // run for this rank by the last to arrive
-      ++served_[rank];
-      return e->oneShotResult;
-    }
+    if (e->oneShotRank >= 0) return e->oneShotResult;  // run for this rank by the last to arrive
     if (!e->verdict.ok()) {
       // Across processes the other processes' ranks would wait for this call's data: stop them.
       Status v = e->verdict;

@@ -604,19 +604,24 @@ Status Executor::RunKernel(const KernelPlan& kp) {
   if (ctx_.whole) {
     // One thread runs every rank's share, phase by phase: the order of the phases stands in for
     // the barriers (the Communicator runs one-shot only plans of Direct elements).
+    // Only Direct elements (OneShotEligible): anything else here would be skipped, so it fails.
     for (const Lane& lane : lanes) {
       for (const Work& w : lane.ch->works) {
         JR_REQUIRE(w.header.type != kWorkTypeP2p, Code::kInternal, ctx_.name,
                    ": a one-shot execution met a point-to-point work");
+        if (w.header.type != kWorkTypeColl) continue;
+        for (int k = 0; k < kMaxWorkElements; ++k) {
+          const WorkElemColl& e = w.elems[k];
+          if (!e.isUsed || e.slot >= tasks_.size()) continue;
+          const TaskPlan& tp = *tasks_[e.slot].tp;
+          JR_REQUIRE(tp.algo == Algo::kDirect || tp.pattern == Pattern::kDirect, Code::kInternal,
+                     ctx_.name, ": a one-shot execution met a FIFO element (task ", e.slot, ")");
+        }
       }
     }
     for (int phase = 0; phase < (hasDirectAllReduce ? 2 : 1); ++phase) {
       for (int me = 0; me < n_; ++me) {
-        for (auto& [e, t] : direct) {
-          JR_REQUIRE(t->tp->algo == Algo::kDirect || t->tp->pattern == Pattern::kDirect,
-                     Code::kInternal, ctx_.name, ": a one-shot execution met a FIFO element");
-          JR_CHECK(RunDirect(*e, t, phase, me));
-        }
+        for (auto& [e, t] : direct) JR_CHECK(RunDirect(*e, t, phase, me));
       }
     }
     return Status::Ok();

@@ -329,17 +329,14 @@ StatusOr<DevRedOpFull> HostToDevRedOp(int32_t op, DataType dtype, int nRanks,
 // ---------------------------------------------------------------------------------------------
 // Bit patterns
 
-uint64_t IntegerBits(uint64_t twosComplement, DataType dtype) {
+uint64_t WrappedIntegerBits(uint64_t twosComplement, DataType dtype) {
   const int nbits = 8 * static_cast<int>(DataTypeSize(dtype));
   return nbits >= 64 ? twosComplement : twosComplement & ((uint64_t(1) << nbits) - 1);
 }
 
+// FloatBits encodes the integer types too (IntegerBits: truncated, NaN 0, clamped to 64 bits).
 uint64_t ScalarBits(double value, DataType dtype) {
-  if (IsFloating(dtype)) return FloatBits(value, dtype);
-  const bool isSigned = IsSignedInteger(dtype);
-  return IntegerBits(isSigned || value < 0 ? static_cast<uint64_t>(static_cast<int64_t>(value))
-                                           : static_cast<uint64_t>(value),
-                     dtype);
+  return FloatBits(value, dtype);
 }
 
 uint64_t FloatBits(double value, DataType dtype) {

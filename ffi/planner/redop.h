@@ -57,14 +57,14 @@ StatusOr<DevRedOpFull> HostToDevRedOp(int32_t op, DataType dtype, int nRanks,
 // Bit patterns of a double in each floating type (round to nearest even), as used for the
 // PreMulSum scalar argument.
 uint64_t FloatBits(double value, DataType dtype);
-// The bytes of `value` in `dtype`, in the low bytes of a uint64 and nothing above them: FloatBits
-// for floating types, else the value converted to the integer type (C++'s conversion: an
-// integral value in the type's range is exact; callers check ranges first). The one encoding
-// of a scalar (the immediate PreMulSum scalar of a call, the test binding's, planner.make_op's).
+// The bytes of `value` in `dtype`, in the low bytes of a uint64 and nothing above them: as
+// FloatBits for floating types; for integer types the value truncated toward zero and wrapped to
+// the type's width (NaN 0, values past the 64-bit range clamped). The one encoding of a scalar
+// (the immediate PreMulSum scalar of a call, the test binding's, planner.make_op's).
 uint64_t ScalarBits(double value, DataType dtype);
 // An integer scalar's two's-complement bits cut to the width of `dtype` (ScalarBits's integer
 // encoding, for callers that hold the value as a 64-bit integer).
-uint64_t IntegerBits(uint64_t twosComplement, DataType dtype);
+uint64_t WrappedIntegerBits(uint64_t twosComplement, DataType dtype);
 // The inverse, for explain() and tests.
 double FloatFromBits(uint64_t bits, DataType dtype);
 

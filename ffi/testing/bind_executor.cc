@@ -337,7 +337,13 @@ RunResult RunPlanProcess(const std::vector<int64_t>& groupDevices,
                          const std::string& protocol, int64_t callSite, int repeat) {
   if (repeat < 1) throw nb::value_error("repeat must be >= 1");
   const Params params = LoadParams();
-  comm::Communicator* comm = ValueOrThrow(comm::World::Get().GetOrCreate(groupDevices, params));
+  StatusOr<comm::Communicator*> made = [&]() {
+    // Without the interpreter's lock: connecting a group may run the bootstrap (EnsureWorld),
+    // which takes it.
+    nb::gil_scoped_release release;
+    return comm::World::Get().GetOrCreate(groupDevices, params);
+  }();
+  comm::Communicator* comm = ValueOrThrow(std::move(made));
   const int n = comm->nRanks();
   const size_t nl = localRanks.size();
   if (inputs.size() != nl) {

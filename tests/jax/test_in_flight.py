@@ -91,3 +91,30 @@ def test_200_calls_in_flight_with_spare_devices():
     )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "jax_rccl ok" in r.stdout
+
+
+def test_one_shot_and_ring_calls_in_flight_together(mesh8):
+    """One-shot calls (the last rank runs every rank's share) and FIFO calls (Ring) of one group
+    dispatched together: each rank's earlier executions end before a one-shot touches its
+    buffers, and the turns stay in order (ffi/comm/comm.cc: RunOneShot)."""
+    small = jax.jit(
+        jax.shard_map(
+            lambda v: jax_rccl.psum(v, "i"), mesh=mesh8, in_specs=P("i"), out_specs=P("i")
+        )
+    )
+    ring = jax.jit(
+        jax.shard_map(
+            lambda v: jax_rccl.psum(v * 2, "i"), mesh=mesh8, in_specs=P("i"), out_specs=P("i")
+        )
+    )
+    xs = [jnp.arange(8 * 4096.0) + i for i in range(24)]
+    with jax_rccl.config(algorithm="Ring"):  # compiled under the setting, called outside it
+        ring = ring.lower(xs[0]).compile()
+    small = small.lower(xs[0]).compile()
+    jax.block_until_ready((ring(xs[0]), small(xs[0])))
+    before = jax_rccl.runtime_stats()["one_shots"]
+    outs = [(ring if i % 3 == 0 else small)(x) for i, x in enumerate(xs)]
+    for i, (x, y) in enumerate(zip(xs, outs, strict=True)):
+        blocks = np.asarray(x).reshape(8, -1) * (2 if i % 3 == 0 else 1)
+        np.testing.assert_allclose(np.asarray(y), np.tile(blocks.sum(0), 8), rtol=1e-6)
+    assert jax_rccl.runtime_stats()["one_shots"] - before == 16
