@@ -45,7 +45,6 @@ xla::ffi::Error ToFfiError(const Status& s);
 
 StatusOr<DataType> FromFfiType(xla::ffi::DataType t);
 
-
 // The attributes of one call site (the FFI contract, docs/architecture.md), validated, with the
 // parameters read at instantiate.
 struct CallAttrs {
