@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <sstream>
 #include <thread>
 #include <utility>
@@ -129,6 +130,7 @@ struct Execution {
   int oneShotRank = -1;
   int oneShotVotes = 0;
   Status oneShotResult;
+  std::vector<std::vector<Arrival::P2pSlot>> p2p;  // [rank][slot] (Arrival::p2p)
   // ExecContext::barrier
   int barrierArrived = 0;
   uint64_t barrierGeneration = 0;
@@ -244,6 +246,10 @@ std::shared_ptr<Execution> Communicator::Join(const ExecKey& key, Arrival arriva
   }
   e->present[r] = 1;
   e->oneShotVotes += arrival.oneShot ? 1 : 0;
+  if (arrival.oneShot && !arrival.p2p.empty()) {
+    e->p2p.resize(size_t(n));
+    e->p2p[size_t(r)] = std::move(arrival.p2p);
+  }
   e->peers[r] = std::move(arrival.slots);
   e->collFingerprints[r] = arrival.collFingerprint;
   e->sendSum += arrival.sendHash;
@@ -568,6 +574,63 @@ std::string Communicator::Culprits(int rank, uint64_t seq) {
   return text;
 }
 
+Status Communicator::CopyPointToPoint(Execution& e, const std::string& name) {
+  // Every receive, paired with its sender's send: (destination, source, bytes).
+  struct Copy {
+    char* to;
+    const char* from;
+    int64_t bytes;
+  };
+  std::vector<Copy> copies;
+  const int n = nRanks();
+  for (int r = 0; r < n; ++r) {
+    const std::vector<Arrival::P2pSlot>& mine = e.p2p[size_t(r)];
+    for (size_t s = 0; s < mine.size(); ++s) {
+      const Arrival::P2pSlot& in = mine[s];
+      if (in.send || in.bytes == 0) continue;
+      JR_REQUIRE(in.peer >= 0 && in.peer < n, Code::kInternal, "jax_rccl: '", name, "': rank ", r,
+                 " receives from rank ", in.peer, " of ", n);
+      const std::vector<Arrival::P2pSlot>& theirs = e.p2p[size_t(in.peer)];
+      const char* from = nullptr;
+      for (size_t t = 0; t < theirs.size() && from == nullptr; ++t) {
+        const Arrival::P2pSlot& out = theirs[t];
+        if (out.send && out.peer == r && out.k == in.k) {
+          JR_REQUIRE(out.bytes == in.bytes, Code::kInvalidUsage, "jax_rccl: '", name,
+                     "': ", RankString(in.peer), " sends ", out.bytes, " bytes where ",
+                     RankString(r), " receives ", in.bytes);
+          from = static_cast<const char*>(e.peers[size_t(in.peer)][t].send);
+        }
+      }
+      JR_REQUIRE(from != nullptr, Code::kInvalidUsage, "jax_rccl: '", name, "': ", RankString(r),
+                 " receives from ", RankString(in.peer), " a transfer it does not send");
+      copies.push_back({static_cast<char*>(e.peers[size_t(r)][s].recv), from, in.bytes});
+    }
+  }
+  // A receive may land where another transfer's source lies (an operand and a result sharing
+  // a buffer): then every source is read before anything is written.
+  bool overlap = false;
+  for (size_t i = 0; i < copies.size(); ++i) {
+    for (size_t j = 0; j < copies.size(); ++j) {
+      const Copy& a = copies[i];
+      const Copy& b = copies[j];
+      overlap = overlap || (i != j && a.to < b.from + b.bytes && b.from < a.to + a.bytes);
+    }
+  }
+  if (!overlap) {
+    for (const Copy& c : copies) {
+      if (c.to != c.from) std::memmove(c.to, c.from, size_t(c.bytes));
+    }
+    return Status::Ok();
+  }
+  std::vector<std::vector<char>> staged;
+  staged.reserve(copies.size());
+  for (const Copy& c : copies) staged.emplace_back(c.from, c.from + c.bytes);
+  for (size_t i = 0; i < copies.size(); ++i) {
+    std::memcpy(copies[i].to, staged[i].data(), size_t(copies[i].bytes));
+  }
+  return Status::Ok();
+}
+
 Status Communicator::RunOneShot(Execution& e, int rank, double timeout, const std::string& name,
                                 const std::function<Status(const ExecContext&)>& body,
                                 std::unique_lock<std::mutex>& lock) {
@@ -575,7 +638,12 @@ Status Communicator::RunOneShot(Execution& e, int rank, double timeout, const st
   // this thread runs every rank's share, so it waits for every rank's turn.
   Status result;
   for (int k = 0; k < nRanks() && result.ok(); ++k) result = WaitTurn(e, k, timeout, name, lock);
-  if (result.ok()) {
+  if (result.ok() && !e.p2p.empty()) {
+    lock.unlock();
+    result = CopyPointToPoint(e, name);
+    Stats().oneShots.fetch_add(1, std::memory_order_relaxed);
+    lock.lock();
+  } else if (result.ok()) {
     lock.unlock();
     ExecContext ctx;
     ctx.rank = rank;

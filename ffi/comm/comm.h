@@ -114,6 +114,17 @@ struct Arrival {
   // in a group within one process, the last rank to arrive runs the body for every rank
   // (ExecContext::whole) and the others return when it is done, woken once.
   bool oneShot = false;
+  // A one-shot plan of point-to-point tasks only (every rank's, as their plans agree): by slot,
+  // the peer, the bytes and the index of the transfer among this rank's sends to (or receives
+  // from) that peer; the runner pairs the k-th receive from p with p's k-th send to this rank
+  // and copies, instead of running the body.
+  struct P2pSlot {
+    bool send = false;
+    int peer = -1;
+    int k = 0;
+    int64_t bytes = 0;
+  };
+  std::vector<P2pSlot> p2p;
 };
 
 // Order-independent hash of one point-to-point transfer (src -> dst, k-th on that pair, bytes).
@@ -194,6 +205,8 @@ class Communicator {
                         const std::string& name, StallWindow& w);
   // The last rank to arrive at a one-shot execution: runs `body` for every rank (with `lock`
   // released), then completes the execution for all.
+  // A one-shot of point-to-point tasks (Arrival::p2p): every receive copied from its send.
+  Status CopyPointToPoint(Execution& e, const std::string& name);
   Status RunOneShot(Execution& e, int rank, double timeout, const std::string& name,
                     const std::function<Status(const ExecContext&)>& body,
                     std::unique_lock<std::mutex>& lock);

@@ -18,8 +18,10 @@
 #if defined(__linux__)
 #include <sys/mman.h>
 #endif
+#include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -79,6 +81,7 @@ struct DeviceSlot : SlotBase {
   std::string collText;                   // CallFingerprint::text
   std::vector<RaggedTransfer> transfers;  // ragged_all_to_all: this execution's, by task
   bool oneShot = false;                   // host::OneShotEligible (in-process groups)
+  std::vector<Arrival::P2pSlot> p2p;      // a one-shot of point-to-point tasks (Arrival::p2p)
 };
 
 std::atomic<int64_t> g_nextInstance{1};
@@ -164,8 +167,10 @@ struct CpuBackend {
     slot.recvHash = fp.recv;
     slot.collFingerprint = fp.coll;
     slot.collText = std::move(fp.text);
-    slot.oneShot = !slot.comm->crossProcess() && st.kind != Kind::kRaggedAllToAll &&
-                   host::OneShotEligible(plan, st.params.cpu_oneshot);
+    if (!slot.comm->crossProcess() && st.kind != Kind::kRaggedAllToAll) {
+      slot.oneShot = host::OneShotEligible(plan, st.params.cpu_oneshot) ||
+                     OneShotPointToPoint(plan, st.params.cpu_oneshot, &slot.p2p);
+    }
     slot.plan = std::make_unique<jax_rccl::Plan>(std::move(plan));
     return Status::Ok();
   }
@@ -206,6 +211,31 @@ struct CpuBackend {
 
   static bool HasPlan(const Slot& slot) { return slot.plan != nullptr; }
 
+  // A plan of point-to-point tasks only, whose transfers the last rank to arrive copies for all
+  // (Arrival::p2p) when every rank's are at most `maxBytes` in all, counted n times (the runner
+  // copies every rank's): its slots' descriptors.
+  static bool OneShotPointToPoint(const jax_rccl::Plan& plan, int64_t maxBytes,
+                                  std::vector<Arrival::P2pSlot>* out) {
+    out->clear();
+    if (maxBytes <= 0 || plan.nRanks < 2 || plan.tasks.empty()) return false;
+    std::vector<Arrival::P2pSlot> slots;
+    std::map<std::pair<bool, int>, int> seen;  // (send, peer) -> transfers so far
+    int64_t sent = 0, received = 0;
+    for (const TaskPlan& tp : plan.tasks) {
+      if (tp.coll != Coll::kSend && tp.coll != Coll::kRecv) return false;
+      Arrival::P2pSlot s;
+      s.send = tp.coll == Coll::kSend;
+      s.peer = tp.peer;
+      s.k = seen[{s.send, tp.peer}]++;
+      s.bytes = int64_t(tp.count) * int64_t(DataTypeSize(tp.dtype));
+      (s.send ? sent : received) += s.bytes;
+      slots.push_back(s);
+    }
+    if (std::max(sent, received) * plan.nRanks > maxBytes) return false;
+    *out = std::move(slots);
+    return true;
+  }
+
   static Status Run(const State& st, Slot& slot, const Call& call, const CallLeaves& leaves) {
     Arrival arrival;
     arrival.rank = slot.rank;
@@ -214,6 +244,7 @@ struct CpuBackend {
     arrival.sendHash = slot.sendHash;
     arrival.recvHash = slot.recvHash;
     arrival.oneShot = slot.oneShot;
+    arrival.p2p = slot.p2p;
     arrival.slots.resize(slot.sources.size());
     const bool ragged = st.kind == Kind::kRaggedAllToAll;
     for (size_t t = 0; t < slot.sources.size(); ++t) {

@@ -131,3 +131,64 @@ def test_the_setting_is_checked(monkeypatch):
     mesh = _mesh()
     with pytest.raises(Exception, match="JAX_RCCL_CPU_ONESHOT"):
         _run(CASES["psum"][0], np.ones(8 * 4, np.float32), mesh)
+
+
+P2P_CASES = {
+    "ppermute_shift": (
+        lambda v: jax_rccl.ppermute(v, "i", [(j, (j + 1) % 8) for j in range(8)]),
+        lambda v: jax.lax.ppermute(v, "i", [(j, (j + 1) % 8) for j in range(8)]),
+    ),
+    "ppermute_swap_pairs": (
+        lambda v: jax_rccl.ppermute(v, "i", [(j, j ^ 1) for j in range(8)]),
+        lambda v: jax.lax.ppermute(v, "i", [(j, j ^ 1) for j in range(8)]),
+    ),
+    "all_to_all": (
+        lambda v: jax_rccl.all_to_all(v, "i", 0, 0, tiled=True),
+        lambda v: jax.lax.all_to_all(v, "i", 0, 0, tiled=True),
+    ),
+}
+
+
+@pytest.mark.parametrize("dtype", [np.float32, jnp.bfloat16, np.int8])
+@pytest.mark.parametrize("case", P2P_CASES)
+@pytest.mark.parametrize("count", [8, 1000])
+def test_point_to_point_calls_run_one_shot(case, dtype, count):
+    """Every receive copied by the last rank to arrive from its sender's send."""
+    mesh = _mesh()
+    x = (np.arange(8 * count) % 97 - 48).astype(dtype)
+    ours, lax = P2P_CASES[case]
+    got, shots = _one_shots(lambda: _run(ours, x, mesh))
+    np.testing.assert_array_equal(got, _run(lax, x, mesh))
+    assert shots == 1
+
+
+def test_point_to_point_in_place_reads_every_source_before_writing():
+    """A ppermute whose results share their operands' buffers (donated, in place): each rank's
+    result lands where another transfer reads its source, so the copies are staged."""
+    mesh = _mesh()
+    perm = [(j, (j + 1) % 8) for j in range(8)]
+    with jax_rccl.config(in_place=True):
+        f = jax.jit(
+            jax.shard_map(
+                lambda v: jax_rccl.ppermute(v, "i", perm),
+                mesh=mesh,
+                in_specs=P("i"),
+                out_specs=P("i"),
+            ),
+            donate_argnums=0,
+        )
+        x = np.arange(8 * 64, dtype=np.float32)
+        want = np.roll(x.reshape(8, 64), 1, axis=0).reshape(-1)
+        got, shots = _one_shots(lambda: np.asarray(f(jnp.asarray(x))))
+    np.testing.assert_array_equal(got, want)
+    assert shots == 1
+
+
+def test_a_rank_outside_the_permutation_keeps_every_rank_on_the_regular_path():
+    mesh = _mesh()
+    x = np.arange(8 * 16, dtype=np.float32)
+    ours = lambda v: jax_rccl.ppermute(v, "i", [(0, 3), (3, 0), (5, 6)])  # noqa: E731
+    lax = lambda v: jax.lax.ppermute(v, "i", [(0, 3), (3, 0), (5, 6)])  # noqa: E731
+    got, shots = _one_shots(lambda: _run(ours, x, mesh))
+    np.testing.assert_array_equal(got, _run(lax, x, mesh))
+    assert shots == 0
