@@ -130,7 +130,7 @@ struct Execution {
   int oneShotRank = -1;
   int oneShotVotes = 0;
   Status oneShotResult;
-  std::vector<std::vector<Arrival::P2pSlot>> p2p;  // [rank][slot] (Arrival::p2p)
+  std::vector<const std::vector<Arrival::P2pSlot>*> p2p;  // by rank (Arrival::p2p)
   // ExecContext::barrier
   int barrierArrived = 0;
   uint64_t barrierGeneration = 0;
@@ -246,9 +246,9 @@ std::shared_ptr<Execution> Communicator::Join(const ExecKey& key, Arrival arriva
   }
   e->present[r] = 1;
   e->oneShotVotes += arrival.oneShot ? 1 : 0;
-  if (arrival.oneShot && !arrival.p2p.empty()) {
-    e->p2p.resize(size_t(n));
-    e->p2p[size_t(r)] = std::move(arrival.p2p);
+  if (arrival.oneShot && arrival.p2p != nullptr && !arrival.p2p->empty()) {
+    e->p2p.resize(size_t(n), nullptr);
+    e->p2p[size_t(r)] = arrival.p2p;
   }
   e->peers[r] = std::move(arrival.slots);
   e->collFingerprints[r] = arrival.collFingerprint;
@@ -584,13 +584,17 @@ Status Communicator::CopyPointToPoint(Execution& e, const std::string& name) {
   std::vector<Copy> copies;
   const int n = nRanks();
   for (int r = 0; r < n; ++r) {
-    const std::vector<Arrival::P2pSlot>& mine = e.p2p[size_t(r)];
+    JR_REQUIRE(e.p2p[size_t(r)] != nullptr, Code::kInternal, "jax_rccl: '", name, "': rank ", r,
+               " posted no point-to-point transfers to a one-shot call");
+    const std::vector<Arrival::P2pSlot>& mine = *e.p2p[size_t(r)];
     for (size_t s = 0; s < mine.size(); ++s) {
       const Arrival::P2pSlot& in = mine[s];
       if (in.send || in.bytes == 0) continue;
       JR_REQUIRE(in.peer >= 0 && in.peer < n, Code::kInternal, "jax_rccl: '", name, "': rank ", r,
                  " receives from rank ", in.peer, " of ", n);
-      const std::vector<Arrival::P2pSlot>& theirs = e.p2p[size_t(in.peer)];
+      JR_REQUIRE(e.p2p[size_t(in.peer)] != nullptr, Code::kInternal, "jax_rccl: '", name,
+                 "': rank ", in.peer, " posted no point-to-point transfers to a one-shot call");
+      const std::vector<Arrival::P2pSlot>& theirs = *e.p2p[size_t(in.peer)];
       const char* from = nullptr;
       for (size_t t = 0; t < theirs.size() && from == nullptr; ++t) {
         const Arrival::P2pSlot& out = theirs[t];

@@ -117,14 +117,14 @@ struct Arrival {
   // A one-shot plan of point-to-point tasks only (every rank's, as their plans agree): by slot,
   // the peer, the bytes and the index of the transfer among this rank's sends to (or receives
   // from) that peer; the runner pairs the k-th receive from p with p's k-th send to this rank
-  // and copies, instead of running the body.
+  // and copies, instead of running the body. Owned by the caller's plan (it outlives the call).
   struct P2pSlot {
     bool send = false;
     int peer = -1;
     int k = 0;
     int64_t bytes = 0;
   };
-  std::vector<P2pSlot> p2p;
+  const std::vector<P2pSlot>* p2p = nullptr;
 };
 
 // Order-independent hash of one point-to-point transfer (src -> dst, k-th on that pair, bytes).

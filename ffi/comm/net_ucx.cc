@@ -55,49 +55,6 @@ struct AnswerWire {
 };
 static_assert(sizeof(OfferWire) == 24 && sizeof(AnswerWire) == 32, "set-up messages");
 
-int MillisUntil(Clock::time_point t) {
-  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(t - Clock::now()).count();
-  return int(std::clamp<int64_t>(ms, 0, 1 << 30));
-}
-
-// Reads exactly `n` bytes before `deadline`; false on an error, the peer's close or the deadline.
-bool ReadExact(int fd, void* buf, size_t n, Clock::time_point deadline) {
-  char* p = static_cast<char*>(buf);
-  while (n > 0) {
-    const ssize_t k = recv(fd, p, n, MSG_DONTWAIT);
-    if (k == 0) return false;
-    if (k < 0) {
-      if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return false;
-      const int left = MillisUntil(deadline);
-      if (left <= 0) return false;
-      struct pollfd pfd = {fd, POLLIN, 0};
-      poll(&pfd, 1, std::min(left, 100));
-      continue;
-    }
-    p += k;
-    n -= size_t(k);
-  }
-  return true;
-}
-
-bool WriteExact(int fd, const void* buf, size_t n, Clock::time_point deadline) {
-  const char* p = static_cast<const char*>(buf);
-  while (n > 0) {
-    const ssize_t k = send(fd, p, n, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (k < 0) {
-      if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return false;
-      const int left = MillisUntil(deadline);
-      if (left <= 0) return false;
-      struct pollfd pfd = {fd, POLLOUT, 0};
-      poll(&pfd, 1, std::min(left, 100));
-      continue;
-    }
-    p += k;
-    n -= size_t(k);
-  }
-  return true;
-}
-
 std::string UcxTls() {
   const char* t = std::getenv("UCX_TLS");
   return t != nullptr && *t != '\0' ? detail::StrCat("UCX_TLS=", t) : "UCX_TLS unset";
@@ -260,7 +217,7 @@ UcxNet::Answered UcxNet::Answer(const KeyId& id, int fd, Clock::time_point deadl
       deadline, Clock::now() + std::chrono::milliseconds(int64_t(kHandshakeSeconds * 1e3)));
   OfferWire offer{};
   std::string address;
-  if (!ReadExact(fd, &offer, sizeof(offer), by) || offer.magic != kOfferMagic ||
+  if (ReadUntil(fd, &offer, sizeof(offer), by) != 1 || offer.magic != kOfferMagic ||
       offer.addressBytes > kMaxWireBytes) {
     a.error = Status(Code::kSystem, detail::StrCat("jax_rccl: ", sender,
                                                    " sent no valid offer for "
@@ -269,7 +226,7 @@ UcxNet::Answered UcxNet::Answer(const KeyId& id, int fd, Clock::time_point deadl
     return a;
   }
   address.resize(offer.addressBytes);
-  if (!ReadExact(fd, address.data(), address.size(), by)) {
+  if (ReadUntil(fd, address.data(), address.size(), by) != 1) {
     a.error = Status(Code::kSystem, detail::StrCat("jax_rccl: ", sender, "'s offer broke off"));
     return a;
   }
@@ -314,9 +271,8 @@ UcxNet::Answered UcxNet::Answer(const KeyId& id, int fd, Clock::time_point deadl
   const std::string& mine = a.decision == 'U' ? w_->address : std::string();
   answer.addressBytes = uint32_t(mine.size());
   answer.textBytes = uint32_t(std::min<size_t>(text.size(), kMaxWireBytes));
-  if (!WriteExact(fd, &answer, sizeof(answer), by) ||
-      !WriteExact(fd, mine.data(), mine.size(), by) ||
-      !WriteExact(fd, text.data(), answer.textBytes, by)) {
+  if (!WriteAll(fd, &answer, sizeof(answer), by) || !WriteAll(fd, mine.data(), mine.size(), by) ||
+      !WriteAll(fd, text.data(), answer.textBytes, by)) {
     a.error = Status(Code::kSystem, detail::StrCat("jax_rccl: cannot answer ", sender,
                                                    "'s network connection: ", ErrnoText(errno)));
     return a;
@@ -361,8 +317,8 @@ StatusOr<std::unique_ptr<NetComm>> UcxNet::Connect(const NetKey& key, const std:
     offer.addressBytes = uint32_t(w_->address.size());
   }
   const std::string mine = w_ != nullptr ? w_->address : std::string();
-  JR_REQUIRE(WriteExact(fd, &offer, sizeof(offer), deadline) &&
-                 WriteExact(fd, mine.data(), mine.size(), deadline),
+  JR_REQUIRE(WriteAll(fd, &offer, sizeof(offer), deadline) &&
+                 WriteAll(fd, mine.data(), mine.size(), deadline),
              Code::kSystem, "jax_rccl: cannot offer ", peer,
              " a network connection: ", ErrnoText(errno));
   // The answer, while this process answers its own peers (they may be connecting to it first).
@@ -374,14 +330,15 @@ StatusOr<std::unique_ptr<NetComm>> UcxNet::Connect(const NetKey& key, const std:
                " to the set-up of channel ", key.channel, " (did its process reach this group?)");
   }
   AnswerWire answer{};
-  JR_REQUIRE(ReadExact(fd, &answer, sizeof(answer), deadline) && answer.magic == kAnswerMagic &&
-                 answer.addressBytes <= kMaxWireBytes && answer.textBytes <= kMaxWireBytes,
+  JR_REQUIRE(ReadUntil(fd, &answer, sizeof(answer), deadline) == 1 &&
+                 answer.magic == kAnswerMagic && answer.addressBytes <= kMaxWireBytes &&
+                 answer.textBytes <= kMaxWireBytes,
              Code::kSystem, "jax_rccl: ", peer,
              " gave no valid answer to the set-up of its network connection (channel ", key.channel,
              "; did its process exit?)");
   std::string address(answer.addressBytes, '\0'), text(answer.textBytes, '\0');
-  JR_REQUIRE(ReadExact(fd, address.data(), address.size(), deadline) &&
-                 ReadExact(fd, text.data(), text.size(), deadline),
+  JR_REQUIRE(ReadUntil(fd, address.data(), address.size(), deadline) == 1 &&
+                 ReadUntil(fd, text.data(), text.size(), deadline) == 1,
              Code::kSystem, "jax_rccl: ", peer, "'s answer broke off");
   if (answer.decision == 'E') JR_FAIL(Code::kUnsupported, text);
   if (answer.decision == 'S') {

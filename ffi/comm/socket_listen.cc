@@ -61,6 +61,8 @@ Digest HandshakeMac(const std::string& secret, const char* label, size_t labelBy
   return HmacSha256(secret.data(), secret.size(), msg.data(), msg.size());
 }
 
+}  // namespace
+
 int MillisUntil(Clock::time_point t) {
   const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(t - Clock::now()).count();
   return int(std::clamp<int64_t>(ms, 0, 1 << 30));
@@ -105,6 +107,8 @@ bool WriteAll(int fd, const void* buf, size_t n, Clock::time_point deadline) {
   }
   return true;
 }
+
+namespace {
 
 std::string PeerAddress(const sockaddr_storage& ss) {
   char host[INET6_ADDRSTRLEN] = "?";

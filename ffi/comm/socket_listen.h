@@ -42,6 +42,14 @@ using host::Clock;
 constexpr double kHandshakeSeconds = 10.0;
 constexpr int kMaxPendingConnections = 256;
 
+// Blocking I/O on a socket with a deadline (the handshakes' and the set-up messages' of the
+// network backends): milliseconds left until `t` (0 when past); exactly `n` bytes read before
+// `deadline` (1 done, 0 the peer closed or reset it, -1 the deadline or another error); all `n`
+// bytes written before `deadline` (false on an error or the deadline).
+int MillisUntil(Clock::time_point t);
+int ReadUntil(int fd, void* buf, size_t n, Clock::time_point deadline);
+bool WriteAll(int fd, const void* buf, size_t n, Clock::time_point deadline);
+
 // Starts this process's listener once, bound to `address` (a numeric IPv4 or IPv6 address) on an
 // ephemeral port, and returns the port; a later call with the same address returns the same port.
 // Requires the session secret (SetSessionSecret).

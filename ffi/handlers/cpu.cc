@@ -244,7 +244,7 @@ struct CpuBackend {
     arrival.sendHash = slot.sendHash;
     arrival.recvHash = slot.recvHash;
     arrival.oneShot = slot.oneShot;
-    arrival.p2p = slot.p2p;
+    arrival.p2p = &slot.p2p;
     arrival.slots.resize(slot.sources.size());
     const bool ragged = st.kind == Kind::kRaggedAllToAll;
     for (size_t t = 0; t < slot.sources.size(); ++t) {
