@@ -168,7 +168,7 @@ std::string GpuComm::RankText(int rank) const {
                         "')");
 }
 
-Status GpuComm::Fail(Status s) {
+Status GpuComm::Fail(Status s, bool tell) {
   bool first = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -181,8 +181,9 @@ Status GpuComm::Fail(Status s) {
     }
     cv_.notify_all();
   }
-  // Ranks of other hosts learn it from their connections, reset now (the proxy's own failures
-  // come here through its callback, once it has failed).
+  // Ranks of other hosts learn why from a notice, then see their connections reset (the proxy's
+  // own failures come here through its callback, once it has failed).
+  if (first && tell && crossHost_) TellOtherHosts(s);
   comm::NetProxy* proxy = liveProxy_.load(std::memory_order_acquire);
   if (first && proxy != nullptr) proxy->Abort(s.message());
   return s;
@@ -463,7 +464,8 @@ Status GpuComm::Check(int rank, const std::string& who) {
     return Fail(
         Status(Code::kTimeout, detail::StrCat("jax_rccl '", who, "': another process of GPU group ",
                                               groupText_, " reported its communicator failed",
-                                              why.empty() ? std::string() : ": " + why)));
+                                              why.empty() ? std::string() : ": " + why)),
+        false);
   }
   if (failed_.load(std::memory_order_acquire)) return Failure();
   const volatile DevStatus* st = static_cast<const volatile DevStatus*>(status_.host);

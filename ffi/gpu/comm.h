@@ -136,8 +136,11 @@ class GpuComm {
   StatusOr<std::vector<std::array<int64_t, 6>>> Counters(int rank) const;
 
   // Marks the communicator failed with `s` (the first failure stays), raises the abort word so
-  // kernels in flight stop, wakes ranks waiting to join; returns `s`.
-  Status Fail(Status s);
+  // kernels in flight stop, wakes ranks waiting to join; returns `s`. A failure of this process's
+  // own (`tell`) is posted to the processes of this host (the segments) and of other hosts (a
+  // notice, comm/notice.h, before the proxy resets its connections); one learned from another
+  // process is not passed on (that process tells the others itself).
+  Status Fail(Status s, bool tell = true);
   // Stops the network proxy (a group across hosts; process exit): comm_net.cc.
   void StopProxy();
 
@@ -205,6 +208,11 @@ class GpuComm {
   // The windows of the ranks of other hosts (published_) and the proxy serving them, connected
   // to every such rank's proxy by `deadline` (comm_net.cc).
   Status ConnectHosts(int rank, const std::string& who, comm::Clock::time_point deadline);
+  // Failure notices across hosts (comm/notice.h; comm_net.cc): this process's failure `s` to
+  // every process of the group on another host (within a second), and the failure such a process
+  // posted for this one (Ok: none), as this communicator's failure.
+  void TellOtherHosts(const Status& s);
+  Status NoticeFromOtherHosts() const;
   std::unique_ptr<comm::Net> net_;  // across hosts (SetShared): ExchangeRecords's, then the proxy's
   // The failure the communicator keeps (after failed_ is set).
   Status Failure();

@@ -188,15 +188,23 @@ void GpuComm::Watch() {
       (void)Fail(LaunchError(culprit, failed, ""));
       return;
     }
-    // Another process failed: this process's kernels stop now (the abort word), not at their
-    // deadline.
+    // Another process failed (of this host: its segment; of another: its notice): this
+    // process's kernels stop now (the abort word), not at their deadline.
     std::string why;
     if (shm_ != nullptr && shm_->AnyFailed(&why)) {
       (void)Fail(
           Status(Code::kTimeout, detail::StrCat("jax_rccl: another process of GPU group ",
                                                 groupText_, " reported its communicator failed",
-                                                why.empty() ? std::string() : ": " + why)));
+                                                why.empty() ? std::string() : ": " + why)),
+          false);
       return;
+    }
+    if (crossHost_) {
+      Status notice = NoticeFromOtherHosts();
+      if (!notice.ok()) {
+        (void)Fail(std::move(notice), false);
+        return;
+      }
     }
   }
 }

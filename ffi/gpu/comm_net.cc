@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "ffi/comm/comm.h"
+#include "ffi/comm/notice.h"
 #include "ffi/gpu/comm.h"
 #include "ffi/gpu/device_ctl.h"
 
@@ -28,6 +29,11 @@ namespace {
 // The network key's channel of the records' exchange (the proxy's connections use the plan's
 // channels, all below it).
 constexpr int kRecordChannel = (1 << 24) - 1;
+static_assert(comm::kNoticeChannel < kRecordChannel, "the notices' channel is not the records'");
+// How long a failure notice may take to reach the other hosts, and how long a proxy whose
+// connection was reset waits for the notice that says why.
+constexpr int kNoticeSendMs = 1000;
+constexpr int kNoticeWaitMs = 300;
 
 uint64_t NetGroup(const std::vector<int64_t>& devices) {
   uint64_t h = 0x452821e638d01377ull;
@@ -162,6 +168,18 @@ Status GpuComm::ConnectHosts(int rank, const std::string& who, comm::Clock::time
   std::unique_ptr<comm::NetProxy> proxy = std::make_unique<comm::NetProxy>(
       std::move(net_), NetGroup(devices_), std::move(conns), placement_.endpoint, rankText,
       timeout_, [this, who](const std::string& reason) {
+        // A peer that failed first posted why before it reset its connections: its notice says
+        // more than the reset (which may arrive first), so it has a moment to come.
+        const auto until = comm::Clock::now() + std::chrono::milliseconds(kNoticeWaitMs);
+        while (!failed_.load(std::memory_order_acquire)) {
+          Status notice = NoticeFromOtherHosts();
+          if (!notice.ok()) {
+            (void)Fail(std::move(notice), false);
+            return;
+          }
+          if (comm::Clock::now() >= until) break;
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
         (void)Fail(Status(Code::kTimeout,
                           detail::StrCat("jax_rccl '", who, "': GPU group ", groupText_, ": ",
                                          reason, "; the communicator is unusable from now on")));
@@ -188,6 +206,32 @@ Status GpuComm::ConnectHosts(int rank, const std::string& who, comm::Clock::time
     ++nPublished_;
   }
   return Status::Ok();
+}
+
+void GpuComm::TellOtherHosts(const Status& s) {
+  std::vector<comm::NoticePeer> peers;
+  for (int r = 0; r < nRanks(); ++r) {
+    if (!otherHost_[size_t(r)]) continue;
+    const int p = placement_.process[size_t(r)];
+    if (std::none_of(peers.begin(), peers.end(), [p](const auto& q) { return q.process == p; }))
+      peers.push_back(comm::NoticePeer{p, placement_.endpoint[size_t(r)]});
+  }
+  const auto deadline = comm::Clock::now() + std::chrono::milliseconds(kNoticeSendMs);
+  (void)comm::SendNotices(NetGroup(devices_), placement_.thisProcess, placement_.session, peers, s,
+                          deadline);
+}
+
+Status GpuComm::NoticeFromOtherHosts() const {
+  std::vector<int> from;
+  for (int r = 0; r < nRanks(); ++r) {
+    const int p = placement_.process[size_t(r)];
+    if (otherHost_[size_t(r)] && std::find(from.begin(), from.end(), p) == from.end())
+      from.push_back(p);
+  }
+  Status s = comm::TakeNotice(NetGroup(devices_), placement_.thisProcess, from);
+  if (s.ok()) return s;
+  return Status(s.code(), detail::StrCat("jax_rccl: another process of GPU group ", groupText_,
+                                         " reported its communicator failed: ", s.message()));
 }
 
 void GpuComm::StopProxy() {

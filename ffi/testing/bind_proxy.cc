@@ -2,6 +2,7 @@
 // local rank is a thread that fills its send FIFOs and drains its receive FIFOs exactly as a
 // kernel does (slot, info word, tail; head to free a slot), step by step, with data it can check.
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 #include <sys/socket.h>
@@ -20,6 +21,7 @@
 #include "ffi/bind/bindings.h"
 #include "ffi/comm/comm.h"
 #include "ffi/comm/net_stream.h"
+#include "ffi/comm/notice.h"
 #include "ffi/comm/proxy.h"
 #include "ffi/core/params.h"
 #include "ffi/core/stats.h"
@@ -406,6 +408,38 @@ void BindProxy(nb::module_& m) {
       "proxy writes its timeline there when it stops (JAX_RCCL_NET_TRACE), its last `trace_events` "
       "events (0: the runtime's count); `net`: the network (auto, socket, ucx; empty: "
       "JAX_RCCL_NET's). The result's 'transports' says how each connection moved its bytes.");
+  m.def(
+      "send_failure_notices",
+      [](uint64_t group, int process, const std::string& session,
+         const std::vector<std::pair<int, std::string>>& peers, int code, const std::string& text,
+         double timeout_s) {
+        std::vector<comm::NoticePeer> to;
+        for (const auto& [p, endpoint] : peers) to.push_back(comm::NoticePeer{p, endpoint});
+        Check(code > int(Code::kOk) && code <= int(Code::kSystem), "code: a failure's code");
+        const auto deadline =
+            Clock::now() + std::chrono::microseconds(int64_t(std::max(0.0, timeout_s) * 1e6));
+        nb::gil_scoped_release release;
+        return comm::SendNotices(group, process, session, to, Status(Code(code), text), deadline);
+      },
+      nb::arg("group"), nb::arg("process"), nb::arg("session"), nb::arg("peers"), nb::arg("code"),
+      nb::arg("text"), nb::arg("timeout_s") = 1.0,
+      "Posts a failure notice (ffi/comm/notice.h) of `code` and `text` as process `process` of "
+      "`group` to each of `peers` ((process, 'host:port') of its listener) within `timeout_s`; "
+      "returns how many took it.");
+  m.def(
+      "take_failure_notice",
+      [](uint64_t group, int process, const std::vector<int>& from) -> nb::object {
+        Status s;
+        {
+          nb::gil_scoped_release release;
+          s = comm::TakeNotice(group, process, from);
+        }
+        if (s.ok()) return nb::none();
+        return nb::make_tuple(int(s.code()), s.message());
+      },
+      nb::arg("group"), nb::arg("process"), nb::arg("from_processes"),
+      "The failure notice for process `process` of `group` from any of `from_processes` "
+      "that this process's listener holds, as (code, text), or None.");
   m.def("set_ucx_library", &comm::SetUcxLibrary, nb::arg("name"),
         "The library the UCX backend loads (empty: libucp.so.0): a test names one that does not "
         "exist to run a process where UCX cannot be loaded.");

@@ -1,0 +1,51 @@
+// Failure notices: how a process tells the processes of its group on other hosts why its
+// communicator failed.
+//
+// The processes of one host share a failure's reason through their group's segment (shm.h). Across
+// hosts, a failing process resets its network connections (proxy.h), which tells the peers only
+// that a rank went away, and a peer whose kernels wait on nothing from that rank hears nothing at
+// all. So before it resets them, the failing process dials the listener of every process of its
+// group on another host (socket_listen.h: the authenticated handshake, so a stranger can post no
+// notice) on the group's notice channel and writes its error (code and text); the listener parks
+// the connection like any other, and the peer's communicator takes it (TakeNotice) while it runs
+// and fails with that text, naming what the failing process saw (both calls of a mismatch) rather
+// than a reset connection. Notices are best effort: a host that cannot be reached before the
+// deadline is skipped, and its processes still fail from the reset or their timeout.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ffi/comm/socket_listen.h"
+#include "ffi/core/status.h"
+
+namespace jax_rccl {
+namespace comm {
+
+// The listener's channel of notices (LinkKey (group, kNoticeChannel, from process, to process));
+// the network's own channels are all below it.
+constexpr int kNoticeChannel = (1 << 24) - 2;
+// The longest text a notice carries (longer ones are cut).
+constexpr size_t kNoticeBytes = 16 << 10;
+
+// A process a notice goes to: its number and its listener ("host:port").
+struct NoticePeer {
+  int process = 0;
+  std::string endpoint;
+};
+
+// Writes `failure` (its code and text) to each of `peers` (one thread each) as process `process`
+// of the run `session`, until `deadline`; returns how many peers took it.
+int SendNotices(uint64_t group, int process, const std::string& session,
+                const std::vector<NoticePeer>& peers, const Status& failure,
+                Clock::time_point deadline);
+
+// A notice for process `process` of `group` from any of `fromProcesses`, taken without waiting
+// for one to arrive (its text is read within `readSeconds`): the failure it carries (its text
+// prefixed with the sending process), or Ok when none came.
+Status TakeNotice(uint64_t group, int process, const std::vector<int>& fromProcesses,
+                  double readSeconds = 0.5);
+
+}  // namespace comm
+}  // namespace jax_rccl
