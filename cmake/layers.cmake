@@ -1,15 +1,16 @@
 # The C++ layers and which layers each may include (the list of layers is in CMakeLists.txt).
-# Include paths are relative to the checkout ("ffi/comm/comm.h"); "xla" is XLA's FFI headers.
+# Include paths are relative to the checkout ("ffi/comm/net.h"); "xla" is XLA's FFI headers.
 set(JAX_RCCL_LAYER_DEPS_ffi/core "")
 set(JAX_RCCL_LAYER_DEPS_ffi/planner ffi/core)
 set(JAX_RCCL_LAYER_DEPS_ffi/compute ffi/core ffi/planner)
 set(JAX_RCCL_LAYER_DEPS_ffi/host ffi/core ffi/planner ffi/compute)
-set(JAX_RCCL_LAYER_DEPS_ffi/comm ffi/core ffi/planner ffi/host)
+set(JAX_RCCL_LAYER_DEPS_ffi/comm ffi/core ffi/planner)
+set(JAX_RCCL_LAYER_DEPS_ffi/cpu ffi/core ffi/planner ffi/compute ffi/host ffi/comm)
 set(JAX_RCCL_LAYER_DEPS_hip ffi/core ffi/planner ffi/compute)
 set(JAX_RCCL_LAYER_DEPS_ffi/gpu ffi/core ffi/planner ffi/comm hip)
-set(JAX_RCCL_LAYER_DEPS_ffi/handlers ffi/core ffi/planner ffi/host ffi/comm ffi/gpu hip xla)
-set(JAX_RCCL_LAYER_DEPS_ffi/bind ffi/core ffi/planner ffi/host ffi/comm ffi/gpu hip ffi/handlers)
-set(JAX_RCCL_LAYER_DEPS_ffi/testing ffi/core ffi/planner ffi/host ffi/comm ffi/bind)
+set(JAX_RCCL_LAYER_DEPS_ffi/handlers ffi/core ffi/planner ffi/host ffi/comm ffi/cpu ffi/gpu hip xla)
+set(JAX_RCCL_LAYER_DEPS_ffi/bind ffi/core ffi/planner ffi/host ffi/comm ffi/cpu ffi/gpu hip ffi/handlers)
+set(JAX_RCCL_LAYER_DEPS_ffi/testing ffi/core ffi/planner ffi/host ffi/comm ffi/cpu ffi/bind)
 
 # Fails when a file of `layer` includes a project header outside the layers it may use.
 function(jax_rccl_layer root layer)
@@ -44,7 +45,7 @@ function(jax_rccl_layer root layer)
   endforeach()
 endfunction()
 function(jax_rccl_check_layers root)
-  foreach(layer ffi/core ffi/planner ffi/compute ffi/host ffi/comm hip ffi/gpu ffi/handlers
+  foreach(layer ffi/core ffi/planner ffi/compute ffi/host ffi/comm ffi/cpu hip ffi/gpu ffi/handlers
           ffi/bind ffi/testing)
     jax_rccl_layer("${root}" ${layer})
   endforeach()

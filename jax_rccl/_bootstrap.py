@@ -212,7 +212,7 @@ def _prepare_network(hosts: list[str]) -> None:
     if not _jax_rccl.net_ucx_info()["built"]:
         return
     if all(d.platform == "cpu" for d in jax.local_devices()):
-        return  # CPU groups across hosts run on the socket transport (ffi/comm/socket.cc)
+        return  # CPU groups across hosts run on the socket transport (ffi/cpu/socket.cc)
     from jax_rccl import _ucx
 
     _ucx.load()

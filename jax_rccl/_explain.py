@@ -227,7 +227,7 @@ def _topology(platform: str, devices: list, n: int) -> tuple[_planner.Topology, 
     processes = {getattr(d, "process_index", 0) for d in devices}
     if len(processes) > 1:
         # Groups across processes: shared-memory links, no direct access to peers' buffers
-        # (ffi/comm/comm_world.cc); across hosts also socket links, not modelled here.
+        # (ffi/cpu/comm_world.cc); across hosts also socket links, not modelled here.
         topo = topo.replace(link="shm", direct_peers=False)
         return topo, "across processes (shared memory on one host)"
     return topo, ""

@@ -10,10 +10,10 @@
 #include <vector>
 
 #include "ffi/bind/bindings.h"
-#include "ffi/comm/comm.h"
+#include "ffi/cpu/comm.h"
 #include "ffi/comm/hmac.h"
 #include "ffi/comm/shm.h"
-#include "ffi/comm/socket.h"
+#include "ffi/comm/socket_listen.h"
 #include "ffi/comm/socket_listen.h"
 #include "ffi/comm/world.h"
 #include "ffi/core/params.h"
@@ -282,7 +282,7 @@ void BindRuntime(nb::module_& m) {
       "cpu_topology",
       [](int nranks) {
         if (nranks < 1) throw nb::value_error("cpu_topology: nranks must be >= 1");
-        return TopologyDict(comm::CpuTopology(nranks, LoadParams()));
+        return TopologyDict(cpu::CpuTopology(nranks, LoadParams()));
       },
       nb::arg("nranks"),
       "The topology the CPU runtime plans with for a group of `nranks` (a TopologyView dict).");

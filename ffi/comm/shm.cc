@@ -25,8 +25,6 @@ extern char** environ;
 namespace jax_rccl {
 namespace comm {
 
-using host::HostConn;
-
 namespace {
 
 // Names to unlink at exit (created or mapped, not unlinked yet).
@@ -156,14 +154,14 @@ std::vector<std::string> PendingShmNames() {
   return std::vector<std::string>(Registry().begin(), Registry().end());
 }
 
-ShmGroup::ShmGroup(std::string prefix, const GroupPlacement& placement,
-                   const TransportGeometry& geo, std::vector<uint8_t> onHost)
-    : placement_(placement), geo_(geo), onHost_(std::move(onHost)) {
+ShmGroup::ShmGroup(std::string prefix, const GroupPlacement& placement, ShmRegionLayout layout,
+                   std::vector<uint8_t> onHost)
+    : placement_(placement), layout_(std::move(layout)), onHost_(std::move(onHost)) {
   NoteShmSession(placement_.session);
   regionOffset_ = int64_t((sizeof(ShmHeader) + 4095) / 4096 * 4096);
-  totalBytes_ = regionOffset_ + RankRegion::Bytes(geo_);
+  totalBytes_ = regionOffset_ + layout_.bytes;
   std::set<int> procs;
-  for (int r = 0; r < geo_.nRanks; ++r) {
+  for (int r = 0; r < layout_.nRanks; ++r) {
     names_.push_back(detail::StrCat(prefix, ".", r));
     if (onHost_[size_t(r)]) {
       Register(names_.back());
@@ -171,7 +169,7 @@ ShmGroup::ShmGroup(std::string prefix, const GroupPlacement& placement,
     }
   }
   placement_.processes.assign(procs.begin(), procs.end());
-  bases_.assign(size_t(geo_.nRanks), nullptr);
+  bases_.assign(size_t(layout_.nRanks), nullptr);
 }
 
 ShmGroup::~ShmGroup() {
@@ -195,7 +193,7 @@ Status ShmGroup::CreateLocal() {
   JR_REQUIRE(placement_.thisProcess < 64 * kShmMaxProcessWords, Code::kUnsupported,
              "jax_rccl: shared-memory groups support processes 0..", 64 * kShmMaxProcessWords - 1,
              ", this is process ", placement_.thisProcess);
-  for (int r = 0; r < geo_.nRanks; ++r) {
+  for (int r = 0; r < layout_.nRanks; ++r) {
     if (!placement_.local[size_t(r)] || bases_[size_t(r)] != nullptr) continue;
     const std::string& name = names_[size_t(r)];
     // Sessions are random per run: a file under this name was not made by this run. It is
@@ -223,15 +221,15 @@ Status ShmGroup::CreateLocal() {
     }
     char* base = static_cast<char*>(p);
     ShmHeader* h = reinterpret_cast<ShmHeader*>(base);
-    h->nRanks = geo_.nRanks;
-    h->nChannels = geo_.nChannels;
+    h->nRanks = layout_.nRanks;
+    h->nChannels = layout_.nChannels;
     h->rank = r;
-    h->slotBytes = geo_.slotBytes;
+    h->slotBytes = layout_.slotBytes;
     h->regionOffset = regionOffset_;
     h->totalBytes = totalBytes_;
     h->pid = int32_t(getpid());
     h->pidNamespace = PidNamespace();
-    RankRegion::Init(base + regionOffset_, geo_);
+    if (layout_.init) layout_.init(base + regionOffset_);
     h->magic.store(kShmMagic, std::memory_order_release);
     bases_[size_t(r)] = base;
     MarkMapped(r);
@@ -243,31 +241,19 @@ Status ShmGroup::CreateLocal() {
 // geometry: nothing read from a segment may point outside it.
 Status ShmGroup::CheckLayout(const char* base, int rank, const std::string& name) const {
   const ShmHeader* h = reinterpret_cast<const ShmHeader*>(base);
-  if (h->nRanks != geo_.nRanks || h->nChannels != geo_.nChannels ||
-      h->slotBytes != geo_.slotBytes || h->rank != rank) {
+  if (h->nRanks != layout_.nRanks || h->nChannels != layout_.nChannels ||
+      h->slotBytes != layout_.slotBytes || h->rank != rank) {
     JR_FAIL(Code::kInvalidUsage, "jax_rccl: the shared-memory segment ", name, " was made for ",
             h->nRanks, " ranks, ", h->nChannels, " channels, slots of ", h->slotBytes,
-            " bytes (rank ", h->rank, "); this process expects ", geo_.nRanks, ", ", geo_.nChannels,
-            ", ", geo_.slotBytes, " (rank ", rank,
+            " bytes (rank ", h->rank, "); this process expects ", layout_.nRanks, ", ",
+            layout_.nChannels, ", ", layout_.slotBytes, " (rank ", rank,
             "; do the processes use the same JAX_RCCL_NCHANNELS?)");
   }
   JR_REQUIRE(h->regionOffset == regionOffset_ && h->totalBytes == totalBytes_, Code::kInvalidUsage,
              "jax_rccl: refused the shared-memory segment ", name,
              ": its header places the region at ", h->regionOffset, " of ", h->totalBytes,
              " bytes, this process expects ", regionOffset_, " of ", totalBytes_);
-  const char* region = base + regionOffset_;
-  for (int c = 0; c < geo_.nChannels; ++c) {
-    for (int f = 0; f < geo_.nRanks; ++f) {
-      const int64_t at = RankRegion::HeaderOffset(geo_, c, f);
-      const HostConn* conn = reinterpret_cast<const HostConn*>(region + at);
-      JR_REQUIRE(conn->slotBytes == geo_.slotBytes &&
-                     conn->dataOffset == RankRegion::DataOffset(geo_, c, f) - at,
-                 Code::kInvalidUsage, "jax_rccl: refused the shared-memory segment ", name,
-                 ": the connection of channel ", c, " from rank ", f, " states slots of ",
-                 conn->slotBytes, " bytes at offset ", conn->dataOffset, ", this process expects ",
-                 geo_.slotBytes, " at ", RankRegion::DataOffset(geo_, c, f) - at);
-    }
-  }
+  if (layout_.check) JR_CHECK(layout_.check(base + regionOffset_, name));
   return Status::Ok();
 }
 
@@ -277,7 +263,7 @@ Status ShmGroup::OpenRemote(Clock::time_point deadline, const std::atomic<bool>*
   int sleepUs = 50;
   while (true) {
     bool all = true;
-    for (int r = 0; r < geo_.nRanks; ++r) {
+    for (int r = 0; r < layout_.nRanks; ++r) {
       if (bases_[size_t(r)] != nullptr || !onHost_[size_t(r)]) continue;
       const std::string& name = names_[size_t(r)];
       const int fd = shm_open(name.c_str(), O_RDWR | O_NOFOLLOW | O_NONBLOCK, 0600);
@@ -341,14 +327,14 @@ Status ShmGroup::OpenRemote(Clock::time_point deadline, const std::atomic<bool>*
     if (all) return Status::Ok();
     // A rank whose process exited will never map its segment (its janitor removed the name).
     int exited = -1;
-    for (int r = 0; r < geo_.nRanks && exited < 0; ++r) {
+    for (int r = 0; r < layout_.nRanks && exited < 0; ++r) {
       if (bases_[size_t(r)] == nullptr && onHost_[size_t(r)] &&
           Liveness(r) == PeerLiveness::kExited) {
         exited = r;
       }
     }
     if (exited >= 0 || (aborted != nullptr && aborted->load()) || Clock::now() >= deadline) {
-      for (int r = 0; r < geo_.nRanks && exited < 0; ++r) {
+      for (int r = 0; r < layout_.nRanks && exited < 0; ++r) {
         if (bases_[size_t(r)] == nullptr && onHost_[size_t(r)]) exited = r;
       }
       *missingRank = exited;
@@ -361,7 +347,7 @@ Status ShmGroup::OpenRemote(Clock::time_point deadline, const std::atomic<bool>*
 
 void ShmGroup::MaybeUnlink() {
   if (unlinked()) return;
-  for (int r = 0; r < geo_.nRanks; ++r) {
+  for (int r = 0; r < layout_.nRanks; ++r) {
     if (!onHost_[size_t(r)]) continue;
     ShmHeader* h = Header(r);
     if (h == nullptr) return;

@@ -7,8 +7,9 @@
 // ShmNameTag), so other users of the host cannot predict any group's names. It starts with a header
 // (ShmHeader: a magic word the creator sets last, the layout it was made with, one "mapped" bit per
 // process and the state peers read for messages), followed at `regionOffset` by the rank's
-// transport region (its doorbell and the connections to it, transport_host.h: RankRegion). Nothing
-// in a segment is a pointer.
+// region, laid out by the runtime that made the group (ShmRegionLayout: the CPU runtime's FIFO
+// transport region, ffi/cpu/shm_region.h; the GPU runtime's IPC records). Nothing in a segment is
+// a pointer.
 //
 // Before a peer's segment is mapped it must be a regular file of this user with no permission for
 // group or others and exactly the expected size; after, before it is used, every size and offset
@@ -25,21 +26,30 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "ffi/comm/world.h"
+#include "ffi/core/clock.h"
 #include "ffi/core/status.h"
-#include "ffi/host/executor.h"
-#include "ffi/host/transport_host.h"
 
 namespace jax_rccl {
 namespace comm {
 
-// The host executor's types this layer uses (ffi/host/).
-using host::Clock;
-using host::RankRegion;
-using host::TransportGeometry;
+// What a segment holds after its header: the owning rank's region of `bytes`, which `init` lays
+// out in the zeroed memory of a new segment (its creator, once) and `check` verifies in a peer's
+// segment before it is used (every size and offset its headers state must be the ones this
+// process derives: nothing read from a segment may point outside it; `name` for messages). The
+// header records and compares `nRanks`, `nChannels` and `slotBytes`.
+struct ShmRegionLayout {
+  int32_t nRanks = 0;
+  int32_t nChannels = 0;
+  int64_t slotBytes = 0;
+  int64_t bytes = 0;
+  std::function<void(char* region)> init;  // null: the zeroed memory as it is
+  std::function<Status(const char* region, const std::string& name)> check;  // null: none
+};
 
 constexpr uint64_t kShmMagic = 0x6a72636370736d31ull;  // "jrccpsm1"
 constexpr int kShmMaxProcessWords = 16;                // "mapped" bits for 1024 processes
@@ -72,7 +82,7 @@ class ShmGroup {
  public:
   // `onHost[r]`: rank r has a segment (its process shares this host and talks to this process
   // through shared memory); the other ranks are reached over sockets.
-  ShmGroup(std::string prefix, const GroupPlacement& placement, const TransportGeometry& geo,
+  ShmGroup(std::string prefix, const GroupPlacement& placement, ShmRegionLayout layout,
            std::vector<uint8_t> onHost);
   ~ShmGroup();
   ShmGroup(const ShmGroup&) = delete;
@@ -111,12 +121,12 @@ class ShmGroup {
  private:
   ShmHeader* Header(int rank) const { return reinterpret_cast<ShmHeader*>(bases_[size_t(rank)]); }
   void MarkMapped(int rank);
-  // Checks that the header and connection headers of rank's segment at `base` state the layout
-  // this process derives from the geometry (OpenRemote, before the segment is used).
+  // Checks that the header and the region of rank's segment at `base` state the layout this
+  // process derives (OpenRemote, before the segment is used).
   Status CheckLayout(const char* base, int rank, const std::string& name) const;
 
   GroupPlacement placement_;  // processes: those of the ranks with a segment
-  TransportGeometry geo_;
+  ShmRegionLayout layout_;
   std::vector<uint8_t> onHost_;
   int64_t regionOffset_ = 0;
   int64_t totalBytes_ = 0;

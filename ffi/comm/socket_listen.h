@@ -30,14 +30,11 @@
 #include <tuple>
 #include <vector>
 
+#include "ffi/core/clock.h"
 #include "ffi/core/status.h"
-#include "ffi/host/executor.h"
 
 namespace jax_rccl {
 namespace comm {
-
-// The host executor's types this layer uses (ffi/host/).
-using host::Clock;
 
 constexpr double kHandshakeSeconds = 10.0;
 constexpr int kMaxPendingConnections = 256;

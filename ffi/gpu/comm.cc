@@ -13,7 +13,7 @@
 #include <memory>
 #include <thread>
 
-#include "ffi/comm/comm.h"
+#include "ffi/comm/group.h"
 #include "ffi/core/stats.h"
 #include "ffi/gpu/device_ctl.h"
 #include "hip/portability.h"
@@ -273,7 +273,7 @@ Status GpuComm::Join(int rank, const std::string& who) {
   return Status::Ok();
 }
 
-// Where a rank's IPC record lies in its segment's region (the doorbell page, after the doorbell).
+// What a rank's segment holds (its region, comm/shm.h): the rank's IPC record.
 struct alignas(64) IpcRecord {
   std::atomic<uint32_t> ready;  // 1 once the fields below are written (release)
   int32_t pid;
@@ -281,9 +281,8 @@ struct alignas(64) IpcRecord {
   GpuRecord gpu;
 };
 
-constexpr int64_t kIpcRecordOffset = 1024;
-static_assert(kIpcRecordOffset + int64_t(sizeof(IpcRecord)) <= host::RankRegion::kHeadersOffset,
-              "the IPC record fits the doorbell page");
+constexpr int64_t kIpcRecordOffset = 0;
+constexpr int64_t kShmRecordBytes = (int64_t(sizeof(IpcRecord)) + 4095) / 4096 * 4096;
 
 namespace {
 
@@ -592,11 +591,12 @@ StatusOr<GpuComm*> GetOrCreateComm(const std::vector<int64_t>& devices, const Pa
                                      params.timeout);
     std::unique_ptr<comm::ShmGroup> shm;
     if (anyOnHost) {
-      host::TransportGeometry g;  // the segments carry only the IPC records
-      g.nRanks = static_cast<int>(devices.size());
-      g.nChannels = 1;
-      g.slotBytes = 64;
-      for (int p = 0; p < kNumProtos; ++p) g.stepBytes[p] = 64;
+      // The segments carry only the IPC records (IpcRecord).
+      comm::ShmRegionLayout records;
+      records.nRanks = static_cast<int32_t>(devices.size());
+      records.nChannels = 1;
+      records.slotBytes = 64;
+      records.bytes = kShmRecordBytes;
       uint64_t h = 0x13198a2e03707344ull;
       for (int64_t d : devices) h = comm::HashMix(h, static_cast<uint64_t>(d));
       char hex[17];
@@ -604,7 +604,7 @@ StatusOr<GpuComm*> GetOrCreateComm(const std::vector<int64_t>& devices, const Pa
       shm = std::make_unique<comm::ShmGroup>(
           detail::StrCat("/jrccl.", placement.session, ".g", hex, ".",
                          comm::ShmNameTag(detail::StrCat("g", hex))),
-          placement, g, onHost);
+          placement, std::move(records), onHost);
       JR_CHECK(shm->CreateLocal());
     }
     JR_CHECK(

@@ -203,11 +203,11 @@ class GpuComm {
   StatusOr<GpuRecord> OwnRecord() const;
   // Every rank's record from the ranks of other hosts into (*recs)[r], this rank's sent to them
   // over the network (comm_net.cc).
-  Status ExchangeRecords(int rank, const std::string& who, comm::Clock::time_point deadline,
+  Status ExchangeRecords(int rank, const std::string& who, Clock::time_point deadline,
                          std::vector<GpuRecord>* recs);
   // The windows of the ranks of other hosts (published_) and the proxy serving them, connected
   // to every such rank's proxy by `deadline` (comm_net.cc).
-  Status ConnectHosts(int rank, const std::string& who, comm::Clock::time_point deadline);
+  Status ConnectHosts(int rank, const std::string& who, Clock::time_point deadline);
   // Failure notices across hosts (comm/notice.h; comm_net.cc): this process's failure `s` to
   // every process of the group on another host (within a second), and the failure such a process
   // posted for this one (Ok: none), as this communicator's failure.

@@ -17,7 +17,7 @@
 #include <cstring>
 #include <thread>
 
-#include "ffi/comm/comm.h"
+#include "ffi/comm/group.h"
 #include "ffi/comm/notice.h"
 #include "ffi/gpu/comm.h"
 #include "ffi/gpu/device_ctl.h"
@@ -43,7 +43,7 @@ uint64_t NetGroup(const std::vector<int64_t>& devices) {
 
 }  // namespace
 
-Status GpuComm::ExchangeRecords(int rank, const std::string& who, comm::Clock::time_point deadline,
+Status GpuComm::ExchangeRecords(int rank, const std::string& who, Clock::time_point deadline,
                                 std::vector<GpuRecord>* recs) {
   const int n = nRanks();
   const uint64_t group = NetGroup(devices_);
@@ -103,7 +103,7 @@ Status GpuComm::ExchangeRecords(int rank, const std::string& who, comm::Clock::t
       }
       all = all && p.sendDone && p.recvDone;
       if (failed_.load(std::memory_order_acquire)) return Failure();
-      if (!p.recvDone && comm::Clock::now() > deadline) {
+      if (!p.recvDone && Clock::now() > deadline) {
         return timedOut(p.rank, Status(Code::kTimeout, "its record never came"));
       }
     }
@@ -116,13 +116,13 @@ Status GpuComm::ExchangeRecords(int rank, const std::string& who, comm::Clock::t
       if (p.send != nullptr && !p.send->CloseInOrder()) open = true;
       if (p.recv != nullptr && !p.recv->CloseInOrder()) open = true;
     }
-    if (open && comm::Clock::now() > deadline) break;
+    if (open && Clock::now() > deadline) break;
     if (open) std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
   return Status::Ok();
 }
 
-Status GpuComm::ConnectHosts(int rank, const std::string& who, comm::Clock::time_point deadline) {
+Status GpuComm::ConnectHosts(int rank, const std::string& who, Clock::time_point deadline) {
   const int n = nRanks();
   const int channels = planTopo_.nChannels;
   const int64_t slotBytes = ProxyWindowLayout::SlotBytes(geo_);
@@ -170,14 +170,14 @@ Status GpuComm::ConnectHosts(int rank, const std::string& who, comm::Clock::time
       timeout_, [this, who](const std::string& reason) {
         // A peer that failed first posted why before it reset its connections: its notice says
         // more than the reset (which may arrive first), so it has a moment to come.
-        const auto until = comm::Clock::now() + std::chrono::milliseconds(kNoticeWaitMs);
+        const auto until = Clock::now() + std::chrono::milliseconds(kNoticeWaitMs);
         while (!failed_.load(std::memory_order_acquire)) {
           Status notice = NoticeFromOtherHosts();
           if (!notice.ok()) {
             (void)Fail(std::move(notice), false);
             return;
           }
-          if (comm::Clock::now() >= until) break;
+          if (Clock::now() >= until) break;
           std::this_thread::sleep_for(std::chrono::milliseconds(1));
         }
         (void)Fail(Status(Code::kTimeout,
@@ -216,7 +216,7 @@ void GpuComm::TellOtherHosts(const Status& s) {
     if (std::none_of(peers.begin(), peers.end(), [p](const auto& q) { return q.process == p; }))
       peers.push_back(comm::NoticePeer{p, placement_.endpoint[size_t(r)]});
   }
-  const auto deadline = comm::Clock::now() + std::chrono::milliseconds(kNoticeSendMs);
+  const auto deadline = Clock::now() + std::chrono::milliseconds(kNoticeSendMs);
   (void)comm::SendNotices(NetGroup(devices_), placement_.thisProcess, placement_.session, peers, s,
                           deadline);
 }

@@ -29,7 +29,7 @@
 #include <utility>
 #include <vector>
 
-#include "ffi/comm/comm.h"
+#include "ffi/cpu/comm.h"
 #include "ffi/core/params.h"
 #include "ffi/core/status.h"
 #include "ffi/handlers/common.h"
@@ -45,13 +45,13 @@ namespace jax_rccl {
 namespace cpu {
 
 // The communicator layer (ffi/comm/) and the host executor (ffi/host/) this backend drives.
-using comm::Arrival;
+using cpu::Arrival;
 using comm::CallFingerprint;
-using comm::Communicator;
-using comm::ExecKey;
+using cpu::Communicator;
+using cpu::ExecKey;
 using comm::FingerprintPlan;
 using comm::HashMix;
-using comm::World;
+using cpu::World;
 using host::ExecContext;
 using host::ExecutePlan;
 

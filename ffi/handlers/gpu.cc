@@ -30,7 +30,7 @@
 #include <utility>
 #include <vector>
 
-#include "ffi/comm/comm.h"
+#include "ffi/comm/group.h"
 #include "ffi/core/params.h"
 #include "ffi/core/status.h"
 #include "ffi/gpu/comm.h"
@@ -170,7 +170,7 @@ struct GpuBackend {
     slot.scratch.assign(tasks.size(), SlotPtrs{nullptr, nullptr, nullptr});
     // Every rank joins, even one that moves nothing: the others' launches need its region.
     JR_CHECK(slot.comm->Join(slot.rank, st.name));
-    // The call's identity, as the CPU's (ffi/comm/comm.cc), which its steps carry (mixed with its
+    // The call's identity, as the CPU's (ffi/cpu/comm.cc), which its steps carry (mixed with its
     // number on the communicator, counted on the device: hip/kernel_check.h).
     const uint64_t site = static_cast<uint64_t>(st.callSite);
     if (tasks.empty()) {

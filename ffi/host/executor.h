@@ -15,13 +15,14 @@
 #include <string>
 #include <vector>
 
+#include "ffi/core/clock.h"
 #include "ffi/core/status.h"
 #include "ffi/planner/planner.h"
 
 namespace jax_rccl {
 namespace host {
 
-using Clock = std::chrono::steady_clock;
+using Clock = ::jax_rccl::Clock;
 
 // One rank's buffers for one task slot of one execution.
 struct SlotBuffers {

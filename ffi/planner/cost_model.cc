@@ -170,7 +170,7 @@ constexpr float kCpuHandoffUs = 10.0f;           // one thread hand-off, us per 
 constexpr float kCpuFifoBandwidthFactor = 0.5f;  // two copies per hop instead of one
 
 // The host runtime's network row: between nodes (hosts) a step crosses a TCP socket through the
-// progress threads of both processes (ffi/comm/socket.h). Per inter-node step: the two progress
+// progress threads of both processes (ffi/cpu/socket.h). Per inter-node step: the two progress
 // threads' hand-offs plus the kernel's socket path (about 60 us measured over loopback with 4
 // processes on 2 cores; benchmarks/multiprocess.py). Bandwidth: the topology's bwInter (the CPU
 // runtime sets it from the same measurement); the socket, not the memory, bounds a ring or tree

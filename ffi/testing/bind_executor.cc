@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "ffi/bind/bindings.h"
-#include "ffi/comm/comm.h"
+#include "ffi/cpu/comm.h"
 #include "ffi/comm/socket_listen.h"
 #include "ffi/comm/world.h"
 #include "ffi/core/params.h"
@@ -337,13 +337,13 @@ RunResult RunPlanProcess(const std::vector<int64_t>& groupDevices,
                          const std::string& protocol, int64_t callSite, int repeat) {
   if (repeat < 1) throw nb::value_error("repeat must be >= 1");
   const Params params = LoadParams();
-  StatusOr<comm::Communicator*> made = [&]() {
+  StatusOr<cpu::Communicator*> made = [&]() {
     // Without the interpreter's lock: connecting a group may run the bootstrap (EnsureWorld),
     // which takes it.
     nb::gil_scoped_release release;
-    return comm::World::Get().GetOrCreate(groupDevices, params);
+    return cpu::World::Get().GetOrCreate(groupDevices, params);
   }();
-  comm::Communicator* comm = ValueOrThrow(std::move(made));
+  cpu::Communicator* comm = ValueOrThrow(std::move(made));
   const int n = comm->nRanks();
   const size_t nl = localRanks.size();
   if (inputs.size() != nl) {
@@ -419,7 +419,7 @@ RunResult RunPlanProcess(const std::vector<int64_t>& groupDevices,
         const int total = repeat > 1 ? repeat + 1 : 1;  // one warm-up when timing
         for (int it = 0; it < total && s.ok(); ++it) {
           if (it == 1) t0 = Clock::now();
-          comm::Arrival a;
+          cpu::Arrival a;
           a.rank = r;
           a.slots = slots[li];
           a.collFingerprint = fps[li].coll;
@@ -427,7 +427,7 @@ RunResult RunPlanProcess(const std::vector<int64_t>& groupDevices,
           a.sendHash = fps[li].send;
           a.recvHash = fps[li].recv;
           s = comm->Run(
-              comm::ExecKey{instance, callSite, it}, std::move(a), timeoutS, "run_plan_process",
+              cpu::ExecKey{instance, callSite, it}, std::move(a), timeoutS, "run_plan_process",
               [&](const host::ExecContext& ctx) { return host::ExecutePlan(plans[li], ctx); });
         }
         if (s.ok() && li == 0) {

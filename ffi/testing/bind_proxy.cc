@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "ffi/bind/bindings.h"
-#include "ffi/comm/comm.h"
+#include "ffi/comm/group.h"
 #include "ffi/comm/net_stream.h"
 #include "ffi/comm/notice.h"
 #include "ffi/comm/proxy.h"
@@ -32,7 +32,6 @@ namespace nb = nanobind;
 namespace jax_rccl {
 namespace {
 
-using comm::Clock;
 using comm::kProxyProtocols;
 
 template <typename... Args>
@@ -368,7 +367,7 @@ void BindProxy(nb::module_& m) {
       "count_nodes", [](const std::vector<std::string>& keys) { return comm::CountNodes(keys); },
       nb::arg("keys"),
       "The nodes the runtimes plan a group with, from each rank's host in rank order "
-      "(ffi/comm/comm.h: CountNodes).");
+      "(ffi/comm/group.h: CountNodes).");
   m.def("set_net_helper_poll_ms", &comm::tcp::SetHelperPollTimeoutMs, nb::arg("ms"),
         "How long the network interface's helper threads wait in poll() when nothing rings "
         "them (ms; the default 100 for 0 or less): tests raise it so an event nothing rings for "

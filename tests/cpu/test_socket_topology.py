@@ -3,7 +3,7 @@ differently, and the cost model says why.
 
 The CPU runtime plans a group spanning processes of one host with one node and shm links, and a
 group across hosts with one node per host, socket links between them and ``bw_inter`` from the
-socket row (ffi/comm/comm_world.cc; the cost model's CPU network row charges each inter-node step a
+socket row (ffi/cpu/comm_world.cc; the cost model's CPU network row charges each inter-node step a
 socket hand-off). Here both topologies are built as the runtime builds them.
 """
 

@@ -7,9 +7,9 @@
 #include <chrono>
 #include <cstdint>
 
-#include "ffi/comm/comm.h"
+#include "ffi/cpu/comm.h"
 
-namespace jax_rccl::comm {
+namespace jax_rccl::cpu {
 
 // The host executor's types this layer uses (ffi/host/).
 using host::Clock;
@@ -70,4 +70,4 @@ struct Communicator::StallWindow {
   void Reset(Clock::time_point now);
 };
 
-}  // namespace jax_rccl::comm
+}  // namespace jax_rccl::cpu

@@ -46,6 +46,8 @@
 #include <utility>
 #include <vector>
 
+#include "ffi/comm/group.h"
+#include "ffi/comm/shm.h"
 #include "ffi/comm/world.h"
 #include "ffi/core/params.h"
 #include "ffi/core/status.h"
@@ -57,9 +59,26 @@ namespace host {
 class HostFifoTransport;
 }  // namespace host
 
-namespace comm {
+namespace cpu {
 
-// The host executor's types this layer uses (ffi/host/).
+// What the CPU runtime uses of the layer it shares with the GPU runtime (ffi/comm/).
+using comm::CallFingerprint;
+using comm::CountNodes;
+using comm::EnsureWorld;
+using comm::FingerprintPlan;
+using comm::GetWorldTable;
+using comm::GroupPlacement;
+using comm::HashMix;
+using comm::ListString;
+using comm::P2pTransferHash;
+using comm::PeerLiveness;
+using comm::PlaceGroup;
+using comm::ReapSession;
+using comm::ShmGroup;
+using comm::ShmNameTag;
+using comm::WorldTable;
+
+// The host executor's types it runs on (ffi/host/).
 using host::Clock;
 using host::ExecContext;
 using host::HostFifoTransport;
@@ -81,18 +100,6 @@ struct ExecKey {
     return std::tie(instance, callSite, runId) < std::tie(o.instance, o.callSite, o.runId);
   }
 };
-
-// What the ranks of a call compare: a hash of the collective tasks (equal on every rank), the
-// rank-independent sums over the point-to-point transfers (sends of all ranks pair with receives
-// of all ranks), and a short text of the tasks for messages.
-struct CallFingerprint {
-  uint64_t coll = 0;
-  uint64_t send = 0;
-  uint64_t recv = 0;
-  std::string text;
-};
-// The fingerprint of `plan` (built for plan.rank); `seed` distinguishes call kinds.
-CallFingerprint FingerprintPlan(const Plan& plan, uint64_t seed);
 
 // What a rank brings to the rendezvous.
 struct Arrival {
@@ -127,23 +134,7 @@ struct Arrival {
   const std::vector<P2pSlot>* p2p = nullptr;
 };
 
-// Order-independent hash of one point-to-point transfer (src -> dst, k-th on that pair, bytes).
-uint64_t P2pTransferHash(int src, int dst, int k, uint64_t bytes);
-// Mixes `v` into the hash `h` (for fingerprints).
-uint64_t HashMix(uint64_t h, uint64_t v);
-
-// "[a, b, c]", for messages.
-template <typename T>
-std::string ListString(const std::vector<T>& v) {
-  std::ostringstream os;
-  os << "[";
-  for (size_t i = 0; i < v.size(); ++i) os << (i ? ", " : "") << v[i];
-  os << "]";
-  return os.str();
-}
-
 struct Execution;
-class ShmGroup;
 class SocketLinks;
 
 class Communicator {
@@ -261,13 +252,6 @@ class Communicator {
   std::string peerWhy_;  // what PeerFailed found (under livenessMu_)
 };
 
-// The nodes a group plans with, from each rank's node key (its host): the planner's nodes hold
-// equal runs of consecutive ranks (ffi/planner/types.h: NodeOf), so the keys' count when they are
-// laid out that way; otherwise (unequal runs, or a key's ranks apart) every rank its own node, so
-// that no hop that may cross hosts is costed as one within a node (the hops within a host then cost
-// as crossings: slower rows; on the GPU no collective chooses LL over a socket). One key: 1.
-int CountNodes(const std::vector<std::string>& keys);
-
 // The communicators of this process, keyed by their group.
 class World {
  public:
@@ -283,5 +267,5 @@ class World {
   std::map<std::vector<int64_t>, std::unique_ptr<Communicator>> comms_;
 };
 
-}  // namespace comm
+}  // namespace cpu
 }  // namespace jax_rccl

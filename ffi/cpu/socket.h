@@ -56,9 +56,15 @@
 #include "ffi/host/transport_host.h"
 
 namespace jax_rccl {
-namespace comm {
+namespace cpu {
 
 // The host executor's types this layer uses (ffi/host/).
+using comm::AcceptFor;
+using comm::DialListener;
+using comm::GroupPlacement;
+using comm::LinkKey;
+using comm::PrepareStream;
+using comm::SocketListenerPort;
 using host::Clock;
 using host::HostConn;
 using host::HostFifoTransport;
@@ -171,5 +177,5 @@ class SocketLinks {
   std::atomic<int64_t> framesReceived_{0};
 };
 
-}  // namespace comm
+}  // namespace cpu
 }  // namespace jax_rccl

@@ -1,5 +1,5 @@
 // TCP links between processes and their progress thread (see socket.h).
-#include "ffi/comm/socket.h"
+#include "ffi/cpu/socket.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -20,7 +20,7 @@
 #include "ffi/core/thread_name.h"
 
 namespace jax_rccl {
-namespace comm {
+namespace cpu {
 
 namespace {
 
@@ -590,5 +590,5 @@ bool SocketLinks::WaitDrained(int rank, Clock::time_point deadline) {
   }
 }
 
-}  // namespace comm
+}  // namespace cpu
 }  // namespace jax_rccl

@@ -1,6 +1,6 @@
 // Communicator::PoolStallError: a rendezvous that waits for a local rank XLA's CPU thread pool
 // cannot start fails early with an error that says so (comm_stall.h has what it watches).
-#include "ffi/comm/comm_stall.h"
+#include "ffi/cpu/comm_stall.h"
 
 #include <time.h>
 
@@ -10,10 +10,10 @@
 #include <string>
 #include <vector>
 
-#include "ffi/comm/comm.h"
 #include "ffi/comm/world.h"
+#include "ffi/cpu/comm.h"
 
-namespace jax_rccl::comm {
+namespace jax_rccl::cpu {
 
 RunGauges& Gauges() {
   static RunGauges* g = new RunGauges();  // never destroyed: used by pool threads
@@ -130,4 +130,4 @@ Status Communicator::PoolStallError(const ExecKey& key, const std::vector<uint8_
           "). JAX_RCCL_STALL_GRACE=0 turns this check off."));
 }
 
-}  // namespace jax_rccl::comm
+}  // namespace jax_rccl::cpu

@@ -4,13 +4,14 @@
 #include <algorithm>
 #include <cstdio>
 
-#include "ffi/comm/comm.h"
 #include "ffi/comm/shm.h"
-#include "ffi/comm/socket.h"
+#include "ffi/cpu/comm.h"
+#include "ffi/cpu/shm_region.h"
+#include "ffi/cpu/socket.h"
 #include "ffi/host/transport_host.h"
 
 namespace jax_rccl {
-namespace comm {
+namespace cpu {
 
 namespace {
 
@@ -24,23 +25,6 @@ std::vector<std::string> NodeKeys(const GroupPlacement& g, bool forceSocket) {
 }
 
 }  // namespace
-
-int CountNodes(const std::vector<std::string>& keys) {
-  std::vector<std::string> order;
-  std::vector<int> sizes;
-  bool regular = true;
-  for (const std::string& k : keys) {
-    if (order.empty() || order.back() != k) {
-      if (std::find(order.begin(), order.end(), k) != order.end()) regular = false;
-      order.push_back(k);
-      sizes.push_back(0);
-    }
-    ++sizes.back();
-  }
-  for (int s : sizes) regular = regular && s == sizes.front();
-  if (order.size() <= 1) return 1;
-  return regular ? static_cast<int>(order.size()) : static_cast<int>(keys.size());
-}
 
 // Per channel the bandwidth a TCP socket of the host runtime gets between two nodes (GB/s), the
 // topology's bwInter (the cost model's CPU network row takes it): 0.6 measured over loopback
@@ -105,7 +89,7 @@ static StatusOr<std::unique_ptr<Communicator>> CrossProcessCommunicator(
     std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(h));
     shm = std::make_unique<ShmGroup>(
         detail::StrCat("/jrccl.", placement.session, ".", hex, ".", ShmNameTag(hex)), placement,
-        transport->geometry(), onHost);
+        HostRegionLayout(transport->geometry()), onHost);
     JR_CHECK(shm->CreateLocal());
   }
   std::unique_ptr<SocketLinks> links;
@@ -160,5 +144,5 @@ StatusOr<Communicator*> World::GetOrCreate(const std::vector<int64_t>& devices,
   return out;
 }
 
-}  // namespace comm
+}  // namespace cpu
 }  // namespace jax_rccl
