@@ -7,64 +7,31 @@ Programs: worker_export_gpu.py."""
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 
 import pytest
-from test_jax_gpu_mp import (  # noqa: F401 - mps_env: the fixture, visible to pytest here
-    _COMMAND_BUFFERS,
-    _free_port,
-    _gpu_count,
-    _has_gpu_runtime,
+from gpu_launch import (  # noqa: F401 - mps_env: the fixture, visible to pytest here
     mps_env,
+    process_env,
+    run_processes,
+    skip_without_gpu,
+    worker,
 )
 
 pytestmark = pytest.mark.gpu
 
-WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker_export_gpu.py")
+WORKER = worker("worker_export_gpu.py")
 
 
 def _run(env_base: dict, nprocs: int, cb: bool) -> list:
-    port = _free_port()
-    procs = []
-    for p in range(nprocs):
-        env = dict(env_base)
-        env["CUDA_VISIBLE_DEVICES"] = "0"
-        env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
-        env["JAX_RCCL_TIMEOUT"] = "20"
-        env["XLA_FLAGS"] = _COMMAND_BUFFERS if cb else "--xla_gpu_enable_command_buffer="
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, "-P", WORKER, str(p), str(nprocs), str(port)],
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
-        )
-    texts = []
-    try:
-        for p in procs:
-            texts.append(p.communicate(timeout=240)[0])
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    out = []
-    for k, text in enumerate(texts):
-        lines = [ln for ln in text.splitlines() if ln.startswith("RESULT ")]
-        assert lines, f"process {k} (exit {procs[k].returncode}) printed no RESULT:\n{text[-3000:]}"
-        out.append(json.loads(lines[-1][len("RESULT ") :]))
-    return out
+    return run_processes(
+        WORKER, nprocs, env_base, lambda p: process_env(20, cb), timeout=240, check_exit=False
+    )
 
 
 @pytest.mark.parametrize("cb", [False, True], ids=["plain", "command_buffers"])
 def test_exported_program_on_one_gpu(cb):
-    if not _has_gpu_runtime() or _gpu_count() == 0:
-        pytest.skip("needs a GPU build and a GPU")
+    skip_without_gpu()
     (r,) = _run(dict(os.environ), 1, cb)
     assert r["same_ok"], r
 

@@ -6,21 +6,17 @@ buffers on and off. Identical programs run 1,000 steps. Programs: worker_calls_g
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
-from test_jax_gpu_mp import (  # noqa: F401 - mps_env: the fixture, visible to pytest here
-    _COMMAND_BUFFERS,
-    _free_port,
+from gpu_launch import (  # noqa: F401 - mps_env: the fixture, visible to pytest here
     mps_env,
+    process_env,
+    run_processes,
+    worker,
 )
 
 pytestmark = pytest.mark.gpu
 
-WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker_calls_gpu.py")
+WORKER = worker("worker_calls_gpu.py")
 TIMEOUT = 20  # JAX_RCCL_TIMEOUT: a mismatch found by a timeout takes this long
 PLACES = {"ipc": None, "proxy": ["hostA", "hostB"]}
 # What each case's two calls are called in messages (the call's name or what its plan moves).
@@ -37,41 +33,15 @@ NAMES = {
 def _run(env_base: dict, nprocs: int, case: str, place: str, cb: bool) -> list:
     """Runs worker_calls_gpu.py in `nprocs` processes sharing GPU 0 (`place`: one host, or two
     faked hosts of nprocs / 2 processes each) and returns each process's RESULT."""
-    port = _free_port()
-    procs = []
-    for p in range(nprocs):
-        env = dict(env_base)
-        env["CUDA_VISIBLE_DEVICES"] = "0"
-        env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
-        env["JAX_RCCL_TIMEOUT"] = str(TIMEOUT)
-        env["PYTHONFAULTHANDLER"] = "1"
-        env["XLA_FLAGS"] = _COMMAND_BUFFERS if cb else "--xla_gpu_enable_command_buffer="
+
+    def env_of(p: int) -> dict:
+        env = process_env(TIMEOUT, cb, PYTHONFAULTHANDLER="1")
         if PLACES[place] is not None:
             env["JAX_RCCL_HOSTNAME"] = PLACES[place][0 if p < nprocs // 2 else 1]
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, "-P", WORKER, str(p), str(nprocs), str(port), case],
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
-        )
-    texts = []
-    try:
-        for p in procs:
-            texts.append(p.communicate(timeout=240)[0])
-    except subprocess.TimeoutExpired:
-        for q in procs:
-            q.kill()
-        tails = [f"--- process {k}:\n{q.communicate()[0][-2000:]}" for k, q in enumerate(procs)]
-        pytest.fail("a process did not finish within 240 s\n" + "\n".join(tails))
-    out = []
-    for k, text in enumerate(texts):
-        lines = [ln for ln in text.splitlines() if ln.startswith("RESULT ")]
-        assert lines, f"process {k} (exit {procs[k].returncode}) printed no RESULT:\n{text[-3000:]}"
-        out.append(json.loads(lines[-1][len("RESULT ") :]))
-    return out
+        return env
+
+    # A process may exit with an error after its RESULT (a group that failed): not checked.
+    return run_processes(WORKER, nprocs, env_base, env_of, (case,), timeout=240, check_exit=False)
 
 
 def _check_mismatch(results: list, case: str) -> None:

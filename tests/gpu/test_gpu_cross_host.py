@@ -8,22 +8,21 @@ rank against NumPy; the six-collective jitted step at 4 and 16 MB per rank with 
 connection's counters in step at the end; 1,000 steps checked on the device; a process of hostB
 that exits before its second step (the survivors raise, naming a rank, within the timeout).
 Other layouts: 4 processes on hosts of unequal or separated runs of ranks, 6 on three hosts, 8 on
-two: every collective against NumPy and the plans' node count.
+two: every collective against NumPy and the plans' node count. Programs: worker_step_gpu.py and
+worker_loop_gpu.py (with --world), worker_collectives_cross_host_gpu.py,
+worker_setting_cross_host_gpu.py and worker_fault_cross_host_gpu.py.
 """
 
 from __future__ import annotations
 
 import os
 import re
-import textwrap
 
 import pytest
-from test_jax_gpu_mp import (  # noqa: F401 - mps_env: the fixture, visible to pytest here
-    _LOOP_WORKER,
-    _STEP_WORKER,
-    _WORKER_START,
-    _run_step_processes,
+from gpu_launch import (  # noqa: F401 - mps_env: the fixture, visible to pytest here
     mps_env,
+    run_step_processes,
+    worker,
 )
 
 pytestmark = pytest.mark.gpu
@@ -32,7 +31,7 @@ HOSTS = ["hostA", "hostB"]
 
 
 def _two_hosts(nprocs: int, extra: dict | None = None):
-    """env_of for _run_step_processes: processes [0, n/2) on hostA, the rest on hostB."""
+    """env_of for run_step_processes: processes [0, n/2) on hostA, the rest on hostB."""
 
     def env_of(p: int) -> dict:
         return {"JAX_RCCL_HOSTNAME": HOSTS[0] if p < nprocs // 2 else HOSTS[1], **(extra or {})}
@@ -40,19 +39,14 @@ def _two_hosts(nprocs: int, extra: dict | None = None):
     return env_of
 
 
-# Appended to a worker that ends with its RESULT line: what the world table says about hosts (the
-# helper merges a process's RESULT lines).
-_WORLD_SUFFIX = textwrap.dedent(
-    """
-    from jax_rccl import _bootstrap as _b
-    _w = _b.world()
-    _host_of_id = {d["id"]: d["host"] for d in _w["devices"]}
-    print("RESULT " + json.dumps({
-        "process": jax.process_index(), "host": _b.hostname(), "session": _w["session"],
-        "host_of_rank": [_host_of_id[d.id] for d in jax.devices()],
-    }), flush=True)
-    """
-)
+# The step and loop workers with --world: a second RESULT line (merged) of what the world table
+# says about hosts.
+WORLD = ("--world",)
+STEP_WORKER = worker("worker_step_gpu.py")
+LOOP_WORKER = worker("worker_loop_gpu.py")
+COLLECTIVES_WORKER = worker("worker_collectives_cross_host_gpu.py")
+SETTING_WORKER = worker("worker_setting_cross_host_gpu.py")
+FAULT_WORKER = worker("worker_fault_cross_host_gpu.py")
 
 
 def _check_world(results: list, nprocs: int) -> None:
@@ -108,16 +102,17 @@ def _no_segments(results: list) -> None:
 
 
 def _step_across_hosts(mps_env, nprocs: int, count: int, cb: bool, env=None) -> dict:  # noqa: F811
-    """Three jitted six-collective steps (_STEP_WORKER) on two faked hosts with `env`: every
+    """Three jitted six-collective steps (worker_step_gpu.py) on two faked hosts with `env`: every
     result right, no runtime error, every connection's counters in step, some steps across hosts,
     no segment left. Returns _check_counters'."""
-    results = _run_step_processes(
+    results = run_step_processes(
         mps_env,
         nprocs,
         count,
         3,
         cb,
-        script=_STEP_WORKER + _WORLD_SUFFIX,
+        STEP_WORKER,
+        args=WORLD,
         env_of=_two_hosts(nprocs, env),
     )
     _check_world(results, nprocs)
@@ -132,91 +127,6 @@ def _step_across_hosts(mps_env, nprocs: int, count: int, cb: bool, env=None) -> 
 
 # --- every collective against NumPy -----------------------------------------------------------
 
-_COLLECTIVES_WORKER = textwrap.dedent(
-    """
-    import json, sys
-    import numpy as np
-    import jax
-    process, nprocs, port, count, steps = (int(a) for a in sys.argv[1:6])
-    jax.distributed.initialize(f"127.0.0.1:{port}", nprocs, process, initialization_timeout=120)
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-    import jax_rccl
-    from jax_rccl import _bootstrap, _jax_rccl
-
-    devs = jax.devices()
-    n = len(devs)
-    ids = [d.id for d in devs]
-    mine = ids.index(jax.local_devices()[0].id)  # this process's rank: its block of the mesh
-    mesh = Mesh(np.array(devs), ("i",))
-    spec = NamedSharding(mesh, P("i"))
-    out = {"process": process, "rank": mine, "n": n, "checks": 0}
-
-    def global_array(c, fn):
-        return jax.make_array_from_callback(
-            (n * c,), spec, lambda idx: np.asarray(fn(np.arange(n * c)[idx]), np.float32)
-        )
-
-    def run(f, x):
-        g = jax.jit(jax.shard_map(f, mesh=mesh, in_specs=P("i"), out_specs=P("i")))
-        y = g(x)
-        return np.concatenate([np.asarray(s.data) for s in y.addressable_shards])
-
-    # all_reduce (psum, pmax) under Ring and Tree x LL and Simple (and LL128 where the build has
-    # it); the others under Ring (point-to-point picks LL or Simple by size: both sizes are here).
-    CONFIGS = [(None, None), ("Ring", "LL"), ("Ring", "Simple"), ("Tree", "LL"), ("Tree", "Simple")]
-    if _jax_rccl.gpu.has_ll128():
-        CONFIGS += [("Ring", "LL128"), ("Tree", "LL128")]
-    out["configs"] = CONFIGS
-    out["counts"] = counts = [1, 1001, 65537, count]
-    for c in counts:
-        x = global_array(c, lambda i: (i % 7) - 3)
-        full = (np.arange(n * c) % 7 - 3).astype(np.float32).reshape(n, c)
-        for algo, proto in CONFIGS:
-            where = f"count {c}, {algo or 'auto'}/{proto or 'auto'}"
-            with jax_rccl.config(algorithm=algo, protocol=proto):
-                print(f"{where}: psum", flush=True)  # where a crash happened, in the output
-                got = run(lambda v: jax_rccl.psum(v, "i"), x)
-                np.testing.assert_array_equal(got, full.sum(0), err_msg=where + ": psum")
-                print(f"{where}: pmax", flush=True)
-                got = run(lambda v: jax_rccl.pmax(v, "i"), x)
-                np.testing.assert_array_equal(got, full.max(0), err_msg=where + ": pmax")
-                out["checks"] += 2
-                if algo == "Tree":
-                    continue
-                print(f"{where}: all_gather", flush=True)
-                got = run(lambda v: jax_rccl.all_gather(v, "i", tiled=True), x)
-                np.testing.assert_array_equal(got, full.reshape(-1), err_msg=where + ": all_gather")
-                print(f"{where}: psum_scatter", flush=True)
-                got = run(lambda v: jax_rccl.psum_scatter(v, "i", tiled=True), global_array(
-                    c * n, lambda i: (i % 5) - 2))
-                rs = (np.arange(n * n * c) % 5 - 2).astype(np.float32).reshape(n, n * c).sum(0)
-                np.testing.assert_array_equal(
-                    got, rs[mine * c:(mine + 1) * c], err_msg=where + ": psum_scatter")
-                print(f"{where}: pbroadcast", flush=True)
-                got = run(lambda v: jax_rccl.pbroadcast(v, "i", n - 1), x)
-                np.testing.assert_array_equal(got, full[n - 1], err_msg=where + ": pbroadcast")
-                perm = [(k, (k + 1) % n) for k in range(n)]
-                print(f"{where}: ppermute", flush=True)
-                got = run(lambda v: jax_rccl.ppermute(v, "i", perm), x)
-                np.testing.assert_array_equal(
-                    got, full[(mine - 1) % n], err_msg=where + ": ppermute")
-                print(f"{where}: all_to_all", flush=True)
-                got = run(lambda v: jax_rccl.all_to_all(v, "i", 0, 0, tiled=True),
-                          global_array(c * n, lambda i: i % 11))
-                blocks = (np.arange(n * n * c) % 11).astype(np.float32).reshape(n, n, c)
-                np.testing.assert_array_equal(
-                    got, blocks[:, mine].reshape(-1), err_msg=where + ": all_to_all")
-                out["checks"] += 5
-    out["errors"] = int(jax_rccl.runtime_stats()["errors"])
-    out["counters"] = [list(r) for r in _jax_rccl.gpu.connection_counters(ids, mine)]
-    w = _bootstrap.world()
-    host_of_id = {d["id"]: d["host"] for d in w["devices"]}
-    out.update(host=_bootstrap.hostname(), session=w["session"],
-               host_of_rank=[host_of_id[i] for i in ids])
-    print("RESULT " + json.dumps(out), flush=True)
-    """
-)
-
 
 @pytest.mark.parametrize("cb", [False, True], ids=["plain", "command_buffers"])
 @pytest.mark.parametrize("nprocs", [2, 4])
@@ -225,13 +135,13 @@ def test_every_collective_across_two_hosts(mps_env, nprocs, cb):  # noqa: F811
     (Ring) under every protocol at 1, 1001, 65537 and 2^20 float32 elements (4 MB) per rank,
     each result against NumPy; the connections end in step and some steps crossed hosts."""
     count = 1 << 20
-    results = _run_step_processes(
+    results = run_step_processes(
         mps_env,
         nprocs,
         count,
         1,
         cb,
-        script=_COLLECTIVES_WORKER,
+        COLLECTIVES_WORKER,
         env_of=_two_hosts(nprocs),
         timeout=480,
     )
@@ -263,13 +173,13 @@ def test_every_collective_on_other_layouts(mps_env, layout, nodes):  # noqa: F81
     NumPy, the connections in step, steps across hosts and within one, and the plans' node
     count."""
     n = len(layout)
-    results = _run_step_processes(
+    results = run_step_processes(
         mps_env,
         n,
         1 << 20,
         1,
         False,
-        script=_COLLECTIVES_WORKER,
+        COLLECTIVES_WORKER,
         env_of=lambda p: {"JAX_RCCL_HOSTNAME": f"host{layout[p]}", "JAX_RCCL_DEBUG": "INFO"},
         timeout=480,
         keep_output=True,
@@ -311,13 +221,14 @@ def test_step_of_every_collective_across_two_hosts(mps_env, nprocs, count, cb): 
 def test_net_nchannels_caps_the_channels_across_hosts(mps_env):  # noqa: F811
     """JAX_RCCL_NET_NCHANNELS=2: the group's connections across hosts use channels 0 and 1 only,
     every result still right."""
-    results = _run_step_processes(
+    results = run_step_processes(
         mps_env,
         2,
         1 << 20,
         3,
         False,
-        script=_STEP_WORKER + _WORLD_SUFFIX,
+        STEP_WORKER,
+        args=WORLD,
         env_of=_two_hosts(2, {"JAX_RCCL_NET_NCHANNELS": "2"}),
     )
     for r in results:
@@ -335,13 +246,14 @@ def test_net_buffsize_sets_the_steps_across_hosts(mps_env):  # noqa: F811
     call) takes at least 3 x 8 MiB / 8 KiB steps through the connections across hosts (the
     default's 128 KiB steps would take 16 times fewer)."""
     count, steps = 1 << 20, 3
-    results = _run_step_processes(
+    results = run_step_processes(
         mps_env,
         2,
         count,
         steps,
         False,
-        script=_STEP_WORKER + _WORLD_SUFFIX,
+        STEP_WORKER,
+        args=WORLD,
         env_of=lambda p: {
             **_two_hosts(2, {"JAX_RCCL_NET_BUFFSIZE": "65536"})(p),
             "JAX_RCCL_BUFFSIZE": str((1 + p) << 20),
@@ -355,43 +267,16 @@ def test_net_buffsize_sets_the_steps_across_hosts(mps_env):  # noqa: F811
     _no_segments(results)
 
 
-_SETTING_WORKER = _WORKER_START + textwrap.dedent(
-    """
-    f = jax.jit(jax.shard_map(lambda v: jax_rccl.psum(v, "i"), mesh=mesh, in_specs=P("i"),
-                              out_specs=P("i")))
-    x = jax.make_array_from_callback((n * count,), spec, lambda idx: np.ones(n * count)[idx])
-    out = {"process": process, "raised": False}
-    try:
-        jax.block_until_ready(f(x))
-    except Exception as e:
-        out.update(raised=True, error=f"{type(e).__name__}: {e}")
-    print("RESULT " + json.dumps(out), flush=True)
-    # Process 0 serves JAX's coordination service: it waits (bounded) for the other's result;
-    # every process leaves by os._exit (JAX's shutdown would wait on a failed communicator).
-    client = _compat.distributed_client()
-    try:
-        _compat.kv_set(client, f"xhost_setting/done/{process}", "1")
-        if process == 0:
-            for q in range(1, nprocs):
-                _compat.kv_get(client, f"xhost_setting/done/{q}", 30.0)
-    except Exception as e:
-        print(f"meeting the others: {type(e).__name__}: {e}", flush=True)
-    sys.stdout.flush()
-    os._exit(0)
-    """
-)
-
-
 def test_net_buffsize_that_differs_is_an_error_naming_it(mps_env):  # noqa: F811
     """Two processes on two hosts with different JAX_RCCL_NET_BUFFSIZE: the first collective raises
     in both, naming the other rank and the variable, instead of running with two layouts."""
-    results = _run_step_processes(
+    results = run_step_processes(
         mps_env,
         2,
         1024,
         1,
         False,
-        script=_SETTING_WORKER,
+        SETTING_WORKER,
         env_of=lambda p: _two_hosts(2, {"JAX_RCCL_NET_BUFFSIZE": str(65536 << p)})(p),
         timeout=120,
     )
@@ -414,13 +299,13 @@ def test_net_streams_that_differ_is_an_error_naming_it(mps_env):  # noqa: F811
     """One process with a stream per channel, the other with two streams: the first collective
     raises in both, naming the other rank and JAX_RCCL_NET_STREAMS, instead of waiting for
     connections the other never opens."""
-    results = _run_step_processes(
+    results = run_step_processes(
         mps_env,
         2,
         1024,
         1,
         False,
-        script=_SETTING_WORKER,
+        SETTING_WORKER,
         env_of=lambda p: _two_hosts(2, {"JAX_RCCL_NET_STREAMS": str(2 * p)})(p),
         timeout=120,
     )
@@ -440,13 +325,14 @@ def test_a_thousand_steps_across_two_hosts(mps_env, nprocs, cb):  # noqa: F811
     all_to_all on 2^16 int32 (256 KB) per rank (test_jax_gpu_mp's loop worker): every result of
     every step equals its closed form, compared on the device."""
     steps = 1000
-    results = _run_step_processes(
+    results = run_step_processes(
         mps_env,
         nprocs,
         1 << 16,
         steps,
         cb,
-        script=_LOOP_WORKER + _WORLD_SUFFIX,
+        LOOP_WORKER,
+        args=WORLD,
         env_of=_two_hosts(nprocs),
     )
     _check_world(results, nprocs)
@@ -462,84 +348,6 @@ def test_a_thousand_steps_across_two_hosts(mps_env, nprocs, cb):  # noqa: F811
 
 FAULT_TIMEOUT = 10  # JAX_RCCL_TIMEOUT of the fault test's processes
 
-_FAULT_WORKER = textwrap.dedent(
-    """
-    import json, os, sys, time
-    import numpy as np
-    import jax
-    process, nprocs, port, count, steps = (int(a) for a in sys.argv[1:6])
-    victim = int(os.environ["JAX_RCCL_TEST_VICTIM"])
-    jax.distributed.initialize(f"127.0.0.1:{port}", nprocs, process, initialization_timeout=120)
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-    import jax_rccl
-    from jax_rccl import _compat
-
-    devs = jax.devices()
-    n = len(devs)
-    rank = [d.id for d in devs].index(jax.local_devices()[0].id)
-    mesh = Mesh(np.array(devs), ("i",))
-    spec = NamedSharding(mesh, P("i"))
-    perm = [(k, (k + 1) % n) for k in range(n)]
-    client = _compat.distributed_client()
-    out = {"process": process, "rank": rank, "victim": process == victim, "raised": False}
-
-    def leave():
-        # JAX's shutdown would wait for the process that left: every process leaves by os._exit.
-        # Process 0 serves JAX's coordination service, whose end aborts the others: it waits (a
-        # bounded time) until every other survivor has printed its result.
-        print("RESULT " + json.dumps(out), flush=True)
-        if process != victim:
-            try:
-                _compat.kv_set(client, f"xhost_fault/done/{process}", "1")
-                if process == 0:
-                    for q in range(1, nprocs):
-                        if q != victim:
-                            _compat.kv_get(client, f"xhost_fault/done/{q}", 30.0)
-            except Exception as e:
-                print(f"meeting the survivors: {type(e).__name__}: {e}", flush=True)
-        sys.stdout.flush()
-        os._exit(0)
-
-    def body(x):
-        return (jax_rccl.ppermute(x, "i", perm), jax_rccl.psum(x, "i"),
-                jax_rccl.all_gather(x, "i", tiled=True))
-
-    step = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("i"), out_specs=(P("i"),) * 3),
-                   donate_argnums=0)
-    x0 = [((np.arange(count) + 7 * r) % 13 - 6).astype(np.int32) for r in range(n)]
-    x = jax.make_array_from_callback((n * count,), spec, lambda idx: np.concatenate(x0)[idx])
-    x, s, g = step(x)
-    got = [np.asarray(a.addressable_shards[0].data) for a in (x, s, g)]
-    want = [x0[(rank - 1) % n], np.sum(x0, axis=0), np.concatenate(x0)]
-    out["first_step_ok"] = all(np.array_equal(a, b) for a, b in zip(got, want))
-    # Every rank has all of its first step before the victim goes.
-    client.wait_at_barrier("xhost_fault/first_step", 60_000)
-    if process == victim:
-        leave()  # right before its second step
-    t0 = time.monotonic()
-    for k in range(1, steps):
-        try:
-            x, s, g = step(x)
-            jax.block_until_ready((x, s, g))
-        except Exception as e:
-            out.update(raised=True, where=f"step {k}", error=f"{type(e).__name__}: {e}")
-            break
-    if not out["raised"]:
-        # Replayed command buffers may not run the handler that checks the communicator; a new
-        # program's first call does.
-        try:
-            probe = jax.jit(jax.shard_map(lambda v: jax_rccl.psum(v, "i"), mesh=mesh,
-                                          in_specs=P("i"), out_specs=P("i")))
-            jax.block_until_ready(probe(jax.make_array_from_callback(
-                (n * 1024,), spec, lambda idx: np.ones(n * 1024, np.float32)[idx])))
-        except Exception as e:
-            out.update(raised=True, where="a new program", error=f"{type(e).__name__}: {e}")
-    out["seconds"] = time.monotonic() - t0
-    out["errors"] = int(jax_rccl.runtime_stats()["errors"])
-    leave()
-    """
-)
-
 
 @pytest.mark.parametrize(
     "victim, cb",
@@ -551,13 +359,13 @@ def test_process_that_exits_is_an_error_not_a_hang(mps_env, victim, cb):  # noqa
     (os._exit) right before its second. Every survivor raises a Python exception that names a
     rank or another process, within JAX_RCCL_TIMEOUT (plus slack) of the step it was in."""
     nprocs, steps = 4, 6
-    results = _run_step_processes(
+    results = run_step_processes(
         dict(mps_env, JAX_RCCL_TEST_VICTIM=str(victim)),
         nprocs,
         1 << 16,
         steps,
         cb,
-        script=_FAULT_WORKER,
+        FAULT_WORKER,
         env_of=_two_hosts(nprocs, {"JAX_RCCL_TIMEOUT": str(FAULT_TIMEOUT)}),
         timeout=150,
     )

@@ -2,7 +2,8 @@
 
 Every collective x algorithm x protocol x dtype at 2, 4 and 8 ranks on one GPU. Inputs are small
 integers (-1, 0, 1; unsigned 0, 1), so every partial result is exact in every element type and the
-results must match bit for bit.
+results must match bit for bit. Programs of the subprocesses: worker_first_launch_gpu.py,
+worker_one_queue_gpu.py.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import os
 
 import numpy as np
 import pytest
+from gpu_launch import run_worker
+from worker_one_queue_gpu import mixed_tasks
 
 from jax_rccl import harness
 
@@ -303,12 +306,7 @@ def test_all_to_all(nranks, count):
 def test_grouped_mixed_dtypes(nranks, algo):
     """One launch of several tasks of different types (one kernel per type, in order)."""
     h = get_harness(nranks)
-    tasks = [
-        {"coll": "all_reduce", "count": 1000, "dtype": "float32", "op": "sum"},
-        {"coll": "all_reduce", "count": 77, "dtype": "int32", "op": "max"},
-        {"coll": "all_gather", "count": 33, "dtype": "bfloat16"},
-        {"coll": "all_reduce", "count": 5000, "dtype": "bfloat16", "op": "sum"},
-    ]
+    tasks = mixed_tasks()
     ins = [
         inputs_for("float32", nranks, 1000, 5),
         inputs_for("int32", nranks, 77, 6),
@@ -451,60 +449,13 @@ def test_direct_one_hop_all_reduce(nranks, op, dtype):
                 same(outs[r][0], want)
 
 
-_FIRST_LAUNCH = """
-import numpy as np
-from jax_rccl import harness
-from jax_rccl import _jax_rccl
-h = harness.Harness(2, timeout=10.0)
-# Four reduction classes where the build has them (a development build: three).
-types = [d for d in ("float32", "int32", "float16", "bfloat16") if _jax_rccl.gpu.has_dtype(d)]
-types = (types + ["float32"] * 4)[:4]
-tasks = [{"coll": "all_reduce", "count": 100, "dtype": d, "op": "sum"} for d in types]
-tasks.append({"coll": "all_gather", "count": 33, "dtype": "bfloat16"})
-ins = [[np.ones(100, harness._np_dtype(t["dtype"])) if t["coll"] == "all_reduce"
-        else np.ones(33, harness._np_dtype("bfloat16")) for t in tasks] for _ in range(2)]
-outs = h.run(tasks, ins)
-for row in outs:
-    assert all(np.all(o.astype(np.float32) == 2.0) for o in row[:4]), row
-    assert np.all(row[4].astype(np.float32) == 1.0) and row[4].size == 66, row[4]
-print("OK")
-"""
-
-
 def test_first_launch_of_a_process_loads_every_kernel():
     """A process's first launch using kernels of several classes: their kernels are loaded and
     the device's stack limit raised at upload, before any rank launches (a launch needing more
     local memory than the device holds waits for every running kernel, among them a rank's
     kernel spinning on a peer not launched yet: a hang until the timeout)."""
-    import subprocess
-    import sys
-
-    done = subprocess.run(
-        [sys.executable, "-P", "-c", _FIRST_LAUNCH], capture_output=True, text=True, timeout=120
-    )
+    done = run_worker("worker_first_launch_gpu.py", timeout=120)
     assert done.returncode == 0 and "OK" in done.stdout, done.stdout + done.stderr
-
-
-_ONE_QUEUE = """
-import numpy as np
-from jax_rccl import harness
-for n in (2, 4, 8):
-    h = harness.Harness(n, timeout=10.0)
-    tasks = [{"coll": "all_reduce", "count": 1000, "dtype": "float32", "op": "sum"},
-             {"coll": "all_reduce", "count": 77, "dtype": "int32", "op": "max"},
-             {"coll": "all_gather", "count": 33, "dtype": "bfloat16"},
-             {"coll": "all_reduce", "count": 5000, "dtype": "bfloat16", "op": "sum"}]
-    ins = [[np.full(t["count"], r + 1, harness._np_dtype(t["dtype"])) for t in tasks]
-           for r in range(n)]
-    for rep in range(3):
-        outs = h.run(tasks, ins)
-        for row in outs:
-            assert np.all(row[0] == n * (n + 1) / 2), row[0]
-            assert np.all(row[1] == n), row[1]
-            assert np.array_equal(row[2].astype(np.float32), np.repeat(np.arange(1, n + 1), 33))
-            assert np.all(row[3].astype(np.float32) == n * (n + 1) / 2), row[3]
-print("OK")
-"""
 
 
 def test_launches_of_several_types_with_one_hardware_queue():
@@ -512,17 +463,8 @@ def test_launches_of_several_types_with_one_hardware_queue():
     MPS a client may get fewer queues than streams): a plan of one kernel per element type is
     launched launch-major across the ranks, so no rank's second kernel waits in the queue ahead
     of a peer's first (which it would wait for forever)."""
-    import subprocess
-    import sys
-
     env = dict(os.environ, CUDA_DEVICE_MAX_CONNECTIONS="1")
-    done = subprocess.run(
-        [sys.executable, "-P", "-c", _ONE_QUEUE],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        env=env,
-    )
+    done = run_worker("worker_one_queue_gpu.py", timeout=180, env=env)
     assert done.returncode == 0 and "OK" in done.stdout, done.stdout + done.stderr[-4000:]
 
 

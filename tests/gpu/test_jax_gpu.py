@@ -6,7 +6,8 @@ mesh against numpy, for f32/bf16/i32 at sizes 0, 1, odd and 1M, plus pytrees and
 command buffers: a training step holding jax_rccl collectives runs 1,000 times in a subprocess
 (so XLA_FLAGS apply) with XLA's command buffers on (execute runs far fewer times than
 calls x steps: captured once, replayed) and off (execute runs on every call), every result
-checked. Multi-GPU groups are exercised only where the machine has several GPUs.
+checked. Multi-GPU groups are exercised only where the machine has several GPUs. Programs of the
+subprocesses: worker_channels_gpu.py, worker_train_step_gpu.py, worker_premul_steps_gpu.py.
 """
 
 from __future__ import annotations
@@ -14,9 +15,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import subprocess
-import sys
-import textwrap
 
 import numpy as np
 import pytest
@@ -25,6 +23,7 @@ os.environ.setdefault("JAX_RCCL_TIMEOUT", "60")
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
+from gpu_launch import COMMAND_BUFFERS, run_worker  # noqa: E402
 from jax.sharding import Mesh  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
@@ -300,146 +299,32 @@ def test_every_collective_on_several_gpus_against_lax(algo, proto, dtype, count)
         np.testing.assert_array_equal(_f64(got[name]), _f64(want[name]), err_msg=name)
 
 
-_CHANNELS_SCRIPT = textwrap.dedent(
-    """
-    import numpy as np
-    import jax
-    from jax.sharding import Mesh, PartitionSpec as P
-    import jax_rccl
-
-    n = len(jax.devices())
-    mesh = Mesh(np.array(jax.devices()), ("i",))
-    x = np.arange(n * 70001, dtype=np.float32) % 13
-    ring = [(j, (j + 1) % n) for j in range(n)]
-    f = jax.jit(jax.shard_map(
-        lambda v: (jax_rccl.psum(v, "i"), jax_rccl.ppermute(v, "i", ring)),
-        mesh=mesh, in_specs=P("i"), out_specs=P("i")))
-    s, p = (np.asarray(a).reshape(n, -1) for a in f(x))
-    xs = x.reshape(n, -1)
-    np.testing.assert_array_equal(s, np.tile(xs.sum(0), (n, 1)))
-    np.testing.assert_array_equal(p, np.roll(xs, 1, axis=0))
-    print("OK")
-    """
-)
-
-
 @pytest.mark.parametrize("nchannels", ["1", "3", "32"])
 def test_groups_of_several_gpus_with_any_channel_count(nchannels):
     if len(jax.devices()) < 2:
         pytest.skip("needs 2 GPUs")
     env = dict(os.environ, JAX_RCCL_NCHANNELS=nchannels, XLA_PYTHON_CLIENT_PREALLOCATE="false")
-    proc = subprocess.run(
-        [sys.executable, "-P", "-c", _CHANNELS_SCRIPT],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = run_worker("worker_channels_gpu.py", env=env, timeout=120)
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-4000:]
 
 
 # --- command buffers --------------------------------------------------------------------------
 
-_STEP_SCRIPT = textwrap.dedent(
-    """
-    import json, sys
-    import numpy as np
-    import jax, jax.numpy as jnp
-    from jax.sharding import Mesh, PartitionSpec as P
-    import jax_rccl
 
-    STEPS, D, LR = int(sys.argv[1]), 4096, 0.05
-    n = len(jax.devices())  # data parallel over every visible GPU
-    mesh = Mesh(np.array(jax.devices()), ("i",))
-
-    def body(w, x, y):  # w: this device's copy of the weights, x and y: its batch
-        def loss(w):
-            return jnp.mean((x * w - y) ** 2)
-
-        l, g = jax.value_and_grad(loss)(w)
-        g = jax_rccl.psum(g, "i") * (1.0 / n)              # a temp in, a temp out
-        l = jax_rccl.pmean(l.reshape(1), "i")
-        s = jax_rccl.all_gather(jnp.sum(x).reshape(1), "i", tiled=True)
-        stats = jnp.concatenate([l, s]) * 2.0 + 0.5  # results reach outputs through a fusion
-        return w - LR * g, stats
-
-    spec = P("i")
-    step = jax.jit(
-        jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec), donate_argnums=0
-    )
-    sharding = jax.sharding.NamedSharding(mesh, spec)
-    rng = np.random.default_rng(0)
-    w0 = rng.uniform(-1, 1, D).astype(np.float32)
-    xs_np = [rng.uniform(0.5, 1.5, (n, D)).astype(np.float32) for _ in range(STEPS)]
-    ys_np = [rng.uniform(-1, 1, (n, D)).astype(np.float32) for _ in range(STEPS)]
-    put = lambda a: jax.device_put(a.reshape(-1), sharding)
-    xs, ys = [put(a) for a in xs_np], [put(a) for a in ys_np]
-    w_init = lambda: put(np.tile(w0, (n, 1)))
-    calls = step.trace(w_init(), xs[0], ys[0]).lower().as_text().count(
-        "custom_call @jax_rccl_"
-    )
-
-    w = w_init()
-    w, st = step(w, xs[0], ys[0])  # compile and first run
-    jax.block_until_ready(w)
-    jax_rccl.reset_runtime_stats()
-    stats = []
-    for i in range(1, STEPS):
-        w, st = step(w, xs[i], ys[i])
-        stats.append(st)
-    w_final = np.asarray(w).reshape(n, D)
-    stats = np.stack([np.asarray(s).reshape(n, 1 + n) for s in stats])
-    counters = jax_rccl.runtime_stats()
-
-    # numpy, float64: the same steps (every device holds the same weights and statistics)
-    wr = w0.astype(np.float64)
-    want = []
-    for i in range(STEPS):
-        x, y = xs_np[i].astype(np.float64), ys_np[i].astype(np.float64)
-        r = x * wr - y
-        if i > 0:
-            row = [np.mean(np.mean(r * r, axis=1)) * 2.0 + 0.5] + list(x.sum(1) * 2.0 + 0.5)
-            want.append(np.tile(row, (n, 1)))
-        wr = wr - LR * (2.0 * r * x / D).mean(0)
-    want = np.asarray(want)
-    err_stats = float(np.max(np.abs(stats - want) / (np.abs(want) + 1e-3)))
-    err_w = float(np.max(np.abs(w_final - wr[None, :])))
-
-    # Replay: the same step on the same buffers (no donation) 200 times. Captured once, a
-    # command buffer is replayed without calling the handlers again.
-    step2 = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec))
-    w2 = w_init()
-    ref = step2(w2, xs[1], ys[1])
-    jax.block_until_ready(ref)
-    jax_rccl.reset_runtime_stats()
-    same = True
-    for _ in range(200):
-        out = step2(w2, xs[1], ys[1])
-        same = same and bool(np.array_equal(np.asarray(out[1]), np.asarray(ref[1])))
-    replay_execs = jax_rccl.runtime_stats()["executions"]
-    print(json.dumps({
-        "devices": n, "calls": calls, "steps": STEPS - 1, "executions": counters["executions"],
-        "errors": counters["errors"], "err_stats": err_stats, "err_w": err_w,
-        "replay_steps": 200, "replay_executions": replay_execs, "replay_same": same,
-    }))
-    """
-)
-
-
-def _run_steps(xla_flags: str, steps: int = 1001) -> dict:
+def _run_json(name: str, xla_flags: str, *args: str) -> dict:
+    """Runs the worker program `name` in a subprocess with `xla_flags` added to XLA_FLAGS (so they
+    apply) and returns the JSON of its last line."""
     env = dict(os.environ)
     env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " " + xla_flags).strip()
     env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"  # this process already holds the GPU's pool
     env.setdefault("JAX_RCCL_TIMEOUT", "60")
-    proc = subprocess.run(
-        [sys.executable, "-P", "-c", _STEP_SCRIPT, str(steps)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+    proc = run_worker(name, *args, env=env, timeout=240)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-8000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _run_steps(xla_flags: str, steps: int = 1001) -> dict:
+    out = _run_json("worker_train_step_gpu.py", xla_flags, str(steps))
     assert out["calls"] == 3, out
     assert out["errors"] == 0, out
     assert out["err_stats"] < 1e-4, out
@@ -448,9 +333,7 @@ def _run_steps(xla_flags: str, steps: int = 1001) -> dict:
 
 
 def test_training_step_captured_in_command_buffers():
-    out = _run_steps(
-        "--xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL --xla_gpu_graph_min_graph_size=1"
-    )
+    out = _run_steps(COMMAND_BUFFERS)
     per_step = out["calls"] * out["devices"]  # each device runs each call's handler
     total = per_step * out["steps"]
     # Fresh inputs and donated weights move buffers every step, so XLA re-records the command
@@ -471,70 +354,10 @@ def test_training_step_without_command_buffers_runs_every_call():
 
 # --- per-device premul scalars inside command buffers ---------------------------------------------
 
-_PREMUL_STEP_SCRIPT = textwrap.dedent(
-    """
-    import json, sys
-    import numpy as np
-    import jax, jax.numpy as jnp
-    from jax.sharding import Mesh, PartitionSpec as P
-    import jax_rccl
-
-    STEPS = int(sys.argv[1])
-    TYPES = json.loads(sys.argv[2])  # the leaf types this build's device code reduces over
-    mesh = Mesh(np.array(jax.devices()[:1]), ("i",))
-    rng = np.random.default_rng(0)
-    ints = lambda: rng.integers(-3, 4, 4099).astype(np.float32)
-    leaf = {"float32": lambda: ints(), "bfloat16": lambda: ints().astype(jnp.bfloat16),
-            "float16": lambda: ints().astype(np.float16),
-            "complex64": lambda: (ints() + 1j * ints()).astype(np.complex64)}
-    xs = tuple(leaf[t]() for t in TYPES)
-
-    # The state (step counter, mismatches) is donated, the inputs stay: every buffer keeps its
-    # address from step to step, so a captured command buffer is replayed as it is. The premul
-    # scalar is computed on the device from the step counter, a new value every step, and each
-    # result is compared on the device with its closed form.
-    def body(xs, k, bad):
-        s = (k[0] % 16.0) * 0.25 - 1.0  # -1 .. 2.75 in quarters: exact in every type
-        ys = jax_rccl.all_reduce(xs, "i", premul=s)
-        for x, y in zip(xs, ys):
-            if jnp.issubdtype(x.dtype, jnp.complexfloating):
-                want = x * s.astype(x.dtype)
-            else:
-                want = (x.astype(jnp.float32) * s).astype(x.dtype)
-            bad = bad + jnp.sum(y != want).astype(jnp.int32).reshape(1)
-        return k + 1.0, bad
-
-    step = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("i"), out_specs=P("i")),
-                   donate_argnums=(1, 2))
-    xd = tuple(jax.device_put(x) for x in xs)
-    k, bad = jnp.zeros(1, jnp.float32), jnp.zeros(1, jnp.int32)
-    k, bad = step(xd, k, bad)  # compile and first run
-    jax.block_until_ready(bad)
-    jax_rccl.reset_runtime_stats()
-    for _ in range(1, STEPS):
-        k, bad = step(xd, k, bad)
-    stats = jax_rccl.runtime_stats()
-    print(json.dumps({"steps": STEPS, "k": float(np.asarray(k)[0]), "bad": int(np.asarray(bad)[0]),
-                      "executions": int(stats["executions"]), "errors": int(stats["errors"])}))
-    """
-)
-
 
 def _run_premul_steps(xla_flags: str, steps: int = 1000) -> dict:
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " " + xla_flags).strip()
-    env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
-    env.setdefault("JAX_RCCL_TIMEOUT", "60")
     types = [np.dtype(d).name for d in PREMUL_DTYPES if _built(d)]
-    proc = subprocess.run(
-        [sys.executable, "-P", "-c", _PREMUL_STEP_SCRIPT, str(steps), json.dumps(types)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-8000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out = _run_json("worker_premul_steps_gpu.py", xla_flags, str(steps), json.dumps(types))
     print(out)
     assert out["k"] == steps, out
     assert out["bad"] == 0, out
@@ -546,9 +369,7 @@ def test_premul_array_steps_in_command_buffers():
     """1,000 steps, a new per-device scalar each: inside command buffers the launch is captured
     once and replayed (the handler runs on few steps), and each replay reads the scalar the
     device holds then."""
-    out = _run_premul_steps(
-        "--xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL --xla_gpu_graph_min_graph_size=1"
-    )
+    out = _run_premul_steps(COMMAND_BUFFERS)
     assert out["executions"] <= out["steps"] // 10, out
 
 

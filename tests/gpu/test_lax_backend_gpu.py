@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from test_jax_gpu_mp import _run_step_processes, mps_env  # noqa: F401 - the fixture
+from gpu_launch import mps_env, run_step_processes  # noqa: F401 - the fixture
 
 pytestmark = pytest.mark.gpu
 
@@ -23,9 +23,7 @@ _WORKER = os.path.join(
     "nprocs, count, cb", [(2, 1 << 16, False), (2, 1 << 20, True), (4, 1 << 18, True)]
 )
 def test_lax_step_on_gpus(mps_env, nprocs, count, cb):  # noqa: F811
-    with open(_WORKER) as f:
-        script = f.read()
-    results = _run_step_processes(mps_env, nprocs, count, 3, cb, script=script)
+    results = run_step_processes(mps_env, nprocs, count, 3, cb, _WORKER)
     for r in results:
         assert r["ours"] and r["xla_ops"] == [], r
         assert r["bad"] == {}, r["bad"]

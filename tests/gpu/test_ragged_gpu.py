@@ -5,12 +5,12 @@ lowering), for several dtypes and row widths, inside jit and with every table di
 table is an error at the next call. Several processes sharing the GPU under MPS (2, 3 and 4):
 a new table every step, every result against numpy, with XLA's command buffers on and off (a
 replayed launch reads each step's table); a bad table is an error on both ends of the transfer.
+Program of the processes: worker_ragged_gpu.py.
 """
 
 from __future__ import annotations
 
 import os
-import textwrap
 
 import numpy as np
 import pytest
@@ -19,10 +19,10 @@ os.environ.setdefault("JAX_RCCL_TIMEOUT", "60")
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
+from gpu_launch import mps_env, run_step_processes, worker  # noqa: E402, F401
 from jax.sharding import Mesh  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 from test_jax_gpu import _gpu_runtime  # noqa: E402
-from test_jax_gpu_mp import _run_step_processes, mps_env  # noqa: E402, F401
 
 import jax_rccl  # noqa: E402
 
@@ -99,94 +99,7 @@ def test_one_gpu_bad_table_is_an_error_at_the_next_call():
 
 # --- several processes sharing the GPU --------------------------------------------------------
 
-_RAGGED_WORKER = textwrap.dedent(
-    """
-    import json, os, sys
-    import numpy as np
-    import jax
-    process, nprocs, port, rows, steps = (int(a) for a in sys.argv[1:6])
-    jax.distributed.initialize(f"127.0.0.1:{port}", nprocs, process, initialization_timeout=120)
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-    import jax_rccl
-
-    devs = jax.devices()
-    n = len(devs)
-    R = 5  # 20-byte rows: slices start and end off 16-byte boundaries
-    N = M = rows
-    me = [d.id for d in devs].index(jax.local_devices()[0].id)
-    mesh = Mesh(np.array(devs), ("i",))
-    spec = NamedSharding(mesh, P("i"))
-    f = jax.jit(jax.shard_map(
-        lambda x, y, a, b, c, d: jax_rccl.ragged_all_to_all(x, y, a, b, c, d, axis_name="i"),
-        mesh=mesh, in_specs=(P("i"),) * 6, out_specs=P("i")))
-
-    def case(k):
-        # The same on every process: sizes[s, j] rows from s to j, placed with random gaps.
-        rng = np.random.default_rng(1000 + k)
-        sizes = rng.integers(0, N // n + 1, size=(n, n))
-        if k % 5 == 0:
-            sizes[:, :] = N // n  # full
-        in_off = np.zeros((n, n), np.int64)
-        out_off = np.zeros((n, n), np.int64)
-        for s in range(n):
-            slack = N - sizes[s].sum()
-            gaps = rng.multinomial(slack, np.ones(n + 1) / (n + 1))[:n]
-            in_off[s] = np.cumsum(gaps) + np.concatenate([[0], np.cumsum(sizes[s])[:-1]])
-        for j in range(n):
-            slack = M - sizes[:, j].sum()
-            gaps = rng.multinomial(slack, np.ones(n + 1) / (n + 1))[:n]
-            order = rng.permutation(n)
-            pos = 0
-            for t, s in enumerate(order):
-                pos += gaps[t]
-                out_off[s, j] = pos
-                pos += sizes[s, j]
-        return in_off, sizes, out_off, sizes.T.copy()
-
-    def inputs(k):
-        x = [(np.arange(N * R).reshape(N, R) + 1000 * s + 7 * k).astype(np.float32)
-             for s in range(n)]
-        return x, np.full((M, R), -1.0 - k, np.float32)
-
-    def arr(full):
-        return jax.make_array_from_callback(full.shape, spec, lambda idx: full[idx])
-
-    def run(k, tab):
-        x, y = inputs(k)
-        args = [arr(np.concatenate(x)), arr(np.tile(y, (n, 1)))]
-        args += [arr(t.astype(np.int32).reshape(-1)) for t in tab]
-        return np.asarray(f(*args).addressable_shards[0].data), x, y
-
-    mode = os.environ.get("RAGGED_MODE", "good")
-    bad = {}
-    for k in range(steps):
-        tab = case(k)
-        got, x, y = run(k, tab)
-        in_off, sizes, out_off, _ = tab
-        want = y.copy()
-        for s in range(n):
-            m = sizes[s, me]
-            want[out_off[s, me]:out_off[s, me] + m] = x[s][in_off[s, me]:in_off[s, me] + m]
-        if not np.array_equal(got, want):
-            bad[f"step {k}"] = int(np.count_nonzero(got != want))
-    error = None
-    if mode == "bad":
-        # Rank 0 sends rows [N - 1, N + 1) to rank 1: past its operand (recv_sizes agree).
-        in_off, sizes, out_off, recv = case(steps)
-        in_off[0, 1], sizes[0, 1], out_off[0, 1] = N - 1, 2, 0
-        recv = sizes.T.copy()
-        jax.block_until_ready(run(steps, (in_off, sizes, out_off, recv))[0])
-        try:
-            run(steps + 1, case(steps + 1))
-        except Exception as e:
-            error = str(e)
-    print("RESULT " + json.dumps({
-        "rank": me, "bad": bad, "error": error,
-        "errors": int(jax_rccl.runtime_stats()["errors"]),
-    }), flush=True)
-    os._exit(0)
-    """
-)
+RAGGED_WORKER = worker("worker_ragged_gpu.py")
 
 
 @pytest.mark.parametrize("cb", [False, True], ids=["plain", "command_buffers"])
@@ -194,7 +107,7 @@ _RAGGED_WORKER = textwrap.dedent(
 def test_ragged_sharing_one_gpu(mps_env, nprocs, rows, cb):  # noqa: F811
     """30 steps of ragged_all_to_all in `nprocs` processes on one GPU, a new table every step
     (every fifth full): every result equals numpy's, with command buffers on and off."""
-    results = _run_step_processes(mps_env, nprocs, rows, 30, cb, script=_RAGGED_WORKER)
+    results = run_step_processes(mps_env, nprocs, rows, 30, cb, RAGGED_WORKER)
     assert sorted(r["rank"] for r in results) == list(range(nprocs))
     for r in results:
         assert r["bad"] == {}, r
@@ -203,7 +116,7 @@ def test_ragged_sharing_one_gpu(mps_env, nprocs, rows, cb):  # noqa: F811
 
 def test_ragged_bad_table_is_an_error_on_both_ends(mps_env):  # noqa: F811
     env = dict(mps_env, RAGGED_MODE="bad")
-    results = _run_step_processes(env, 2, 64, 2, False, script=_RAGGED_WORKER)
+    results = run_step_processes(env, 2, 64, 2, False, RAGGED_WORKER)
     for r in results:
         assert r["bad"] == {}, r
         assert r["error"] is not None, r
