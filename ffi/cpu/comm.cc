@@ -620,6 +620,94 @@ Status Communicator::RunOneShot(Execution& e, int rank, double timeout, const st
   return result;
 }
 
+// One rank's execution from its turn on: publishes the call it runs (its number and identity, for
+// peers that time out), builds the context the body runs with, and serves the turn when it ends,
+// whatever the outcome (the rank's next execution may then start).
+class Communicator::ExecScope {
+ public:
+  ExecScope(Communicator* c, Execution* e, int rank, uint64_t callId, const std::string& what,
+            double timeout, const std::string& name)
+      : c_(c), e_(e), rank_(rank), timeout_(timeout), name_(name) {
+    const uint64_t seq = e->ticket;
+    if (c->crossProcess()) {
+      char id[17];
+      std::snprintf(id, sizeof(id), "%016llx", static_cast<unsigned long long>(callId));
+      std::string text = detail::StrCat("call #", seq, " '", name, "' (", what.empty() ? "" : what,
+                                        what.empty() ? "" : "; ", "id ", id, ")");
+      if (c->shm_) c->shm_->SetEntered(rank, seq + 1, callId, text);
+      std::lock_guard<std::mutex> lock(c->callTextMu_);
+      c->callTexts_[size_t(rank)] = std::move(text);
+    }
+    // Readers (the progress thread) take (entered, call) only when entered reads the same
+    // non-zero value before and after the call.
+    c->entered_[size_t(rank)].store(0, std::memory_order_seq_cst);
+    c->calls_[size_t(rank)].store(callId, std::memory_order_seq_cst);
+    c->entered_[size_t(rank)].store(seq + 1, std::memory_order_seq_cst);
+
+    ctx_.rank = rank;
+    ctx_.nRanks = c->nRanks();
+    ctx_.transport = c->transport_.get();
+    ctx_.peers = &e->peers;
+    ctx_.deadline = DeadlineIn(timeout);
+    ctx_.aborted = &c->failed_;
+    ctx_.callId = callId;
+    ctx_.seq = seq;
+    ctx_.checkSteps = c->checkSteps_;
+    ctx_.rankNames = &c->rankNames_;
+    if (c->shm_ || c->links_) {
+      ctx_.peerFailed = [c, rank](std::string* why) { return c->PeerFailed(rank, why); };
+    }
+    ctx_.name = name;
+    // ExecContext::barrier takes no arguments: the scope binds the rank (capturing `this` keeps
+    // the std::function free of allocations).
+    if (c->crossProcess()) {
+      ctx_.barrier = [this]() -> Status {
+        JR_FAIL(Code::kUnsupported, "jax_rccl: '", name_,
+                "': the Direct algorithm reads the peers' buffers in place and needs every rank "
+                "of the group in one process; the group of devices ",
+                c_->DevicesString(), " spans processes (use Ring or Tree)");
+      };
+    } else {
+      ctx_.barrier = [this]() -> Status { return c_->Barrier(*e_, rank_, ctx_.deadline, name_); };
+    }
+  }
+  ExecScope(const ExecScope&) = delete;
+  ExecScope& operator=(const ExecScope&) = delete;
+  ~ExecScope() {
+    std::lock_guard<std::mutex> lock(c_->mu_);
+    ++c_->served_[rank_];
+    c_->cv_.notify_all();
+  }
+
+  // Connects the group's transports (across processes, once), runs `body` (*ran) and, over
+  // sockets, waits until this rank's last steps are on the wire (the process may exit after this
+  // call).
+  Status Run(const std::function<Status(const ExecContext&)>& body, bool* ran) {
+    if (c_->crossProcess()) {
+      JR_CHECK(c_->Connect(ctx_.deadline, timeout_, name_));
+      if (c_->shm_) c_->shm_->MaybeUnlink();
+    }
+    *ran = true;
+    JR_CHECK(body(ctx_));
+    if (c_->links_ && !c_->links_->WaitDrained(rank_, ctx_.deadline)) {
+      std::string why = "the deadline (JAX_RCCL_TIMEOUT) passed";
+      c_->links_->Failed(&why);
+      return Status(Code::kTimeout,
+                    detail::StrCat("jax_rccl: '", name_, "': ", c_->RankString(rank_),
+                                   " could not hand its last steps to the sockets: ", why));
+    }
+    return Status::Ok();
+  }
+
+ private:
+  Communicator* c_;
+  Execution* e_;
+  int rank_;
+  double timeout_;
+  const std::string& name_;
+  ExecContext ctx_;
+};
+
 Status Communicator::Run(const ExecKey& key, Arrival arrival, double timeout,
                          const std::string& name,
                          const std::function<Status(const ExecContext&)>& body) {
@@ -666,122 +754,59 @@ Status Communicator::Run(const ExecKey& key, Arrival arrival, double timeout,
     }
     JR_CHECK(WaitTurn(*e, rank, timeout, name, lock));
   }
-  const uint64_t seq = e->ticket;
-  if (crossProcess()) {
-    char id[17];
-    std::snprintf(id, sizeof(id), "%016llx", static_cast<unsigned long long>(callId));
-    std::string text = detail::StrCat("call #", seq, " '", name, "' (", what.empty() ? "" : what,
-                                      what.empty() ? "" : "; ", "id ", id, ")");
-    if (shm_) shm_->SetEntered(rank, seq + 1, callId, text);
-    std::lock_guard<std::mutex> lock(callTextMu_);
-    callTexts_[size_t(rank)] = std::move(text);
-  }
-  // Readers (the progress thread) take (entered, call) only when entered reads the same
-  // non-zero value before and after the call.
-  entered_[size_t(rank)].store(0, std::memory_order_seq_cst);
-  calls_[size_t(rank)].store(callId, std::memory_order_seq_cst);
-  entered_[size_t(rank)].store(seq + 1, std::memory_order_seq_cst);
-
-  // The barrier of this execution; ExecContext::barrier takes no arguments, so the rank is bound
-  // here (a small struct keeps the std::function free of allocations).
-  struct BarrierCall {
-    Communicator* comm;
-    Execution* e;
-    int rank;
-    Clock::time_point deadline;
-    const std::string* name;
-  };
-  ExecContext ctx;
-  ctx.rank = rank;
-  ctx.nRanks = nRanks();
-  ctx.transport = transport_.get();
-  ctx.peers = &e->peers;
-  ctx.deadline = DeadlineIn(timeout);
-  ctx.aborted = &failed_;
-  ctx.callId = callId;
-  ctx.seq = seq;
-  ctx.checkSteps = checkSteps_;
-  ctx.rankNames = &rankNames_;
-  if (shm_ || links_) {
-    ctx.peerFailed = [this, rank](std::string* why) { return PeerFailed(rank, why); };
-  }
-  ctx.name = name;
-  BarrierCall call{this, e.get(), rank, ctx.deadline, &name};
-  if (crossProcess()) {
-    ctx.barrier = [c = &call]() -> Status {
-      JR_FAIL(Code::kUnsupported, "jax_rccl: '", *c->name,
-              "': the Direct algorithm reads the peers' buffers in place and needs every rank of "
-              "the group in one process; the group of devices ",
-              c->comm->DevicesString(), " spans processes (use Ring or Tree)");
-    };
-  } else {
-    ctx.barrier = [c = &call]() -> Status {
-      return c->comm->Barrier(*c->e, c->rank, c->deadline, *c->name);
-    };
-  }
-
   Status result;
-  if (crossProcess()) {
-    result = Connect(ctx.deadline, timeout, name);
-    if (result.ok() && shm_) shm_->MaybeUnlink();
-  }
-  if (result.ok()) {
-    result = body(ctx);
-    // The process may exit after this call: its last steps must be on the wire first.
-    if (result.ok() && links_ && !links_->WaitDrained(rank, ctx.deadline)) {
-      std::string why = "the deadline (JAX_RCCL_TIMEOUT) passed";
-      links_->Failed(&why);
-      result = Status(Code::kTimeout,
-                      detail::StrCat("jax_rccl: '", name, "': ", RankString(rank),
-                                     " could not hand its last steps to the sockets: ", why));
-    }
-    if (!result.ok() && crossProcess() && result.code() == Code::kTimeout) {
-      // This rank's own deadline (not a peer's failure): say which ranks did not come.
-      std::string why;
-      if (!failed() && !PeerFailed(rank, &why)) {
-        const std::string culprits = Culprits(rank, seq);
-        result =
-            Status(result.code(),
-                   culprits.empty()
-                       ? detail::StrCat(result.message(), " [every rank of the group of devices ",
-                                        DevicesString(), " started call #", seq,
-                                        "; the ranks stalled inside it]")
-                       : detail::StrCat("jax_rccl: '", name, "' (call #", seq, ") timed out after ",
-                                        timeout, " s (JAX_RCCL_TIMEOUT) on ", RankString(rank),
-                                        ": ", culprits, " [", result.message(), "]"));
-      }
-    }
-  }
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    ++served_[rank];
-    cv_.notify_all();
-  }
-  if (!result.ok() && crossProcess()) {
-    // Stopped by a peer: say what the first failure was.
-    std::string why;
-    if (!failed() && PeerFailed(rank, &why) && result.message().find(why) == std::string::npos) {
-      result = Status(result.code(), detail::StrCat(result.message(), " [", why, "]"));
+    ExecScope scope(this, e.get(), rank, callId, what, timeout, name);
+    bool ran = false;  // the transports connected and the body ran
+    result = scope.Run(body, &ran);
+    if (!result.ok()) {
+      result = ExplainFailure(std::move(result), ran, rank, e->ticket, timeout, name);
     }
-  }
-  if (!result.ok() && failed()) {
-    // Stopped by an earlier failure of the communicator: say what it was.
-    std::string first;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      first = failReason_;
-    }
-    if (!first.empty() && result.message().find(first) == std::string::npos) {
-      result = Status(result.code(),
-                      detail::StrCat(result.message(), " [the first failure: ", first, "]"));
-    }
-  }
+  }  // the turn is served
   if (!result.ok()) {
     JR_STATUS_FRAME_(result);
     // The other ranks may wait on this one inside the executor or in other processes: stop them.
     Fail(result.message());
   }
   return result;
+}
+
+// Why rank's call #seq failed, in one place: a timeout of its own in the body (`ran`; not a
+// peer's failure) names the ranks that did not come to the call; a failure that stopped it names
+// the first failure, a peer's or this communicator's.
+Status Communicator::ExplainFailure(Status result, bool ran, int rank, uint64_t seq, double timeout,
+                                    const std::string& name) {
+  if (!crossProcess()) return ExplainByFirstFailure(std::move(result));
+  std::string why;
+  const bool peerFailed = !failed() && PeerFailed(rank, &why);
+  if (ran && result.code() == Code::kTimeout && !failed() && !peerFailed) {
+    const std::string culprits = Culprits(rank, seq);
+    return Status(result.code(),
+                  culprits.empty()
+                      ? detail::StrCat(result.message(), " [every rank of the group of devices ",
+                                       DevicesString(), " started call #", seq,
+                                       "; the ranks stalled inside it]")
+                      : detail::StrCat("jax_rccl: '", name, "' (call #", seq, ") timed out after ",
+                                       timeout, " s (JAX_RCCL_TIMEOUT) on ", RankString(rank), ": ",
+                                       culprits, " [", result.message(), "]"));
+  }
+  if (peerFailed && result.message().find(why) == std::string::npos) {
+    return Status(result.code(), detail::StrCat(result.message(), " [", why, "]"));
+  }
+  return ExplainByFirstFailure(std::move(result));
+}
+
+// A failure after this communicator failed: says what the first failure was.
+Status Communicator::ExplainByFirstFailure(Status result) {
+  if (!failed()) return result;
+  std::string first;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    first = failReason_;
+  }
+  if (first.empty() || result.message().find(first) != std::string::npos) return result;
+  return Status(result.code(),
+                detail::StrCat(result.message(), " [the first failure: ", first, "]"));
 }
 
 }  // namespace cpu

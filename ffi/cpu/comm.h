@@ -212,6 +212,13 @@ class Communicator {
   bool PeerFailed(int rank, std::string* why);
   // "call #S 'name' (id ...)" of local rank's latest call.
   std::string CallText(int rank);
+  // One rank's execution from its turn on (comm.cc).
+  class ExecScope;
+  // Why rank's call #seq failed (`ran`: in its body, not while connecting), in one place: the
+  // ranks that did not come, a peer's failure, the communicator's first failure.
+  Status ExplainFailure(Status result, bool ran, int rank, uint64_t seq, double timeout,
+                        const std::string& name);
+  Status ExplainByFirstFailure(Status result);
   // Across processes, after `rank` timed out in call `seq`: the ranks that did not come to it
   // ("rank r (...) exited", "... is stopped", "... never arrived ...", "... did not answer ..."),
   // "; "-separated, or "" when every rank started the call.
