@@ -113,31 +113,24 @@ def test_tree_ll128_uses_log2_nodes_and_ppn():
     # 4 MiB on 2 channels: loop 1 (< 2.8*64/8 = 22.4 && > 131072):
     #   4194304/(2*401408) = 5 -> 200704; 4194304/(2*200704) = 10 -> 100352 (stop: not > 131072)
     #   loop 2 (< 2.8*16/8 = 5.6 && > 32768): 4194304/(2*100352) = 20, not < 5.6 -> 100352.
-    d = internal.coll_chunk_info(
-        "all_reduce",
-        "tree",
-        "ll128",
-        "float32",
-        4 << 20,
-        2,
-        nranks=16,
-        nnodes=2,
-        buff_sizes=[262144, 3670016, 4194304],
-    )
+    def tree_ll128_4mib(nranks, nnodes):
+        return internal.coll_chunk_info(
+            "all_reduce",
+            "tree",
+            "ll128",
+            "float32",
+            4 << 20,
+            2,
+            nranks=nranks,
+            nnodes=nnodes,
+            buff_sizes=[262144, 3670016, 4194304],
+        )
+
+    d = tree_ll128_4mib(16, 2)
     assert (d["chunk_size"], d["chunk_count"]) == (100352, 25088)
     # One node of 8: nsteps = 1 + 0 + 0.8 = 1.8; 1.8*64/8 = 14.4: 5 < 14.4 -> 200704;
     #   10 < 14.4 -> 100352.
-    d = internal.coll_chunk_info(
-        "all_reduce",
-        "tree",
-        "ll128",
-        "float32",
-        4 << 20,
-        2,
-        nranks=8,
-        nnodes=1,
-        buff_sizes=[262144, 3670016, 4194304],
-    )
+    d = tree_ll128_4mib(8, 1)
     assert d["chunk_size"] == 100352
 
 

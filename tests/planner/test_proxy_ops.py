@@ -15,19 +15,17 @@ from hypothesis import strategies as st
 from jax_rccl import planner
 from jax_rccl.planner import Task, Topology
 
+
+def _gfx942_xgmi(nranks, nnodes, **kw):
+    """`nnodes` nodes of gfx942 GPUs over XGMI, 12 GB/s a channel within and between nodes."""
+    return Topology(
+        nranks=nranks, nnodes=nnodes, arch="gfx942", link="xgmi", bw_intra=12.0, bw_inter=12.0, **kw
+    )
+
+
 # Two nodes of 4 gfx942 GPUs (warp 64: Simple alignment 64 * 8 * 16 = 8192 bytes), 4 channels,
 # 8 p2p channels of which 2 per peer; RCCL's buffer sizes (Simple step 4 MiB / 8 = 512 KiB).
-TWO_BY_FOUR = Topology(
-    nranks=8,
-    nnodes=2,
-    arch="gfx942",
-    link="xgmi",
-    bw_intra=12.0,
-    bw_inter=12.0,
-    nchannels=4,
-    p2p_nchannels=8,
-    p2p_nchannels_per_peer=2,
-)
+TWO_BY_FOUR = _gfx942_xgmi(8, 2, nchannels=4, p2p_nchannels=8, p2p_nchannels_per_peer=2)
 MIB = 1 << 20
 
 
@@ -428,16 +426,7 @@ def test_collective_send_and_recv_steps_match(shape, coll, algo_proto, count, nc
 def test_p2p_send_and_recv_steps_match(shape, shifts, nbytes, per_peer):
     nnodes, local = shape
     n = nnodes * local
-    topo = Topology(
-        nranks=n,
-        nnodes=nnodes,
-        arch="gfx942",
-        link="xgmi",
-        bw_intra=12.0,
-        bw_inter=12.0,
-        p2p_nchannels=8,
-        p2p_nchannels_per_peer=per_peer,
-    )
+    topo = _gfx942_xgmi(n, nnodes, p2p_nchannels=8, p2p_nchannels_per_peer=per_peer)
 
     def tasks(r):
         out = []

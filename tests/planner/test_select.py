@@ -30,6 +30,11 @@ def sel(topo, coll="all_reduce", nbytes=MiB, dtype="float32", **kw):
     return internal.select(topo, coll, nbytes // itemsize, dtype, **kw)
 
 
+def choice(d):
+    """What a selection chose: (algorithm, protocol, channels, threads)."""
+    return (d["algorithm"], d["protocol"], d["nchannels"], d["nthreads"])
+
+
 # ---------------------------------------------------------------------------------------------
 # SetDerived
 
@@ -72,31 +77,21 @@ def test_mi300x_choices_by_size():
     assert (d["nchannels"], d["nthreads"], d["pattern"]) == (16, 256, "ring_twice")
     # 64 MiB: ring/simple 67.4 + 67108864/182857 = 434.4 beats ring/ll 918.3, tree/ll 5138.
     d = sel(MI300X, nbytes=64 * MiB)
-    assert (d["algorithm"], d["protocol"], d["nchannels"], d["nthreads"]) == (
-        "ring",
-        "simple",
-        16,
-        256,
-    )
+    assert choice(d) == ("ring", "simple", 16, 256)
     # 4 KiB: ring/ll 23.2546 vs tree/ll 23.2624; channels shrink while 4096 < nc*256*64 -> 1.
     d = sel(MI300X, nbytes=4096)
-    assert (d["algorithm"], d["protocol"], d["nchannels"], d["nthreads"]) == ("ring", "ll", 1, 256)
+    assert choice(d) == ("ring", "ll", 1, 256)
 
 
 def test_h100_choices_and_threads():
     # 4 KiB: ring/ll 15.0 + 4096/45714 = 15.09 wins. Threads (CUDA path): nc 16 -> 1, then
     # nt 512 -> 256 -> 128 -> 64 while 4096 < nc*nt*64; LL adds no warp; at least 3 warps: 96.
     d = sel(H100, nbytes=4096)
-    assert (d["algorithm"], d["protocol"], d["nchannels"], d["nthreads"]) == ("ring", "ll", 1, 96)
+    assert choice(d) == ("ring", "ll", 1, 96)
     # 64 MiB: ring/simple 56 + 67108864/182857 = 423.0 beats ring/ll128 40.6 + 398.9 = 439.5.
     # Ring/Simple adds a sync warp: 512 + 32 = 544.
     d = sel(H100, nbytes=64 * MiB)
-    assert (d["algorithm"], d["protocol"], d["nchannels"], d["nthreads"]) == (
-        "ring",
-        "simple",
-        16,
-        544,
-    )
+    assert choice(d) == ("ring", "simple", 16, 544)
     # Tree/Simple adds four warps: 512 + 4*32 = 640.
     d = sel(H100, nbytes=64 * MiB, algorithm="Tree", protocol="Simple")
     assert (d["algorithm"], d["protocol"], d["nthreads"]) == ("tree", "simple", 640)
@@ -267,40 +262,32 @@ def test_tuner_exception_propagates():
 
 
 @pytest.mark.parametrize(
-    "spec, mask",
+    "kind, spec, mask",
     [
-        ("", 0b111),
-        ("Ring", 0b010),
-        ("Tree", 0b001),
-        ("Direct", 0b100),
-        ("tree,ring", 0b011),
-        ("Tree,Ring", 0b011),
-        ("RING", 0b010),
-        ("^Tree", 0b110),
-        ("^ring", 0b101),
-        ("^Direct", 0b011),
-        (" Ring , Tree ", 0b011),
+        ("algo", "", 0b111),
+        ("algo", "Ring", 0b010),
+        ("algo", "Tree", 0b001),
+        ("algo", "Direct", 0b100),
+        ("algo", "tree,ring", 0b011),
+        ("algo", "Tree,Ring", 0b011),
+        ("algo", "RING", 0b010),
+        ("algo", "^Tree", 0b110),
+        ("algo", "^ring", 0b101),
+        ("algo", "^Direct", 0b011),
+        ("algo", " Ring , Tree ", 0b011),
+        ("proto", "", 0b111),
+        ("proto", "LL", 0b001),
+        ("proto", "ll128", 0b010),
+        ("proto", "Simple", 0b100),
+        ("proto", "^LL128", 0b101),
+        ("proto", "LL,Simple", 0b101),
+        ("proto", "^ll,simple", 0b010),
+        ("proto", "SIMPLE,LL128,LL", 0b111),
     ],
 )
-def test_parse_algo_mask(spec, mask):
-    assert internal.parse_algo_mask(spec) == mask
-
-
-@pytest.mark.parametrize(
-    "spec, mask",
-    [
-        ("", 0b111),
-        ("LL", 0b001),
-        ("ll128", 0b010),
-        ("Simple", 0b100),
-        ("^LL128", 0b101),
-        ("LL,Simple", 0b101),
-        ("^ll,simple", 0b010),
-        ("SIMPLE,LL128,LL", 0b111),
-    ],
-)
-def test_parse_proto_mask(spec, mask):
-    assert internal.parse_proto_mask(spec) == mask
+def test_parse_mask(kind, spec, mask):
+    """NCCL_ALGO (kind "algo") and NCCL_PROTO ("proto") strings to masks."""
+    assert getattr(internal, f"parse_{kind}_mask")(spec) == mask
 
 
 def test_parse_mask_errors():
