@@ -62,32 +62,25 @@ def make_input(rng, dtype: str, op: str, count: int, n: int) -> np.ndarray:
     return rng.integers(-100, 100, count).astype(npt)
 
 
+UFUNCS = {"sum": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum}
+
+
 def reduce_ref(xs: list[np.ndarray], dtype: str, op: str, scalars=None) -> np.ndarray:
     n = len(xs)
     npt = DTYPES[dtype]
     if dtype in FLOATS:
         f = [x.astype(np.float64) for x in xs]
-        if op == "sum":
-            r = functools.reduce(np.add, f)
-        elif op == "prod":
-            r = functools.reduce(np.multiply, f)
-        elif op == "max":
-            r = functools.reduce(np.maximum, f)
-        elif op == "min":
-            r = functools.reduce(np.minimum, f)
-        elif op == "avg":
-            r = functools.reduce(np.add, f) / n
-        elif op == "premul":
-            r = functools.reduce(np.add, [x * s for x, s in zip(f, scalars, strict=True)])
-        return r
-    if op == "sum":
-        return functools.reduce(np.add, xs).astype(npt)
-    if op == "prod":
-        return functools.reduce(np.multiply, xs).astype(npt)
-    if op == "max":
-        return functools.reduce(np.maximum, xs)
-    if op == "min":
-        return functools.reduce(np.minimum, xs)
+        if op in UFUNCS:
+            return functools.reduce(UFUNCS[op], f)
+        if op == "avg":
+            return functools.reduce(np.add, f) / n
+        if op == "premul":
+            return functools.reduce(np.add, [x * s for x, s in zip(f, scalars, strict=True)])
+        raise AssertionError(op)
+    if op in ("sum", "prod"):
+        return functools.reduce(UFUNCS[op], xs).astype(npt)
+    if op in ("max", "min"):
+        return functools.reduce(UFUNCS[op], xs)
     if op == "avg":
         s = functools.reduce(np.add, xs).astype(npt)
         return np.trunc(s.astype(np.float64) / n).astype(np.int64).astype(npt)
