@@ -298,14 +298,19 @@ Status Communicator::WaitComplete(Execution& e, int rank, Clock::time_point dead
           ListString(missing), " (devices ", ListString(missingDevices),
           ") of the group of devices ", DevicesString(), " never arrived (call site ",
           e.key.callSite, ", run id ", e.key.runId, "; rank ", rank, " waited)");
-      Stats().rendezvousTimeouts.fetch_add(1);
-      lock.unlock();
-      Fail(msg);
-      lock.lock();
-      JR_FAIL(Code::kTimeout, msg);
+      return RendezvousTimedOut(msg, lock);
     }
   }
   return Status::Ok();
+}
+
+Status Communicator::RendezvousTimedOut(const std::string& msg,
+                                        std::unique_lock<std::mutex>& lock) {
+  Stats().rendezvousTimeouts.fetch_add(1);
+  lock.unlock();
+  Fail(msg);
+  lock.lock();
+  JR_FAIL(Code::kTimeout, msg);
 }
 
 Status Communicator::WaitTurn(Execution& e, int rank, double timeout, const std::string& name,
@@ -325,11 +330,7 @@ Status Communicator::WaitTurn(Execution& e, int rank, double timeout, const std:
           "jax_rccl: '", name, "' timed out after ", timeout, " s (JAX_RCCL_TIMEOUT): rank ", rank,
           " (device ", devices_[rank], ") of the group of devices ", DevicesString(),
           " waited for an earlier collective on the same devices that never finished");
-      Stats().rendezvousTimeouts.fetch_add(1);
-      lock.unlock();
-      Fail(msg);
-      lock.lock();
-      JR_FAIL(Code::kTimeout, msg);
+      return RendezvousTimedOut(msg, lock);
     }
   }
   return Status::Ok();

@@ -201,6 +201,9 @@ class Communicator {
   Status RunOneShot(Execution& e, int rank, double timeout, const std::string& name,
                     const std::function<Status(const ExecContext&)>& body,
                     std::unique_lock<std::mutex>& lock);
+  // A rank that timed out waiting under `lock` (held again on return): counts it, fails the
+  // communicator with `msg` and returns it.
+  Status RendezvousTimedOut(const std::string& msg, std::unique_lock<std::mutex>& lock);
   Status WaitTurn(Execution& e, int rank, double timeout, const std::string& name,
                   std::unique_lock<std::mutex>& lock);
   Status Barrier(Execution& e, int rank, Clock::time_point deadline, const std::string& name);

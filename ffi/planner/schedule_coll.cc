@@ -58,6 +58,21 @@ bool SameAggregate(const CollInfo& a, const CollInfo& b) {
   return a.coll == b.coll && a.opFull.op == b.opFull.op && a.dtype == b.dtype;
 }
 
+// Channel c's share of a task (`workCount` elements from `workOffset`): its work element appended
+// (the budget charged with the works the append adds: 0 when fused into the tail) and its proxy op.
+Status AppendCollShare(const PlanContext& ctx, KernelPlan* kp, const CollInfo& info, int c,
+                       int64_t workCount, int64_t workOffset, int64_t alignCount, uint64_t opCount,
+                       WorkElemColl* elem, int* nWorkBudget) {
+  const int64_t lastChunkCount = ComputeLastChunkCount(ctx, info, uint64_t(workCount), alignCount);
+  JR_CHECK(SetCollWorkElem(info, uint64_t(workCount), uint64_t(workOffset), lastChunkCount, elem));
+  ChannelPlan& ch = kp->channels[c];
+  *nWorkBudget += ch.nWork();
+  AppendWorkElemColl(kp, c, info.funcIndex, *elem);
+  *nWorkBudget -= ch.nWork();
+  AddCollProxyOp(ctx, kp, info, c, opCount, uint64_t(workCount));
+  return Status::Ok();
+}
+
 // getCBDCollnChannel. RCCL defines it but never calls it (the CBD budget check uses the
 // aggregate's share instead); kept for reference and for explain-style diagnostics.
 [[maybe_unused]] int CbdCollnChannel(const KernelPlan& kp, const CollInfo& info,
@@ -99,15 +114,8 @@ Status AddCbdColl(const PlanContext& ctx, KernelPlan* kp, int usableChannels, in
         std::min(DivUp(DivUp(enqBytes, typeSize), alignCount) * alignCount, workCountTotal);
     enqBytes = workCount * typeSize;
 
-    const int64_t lastChunkCount =
-        ComputeLastChunkCount(ctx, *info, uint64_t(workCount), alignCount);
-    JR_CHECK(
-        SetCollWorkElem(*info, uint64_t(workCount), uint64_t(workOffset), lastChunkCount, &elem));
-    // The budget is charged with the works this append adds (0 when fused into the tail).
-    *nWorkBudget += ch.nWork();
-    AppendWorkElemColl(kp, c, info->funcIndex, elem);
-    *nWorkBudget -= ch.nWork();
-    AddCollProxyOp(ctx, kp, *info, c, opCount, uint64_t(workCount));
+    JR_CHECK(AppendCollShare(ctx, kp, *info, c, workCount, workOffset, alignCount, opCount, &elem,
+                             nWorkBudget));
 
     workBytesTotal -= enqBytes;
     workCountTotal -= workCount;
@@ -177,14 +185,8 @@ Status AddTunedColl(const PlanContext& ctx, KernelPlan* kp, int usableChannels, 
     const int c = least[bid];
     ChannelPlan& ch = kp->channels[c];
     const int64_t workCount = std::min(countPerChannel, remCount);
-    const int64_t lastChunkCount =
-        ComputeLastChunkCount(ctx, *info, uint64_t(workCount), alignCount);
-    JR_CHECK(
-        SetCollWorkElem(*info, uint64_t(workCount), uint64_t(workOffset), lastChunkCount, &elem));
-    *nWorkBudget += ch.nWork();
-    AppendWorkElemColl(kp, c, info->funcIndex, elem);
-    *nWorkBudget -= ch.nWork();
-    AddCollProxyOp(ctx, kp, *info, c, opCount, uint64_t(workCount));
+    JR_CHECK(AppendCollShare(ctx, kp, *info, c, workCount, workOffset, alignCount, opCount, &elem,
+                             nWorkBudget));
 
     remCount -= workCount;
     ch.collBytes += workCount * typeSize;
