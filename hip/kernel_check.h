@@ -86,10 +86,13 @@ __device__ inline void SetCall(const KernelArgs& a, uint64_t seq) {
   gCallSeq = seq;
   gCallTag = a.checkCalls ? CallTag(a.callId, seq) : 0u;
 }
-// A block that finished its works: the call's last launch advances its channel's counter, and
-// block 0 those of the channels no block of this launch runs (every counter then holds the number
-// of calls made, whichever channels they used).
-__device__ inline void EndCall(const KernelArgs& a, int ch) {
+// Every thread, once the block's thread 0 has read the counter (SetCall, before the block's
+// first barrier): the call's last launch advances its channel's counter, and block 0 those of the
+// channels no block of this launch runs (every counter then holds the number of calls made,
+// whichever channels they used). At the start rather than the end, so that no store waits at the
+// kernel's end: a launch runs one block per channel, so no block of this launch reads the counter
+// after it moves, and the next launch reads it only once this one is done (stream order).
+__device__ inline void AdvanceCall(const KernelArgs& a, int ch) {
   if (!a.checkCalls || !a.lastLaunch || a.ownRegion == nullptr) return;
   const int t = int(threadIdx.x);
   if (t == 0) StoreVolatile64(CallSeqWord(a, ch), gCallSeq + 1);

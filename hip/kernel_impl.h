@@ -314,6 +314,7 @@ __device__ void CollKernelBody(const KernelArgs& a) {
     // An exported program called on its devices in another order moves nothing
     // (hip/kernel_check.h).
     if (firstWork && a.deviceCheck != nullptr && orderOk == 0) return;
+    if (firstWork) AdvanceCall(a, bi.channel);
     firstWork = false;
     Trace(a, &sh, kTraceWork);
     bool ok = true;
@@ -340,7 +341,6 @@ __device__ void CollKernelBody(const KernelArgs& a) {
     if (last) break;
     wi = next;
   }
-  EndCall(a, bi.channel);
   Trace(a, &sh, kTraceEnd);
 }
 
