@@ -56,6 +56,20 @@ void RecvDone(void* request, ucs_status_t status, size_t length, void* user) {
 void FreeWhenDone(void* request, ucs_status_t, void*) {
   LoadedApi().ucp_request_free(request);
 }
+// The parameters of a UCX operation on request `r`: its callback's data and its registration
+// (the caller sets the callback).
+ucp_request_param_t RequestParam(Req* r) {
+  ucp_request_param_t p;
+  std::memset(&p, 0, sizeof(p));
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  p.user_data = r;
+  if (r->mem != nullptr) {
+    p.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
+    p.memh = r->mem->memh;
+  }
+  return p;
+}
+
 }  // namespace
 
 // ---- a connection's end ----
@@ -369,15 +383,8 @@ void Conn::Kick() {
     if (r->desc == nullptr) continue;
     void* desc = r->desc;
     r->desc = nullptr;
-    ucp_request_param_t p;
-    std::memset(&p, 0, sizeof(p));
-    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    ucp_request_param_t p = RequestParam(r);
     p.cb.recv_am = &RecvDone;
-    p.user_data = r;
-    if (r->mem != nullptr) {
-      p.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
-      p.memh = r->mem->memh;
-    }
     void* op = api_.ucp_am_recv_data_nbx(w_->worker, desc, r->data, r->got, &p);
     if (UCS_PTR_IS_ERR(op)) {
       Fail(detail::StrCat("jax_rccl: receiving a step on channel ", channel_, " from ", peer_,
@@ -406,15 +413,8 @@ void Conn::StartSends() {
       }
     }
     if (r == nullptr) return;
-    ucp_request_param_t p;
-    std::memset(&p, 0, sizeof(p));
-    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    ucp_request_param_t p = RequestParam(r);
     p.cb.send = &SendDone;
-    p.user_data = r;
-    if (r->mem != nullptr) {
-      p.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
-      p.memh = r->mem->memh;
-    }
     r->started = true;
     ++started_;
     void* op =

@@ -23,18 +23,19 @@ Conn* Lookup(Worker* w, const void* header, size_t headerBytes, WireHeader* h) {
   return it == w->conns.end() ? nullptr : it->second;
 }
 
+// A message for no connection (one closed since, or of no connection at all) is dropped, and a
+// rendezvous refused (its sender's request fails).
+ucs_status_t Dropped(Worker* w, const ucp_am_recv_param_t* param) {
+  ++w->dropped;
+  return (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) ? UCS_ERR_REJECTED : UCS_OK;
+}
+
 ucs_status_t OnDataMessage(void* arg, const void* header, size_t headerBytes, void* data,
                            size_t length, const ucp_am_recv_param_t* param) {
   Worker* w = static_cast<Worker*>(arg);
   WireHeader h;
   Conn* c = Lookup(w, header, headerBytes, &h);
-  if (c == nullptr) {
-    // A connection closed since, or a message of no connection: dropped, a rendezvous refused
-    // (its sender's request fails).
-    ++w->dropped;
-    return (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) ? UCS_ERR_REJECTED : UCS_OK;
-  }
-  return c->OnData(h, data, length, param);
+  return c == nullptr ? Dropped(w, param) : c->OnData(h, data, length, param);
 }
 
 ucs_status_t OnCreditMessage(void* arg, const void* header, size_t headerBytes, void*, size_t,
@@ -42,10 +43,7 @@ ucs_status_t OnCreditMessage(void* arg, const void* header, size_t headerBytes, 
   Worker* w = static_cast<Worker*>(arg);
   WireHeader h;
   Conn* c = Lookup(w, header, headerBytes, &h);
-  if (c == nullptr) {
-    ++w->dropped;
-    return (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) ? UCS_ERR_REJECTED : UCS_OK;
-  }
+  if (c == nullptr) return Dropped(w, param);
   c->OnCredit(h.seq);
   return UCS_OK;
 }
