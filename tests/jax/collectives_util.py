@@ -104,6 +104,40 @@ def assert_same(got, want, *, exact=None, rtol=None):
             )
 
 
+def assert_like_lax(fn, mesh: Mesh, *args, check_vma=True, lax_check_vma=None, rtol=None):
+    """`fn(jax_rccl)` and `fn(jax.lax)`, each run by `per_device` on `mesh`, return the same
+    (`assert_same`); returns jax_rccl's. `lax_check_vma` (default: `check_vma`) types jax.lax's
+    twin alone (jax.lax takes axis_index_groups only without check_vma)."""
+    got = per_device(fn(jax_rccl), mesh, check_vma=check_vma)(*args)
+    lax_vma = check_vma if lax_check_vma is None else lax_check_vma
+    assert_same(got, per_device(fn(jax.lax), mesh, check_vma=lax_vma)(*args), rtol=rtol)
+    return got
+
+
+def assert_grad_like_lax(loss, x, *, rtol=None):
+    """jit(grad(loss(jax_rccl))) and jit(grad(loss(jax.lax))) agree at `x` (`assert_same`)."""
+    got = jax.jit(jax.grad(loss(jax_rccl)))(x)
+    assert_same(got, jax.jit(jax.grad(loss(jax.lax)))(x), rtol=rtol)
+
+
+def lax_twin_tests(fn, cases, types_input, values_input=None):
+    """Two tests over `cases` (ids: str(case)) on the 1-D mesh: `fn(lib, case)` types as jax.lax's
+    (`assert_same_types` on types_input()), and computes as jax.lax's (`assert_like_lax` on
+    values_input(), default types_input(); needs the runtime). A test module names them:
+    `test_types_match_lax, test_values = lax_twin_tests(...)`."""
+
+    @pytest.mark.parametrize("case", cases, ids=str)
+    def types_match_lax(case):
+        assert_same_types(lambda lib: fn(lib, case), mesh_1d(), types_input())
+
+    @needs_runtime
+    @pytest.mark.parametrize("case", cases, ids=str)
+    def values_match_lax(case):
+        assert_like_lax(lambda lib: fn(lib, case), mesh_1d(), (values_input or types_input)())
+
+    return types_match_lax, values_match_lax
+
+
 def sample(shape, dtype, seed=0):
     """Small, exactly representable values (sums stay exact in every dtype)."""
     rng = np.random.default_rng(seed)
@@ -136,6 +170,20 @@ def maybe_empty(tree):
     if not EMPTY_LEAF_IN_TREE_OK:
         tree = {k: v for k, v in tree.items() if k != "empty"}
     return tree
+
+
+def mixed_tree(odd_dtype):
+    """A pytree of 8 devices' blocks of every kind of leaf: float32 [3, 2], bool [5], complex64
+    [1], an empty int32 leaf (where jax compiles one among others) and 1001 `odd_dtype`s."""
+    return maybe_empty(
+        {
+            "f": sample((8 * 3, 2), "float32"),
+            "b": sample((8 * 5,), "bool"),
+            "c": sample((8,), "complex64"),
+            "empty": jnp.zeros((8, 0), jnp.int32),
+            "odd": sample((8 * 1001,), odd_dtype),
+        }
+    )
 
 
 # --- named axes bound by jax.vmap, and their twins on a mesh -----------------------------------

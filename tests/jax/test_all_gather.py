@@ -5,9 +5,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from collectives_util import (
+    assert_grad_like_lax,
+    assert_like_lax,
     assert_same,
-    assert_same_types,
     body_types,
+    lax_twin_tests,
     mesh_1d,
     mesh_2d,
     needs_runtime,
@@ -33,21 +35,13 @@ def _fn(lib, kw):
     return lambda v: lib.all_gather(v, "i", **kw)
 
 
-@pytest.mark.parametrize("kw", CASES, ids=str)
-def test_types_match_lax(kw):
-    assert_same_types(lambda lib: _fn(lib, kw), mesh_1d(), sample((8 * 2, 3), "float32"))
-
-
-@needs_runtime
-@pytest.mark.parametrize("kw", CASES, ids=str)
-def test_axes_and_tiling(kw):
-    mesh, x = mesh_1d(), sample((8 * 2, 3), "float32")
-    assert_same(per_device(_fn(jax_rccl, kw), mesh)(x), per_device(_fn(lax, kw), mesh)(x))
+test_types_match_lax, test_axes_and_tiling = lax_twin_tests(
+    _fn, CASES, lambda: sample((8 * 2, 3), "float32")
+)
 
 
 @needs_runtime
 def test_dtypes_pytree_and_sizes():
-    mesh = mesh_1d()
     tree = {
         "b": sample((8 * 3,), "bool"),
         "c": sample((8 * 3,), "complex64"),
@@ -61,36 +55,30 @@ def test_dtypes_pytree_and_sizes():
         # jax 0.11.2's compiler crashes (Shardy) on an empty leaf among others in one shard_map,
         # for jax.lax.all_gather as for ours; the empty leaf alone is tested below.
         del tree["empty"]
-    fn = lambda lib: lambda t: lib.all_gather(t, "i")  # noqa: E731
-    assert_same(per_device(fn(jax_rccl), mesh)(tree), per_device(fn(lax), mesh)(tree))
+    assert_like_lax(lambda lib: lambda t: lib.all_gather(t, "i"), mesh_1d(), tree)
 
 
 @needs_runtime
 def test_empty_leaf():
-    mesh = mesh_1d()
     x = jnp.zeros((8, 0), jnp.float32)
-    fn = lambda lib: lambda t: lib.all_gather(t, "i")  # noqa: E731
-    assert_same(per_device(fn(jax_rccl), mesh)(x), per_device(fn(lax), mesh)(x))
+    assert_like_lax(lambda lib: lambda t: lib.all_gather(t, "i"), mesh_1d(), x)
 
 
 @needs_runtime
 @pytest.mark.parametrize("axes", [("x", "y"), "y", ("y", "x")])
 def test_2d_mesh(axes):
-    mesh, x = mesh_2d(), sample((8 * 2, 3), "int32")
-
     def fn(lib):
         return lambda v: (lib.all_gather(v, axes), lib.all_gather(v, axes, tiled=True, axis=1))
 
-    assert_same(per_device(fn(jax_rccl), mesh)(x), per_device(fn(lax), mesh)(x))
+    assert_like_lax(fn, mesh_2d(), sample((8 * 2, 3), "int32"))
 
 
 @needs_runtime
 @pytest.mark.parametrize("tiled", [False, True])
 def test_axis_index_groups(tiled):
-    mesh, x = mesh_1d(), sample((8 * 2, 3), "float32")
     groups = [[0, 2, 4, 6], [7, 5, 3, 1]]
     fn = lambda lib: lambda v: lib.all_gather(v, "i", axis_index_groups=groups, tiled=tiled)  # noqa: E731,E501
-    assert_same(per_device(fn(jax_rccl), mesh)(x), per_device(fn(lax), mesh)(x))
+    assert_like_lax(fn, mesh_1d(), sample((8 * 2, 3), "float32"))
 
 
 # --- to='varying' | 'invarying' | 'reduced' (the result's type over axis_name) -----------------
@@ -136,8 +124,7 @@ def test_to_grad(to, check_vma):
 
         return f
 
-    got = jax.jit(jax.grad(loss(jax_rccl)))(x)
-    assert_same(got, jax.jit(jax.grad(loss(lax)))(x), rtol=1e-5)
+    assert_grad_like_lax(loss, x, rtol=1e-5)
 
 
 def test_to_is_checked_like_lax():

@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from collectives_util import (
+    assert_like_lax,
     assert_same,
     assert_same_types,
     custom_calls,
@@ -37,7 +38,6 @@ def test_pmax_pmin_types_match_lax(op, check_vma):
 @needs_runtime
 @pytest.mark.parametrize("op", ["max", "min"])
 def test_pmax_pmin_dtypes(op):
-    mesh = mesh_1d()
     tree = {
         dt: sample((8 * 5,), dt, seed=i)
         for i, dt in enumerate(
@@ -45,9 +45,8 @@ def test_pmax_pmin_dtypes(op):
         )
     }
     tree["empty"] = jnp.zeros((8, 0), jnp.float32)
-    tree = maybe_empty(tree)
     fn = lambda lib: lambda t: getattr(lib, "p" + op)(t, "i")  # noqa: E731
-    assert_same(per_device(fn(jax_rccl), mesh)(tree), per_device(fn(lax), mesh)(tree))
+    assert_like_lax(fn, mesh_1d(), maybe_empty(tree))
 
 
 @needs_runtime
@@ -88,21 +87,21 @@ def test_ops_2d_mesh_and_groups():
     )(x)
     assert_same(got, want)
     groups = [[0, 1], [2, 3]]
-    got = per_device(lambda v: jax_rccl.pmax(v, "y", axis_index_groups=groups), mesh)(x)
-    want = per_device(lambda v: lax.pmax(v, "y", axis_index_groups=groups), mesh, check_vma=False)(
-        x
-    )
-    assert_same(got, want)
+    fn = lambda lib: lambda v: lib.pmax(v, "y", axis_index_groups=groups)  # noqa: E731
+    assert_like_lax(fn, mesh, x, lax_check_vma=False)
 
 
-@needs_runtime
-def test_premul_immediate():
-    mesh = mesh_1d()
-    tree = {
+def _premul_tree():
+    return {
         "f32": sample((8 * 4,), "float32"),
         "bf16": sample((8 * 4,), "bfloat16"),
         "c64": sample((8 * 2,), "complex64"),
     }
+
+
+@needs_runtime
+def test_premul_immediate():
+    mesh, tree = mesh_1d(), _premul_tree()
     got = per_device(lambda t: jax_rccl.all_reduce(t, "i", premul=0.5), mesh)(tree)
     want = per_device(lambda t: jax.tree_util.tree_map(lambda v: lax.psum(v * 0.5, "i"), t), mesh)(
         tree
@@ -112,23 +111,13 @@ def test_premul_immediate():
 
 @needs_runtime
 def test_premul_per_device():
-    mesh = mesh_1d()
-    tree = {
-        "f32": sample((8 * 4,), "float32"),
-        "bf16": sample((8 * 4,), "bfloat16"),
-        "c64": sample((8 * 2,), "complex64"),
-    }
-
     def per_dev(lib, t):
         s = (lax.axis_index("i") + 1).astype(jnp.float32)  # differs on every device
         if lib is jax_rccl:
             return jax_rccl.all_reduce(t, "i", premul=s)
         return jax.tree_util.tree_map(lambda v: lax.psum(v * s.astype(v.real.dtype), "i"), t)
 
-    assert_same(
-        per_device(lambda t: per_dev(jax_rccl, t), mesh)(tree),
-        per_device(lambda t: per_dev(lax, t), mesh)(tree),
-    )
+    assert_like_lax(lambda lib: lambda t: per_dev(lib, t), mesh_1d(), _premul_tree())
 
 
 def test_premul_attributes():

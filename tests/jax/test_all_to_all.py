@@ -3,18 +3,15 @@
 import jax.numpy as jnp
 import pytest
 from collectives_util import (
-    assert_same,
-    assert_same_types,
+    assert_like_lax,
+    lax_twin_tests,
     maybe_empty,
     mesh_1d,
     mesh_2d,
     needs_runtime,
-    per_device,
     sample,
 )
 from jax import lax
-
-import jax_rccl
 
 # (split_axis, concat_axis, tiled) on a per-device [8, 8, 3] block
 CASES = [
@@ -42,21 +39,11 @@ def _fn(lib, case):
     return lambda v: lib.all_to_all(v, "i", s, c, tiled=tiled)
 
 
-@pytest.mark.parametrize("case", CASES, ids=str)
-def test_types_match_lax(case):
-    assert_same_types(lambda lib: _fn(lib, case), mesh_1d(), _x())
-
-
-@needs_runtime
-@pytest.mark.parametrize("case", CASES, ids=str)
-def test_split_and_concat_axes(case):
-    mesh, x = mesh_1d(), _x()
-    assert_same(per_device(_fn(jax_rccl, case), mesh)(x), per_device(_fn(lax, case), mesh)(x))
+test_types_match_lax, test_split_and_concat_axes = lax_twin_tests(_fn, CASES, _x)
 
 
 @needs_runtime
 def test_dtypes_pytree_and_sizes():
-    mesh = mesh_1d()
     tree = {
         "b": sample((8 * 8,), "bool"),
         "c": sample((8 * 8, 2), "complex64"),
@@ -64,23 +51,19 @@ def test_dtypes_pytree_and_sizes():
         "empty": jnp.zeros((8 * 8, 0), jnp.float32),
         "odd": sample((8 * 8, 77), "bfloat16"),
     }
-    tree = maybe_empty(tree)
     fn = lambda lib: lambda t: lib.all_to_all(t, "i", 0, 0, tiled=True)  # noqa: E731
-    assert_same(per_device(fn(jax_rccl), mesh)(tree), per_device(fn(lax), mesh)(tree))
+    assert_like_lax(fn, mesh_1d(), maybe_empty(tree))
 
 
 @needs_runtime
 @pytest.mark.parametrize("axes", [("x", "y"), "y"])
 def test_2d_mesh(axes):
-    mesh = mesh_2d()
-    x = sample((8 * 8, 2), "int32")
     fn = lambda lib: lambda v: lib.all_to_all(v, axes, 0, 1, tiled=True)  # noqa: E731
-    assert_same(per_device(fn(jax_rccl), mesh)(x), per_device(fn(lax), mesh)(x))
+    assert_like_lax(fn, mesh_2d(), sample((8 * 8, 2), "int32"))
 
 
 @needs_runtime
 def test_axis_index_groups():
-    mesh, x = mesh_1d(), sample((8 * 4, 3), "float32")
     groups = [[0, 1, 2, 3], [4, 5, 6, 7]]
     fn = lambda lib: lambda v: lib.all_to_all(v, "i", 0, 0, axis_index_groups=groups)  # noqa: E731
-    assert_same(per_device(fn(jax_rccl), mesh)(x), per_device(fn(lax), mesh)(x))
+    assert_like_lax(fn, mesh_1d(), sample((8 * 4, 3), "float32"))

@@ -10,6 +10,7 @@ from collectives_util import (
     maybe_empty,
     mesh_1d,
     mesh_2d,
+    mixed_tree,
     needs_runtime,
     per_device,
     sample,
@@ -28,17 +29,8 @@ def test_types_match_lax():
 @needs_runtime
 @pytest.mark.parametrize("source", [0, 5, 7])
 def test_pbroadcast(source):
-    mesh = mesh_1d()
-    tree = {
-        "f": sample((8 * 3, 2), "float32"),
-        "b": sample((8 * 5,), "bool"),
-        "c": sample((8,), "complex64"),
-        "empty": jnp.zeros((8, 0), jnp.int32),
-        "odd": sample((8 * 1001,), "uint8"),
-    }
-    tree = maybe_empty(tree)
-    fn = lambda lib: lambda t: lib.pbroadcast(t, "i", source)  # noqa: E731
-    got = per_device(fn(jax_rccl), mesh)(tree)
+    tree = mixed_tree("uint8")
+    got = per_device(lambda t: jax_rccl.pbroadcast(t, "i", source), mesh_1d())(tree)
     # jax.lax.pbroadcast lowers only on GPU: compare with the source's slice.
     want = jax.tree_util.tree_map(
         lambda v: jnp.broadcast_to(

@@ -1,14 +1,14 @@
 """jax_rccl.ppermute next to jax.lax.ppermute under jit(shard_map) on 8 CPU devices."""
 
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from collectives_util import (
+    assert_like_lax,
     assert_same,
-    assert_same_types,
-    maybe_empty,
+    lax_twin_tests,
     mesh_1d,
     mesh_2d,
+    mixed_tree,
     needs_runtime,
     per_device,
     sample,
@@ -26,40 +26,21 @@ PERMS = {
 }
 
 
-@pytest.mark.parametrize("name", list(PERMS))
-def test_types_match_lax(name):
-    assert_same_types(
-        lambda lib: lambda v: lib.ppermute(v, "i", PERMS[name]),
-        mesh_1d(),
-        sample((8 * 2,), "float32"),
-    )
-
-
-@needs_runtime
-@pytest.mark.parametrize("name", list(PERMS))
-def test_permutations(name):
-    mesh = mesh_1d()
-    tree = {
-        "f": sample((8 * 3, 2), "float32"),
-        "b": sample((8 * 5,), "bool"),
-        "c": sample((8,), "complex64"),
-        "empty": jnp.zeros((8, 0), jnp.int32),
-        "odd": sample((8 * 1001,), "int8"),
-    }
-    tree = maybe_empty(tree)
-    fn = lambda lib: lambda t: lib.ppermute(t, "i", PERMS[name])  # noqa: E731
-    assert_same(per_device(fn(jax_rccl), mesh)(tree), per_device(fn(lax), mesh)(tree))
+test_types_match_lax, test_permutations = lax_twin_tests(
+    lambda lib, name: lambda v: lib.ppermute(v, "i", PERMS[name]),
+    list(PERMS),
+    lambda: sample((8 * 2,), "float32"),
+    lambda: mixed_tree("int8"),
+)
 
 
 @needs_runtime
 @pytest.mark.parametrize("axes", [("x", "y"), "x", "y"])
 def test_2d_mesh(axes):
-    mesh = mesh_2d()
     n = 8 if axes == ("x", "y") else (2 if axes == "x" else 4)
     perm = [(j, (j + 1) % n) for j in range(n)]
-    x = sample((8 * 3,), "float32")
     fn = lambda lib: lambda v: lib.ppermute(v, axes, perm)  # noqa: E731
-    assert_same(per_device(fn(jax_rccl), mesh)(x), per_device(fn(lax), mesh)(x))
+    assert_like_lax(fn, mesh_2d(), sample((8 * 3,), "float32"))
 
 
 def _perm_forms(n):

@@ -6,13 +6,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from collectives_util import (
+    assert_grad_like_lax,
+    assert_like_lax,
     assert_same,
     assert_same_types,
     custom_calls,
+    lax_twin_tests,
     lowered_text,
-    maybe_empty,
     mesh_1d,
     mesh_2d,
+    mixed_tree,
     needs_runtime,
     per_device,
     sample,
@@ -30,30 +33,12 @@ SHUFFLES = {
 }
 
 
-@pytest.mark.parametrize("name", list(SHUFFLES))
-def test_pshuffle_types_match_lax(name):
-    assert_same_types(
-        lambda lib: lambda v: lib.pshuffle(v, "i", SHUFFLES[name]),
-        mesh_1d(),
-        sample((8 * 2,), "float32"),
-    )
-
-
-@needs_runtime
-@pytest.mark.parametrize("name", list(SHUFFLES))
-def test_pshuffle(name):
-    mesh = mesh_1d()
-    tree = maybe_empty(
-        {
-            "f": sample((8 * 3, 2), "float32"),
-            "b": sample((8 * 5,), "bool"),
-            "c": sample((8,), "complex64"),
-            "i8": sample((8 * 1001,), "int8"),
-            "empty": jnp.zeros((8, 0), jnp.int32),
-        }
-    )
-    fn = lambda lib: lambda t: lib.pshuffle(t, "i", SHUFFLES[name])  # noqa: E731
-    assert_same(per_device(fn(jax_rccl), mesh)(tree), per_device(fn(lax), mesh)(tree))
+test_pshuffle_types_match_lax, test_pshuffle = lax_twin_tests(
+    lambda lib, name: lambda v: lib.pshuffle(v, "i", SHUFFLES[name]),
+    list(SHUFFLES),
+    lambda: sample((8 * 2,), "float32"),
+    lambda: mixed_tree("int8"),
+)
 
 
 def test_pshuffle_is_one_ppermute():
@@ -65,12 +50,10 @@ def test_pshuffle_is_one_ppermute():
 @needs_runtime
 @pytest.mark.parametrize("axes", [("x", "y"), "y", ("y", "x")])
 def test_pshuffle_2d_mesh(axes):
-    mesh = mesh_2d()
     n = 8 if isinstance(axes, tuple) else 4
     perm = [(3 * j + 1) % n for j in range(n)]
-    x = sample((8 * 3,), "float32")
     fn = lambda lib: lambda v: lib.pshuffle(v, axes, perm)  # noqa: E731
-    assert_same(per_device(fn(jax_rccl), mesh)(x), per_device(fn(lax), mesh)(x))
+    assert_like_lax(fn, mesh_2d(), sample((8 * 3,), "float32"))
 
 
 @pytest.mark.parametrize(
@@ -124,23 +107,16 @@ def test_pswapaxes_is_one_all_to_all():
 @needs_runtime
 @pytest.mark.parametrize("axes", ["x", "y", ("x", "y")])
 def test_pswapaxes_2d_mesh(axes):
-    mesh = mesh_2d()
     n = {"x": 2, "y": 4}.get(axes, 8)
-    x = sample((8 * 3, n, 2), "float32")
     fn = lambda lib: lambda v: lib.pswapaxes(v, axes, 1)  # noqa: E731
-    assert_same(per_device(fn(jax_rccl), mesh)(x), per_device(fn(lax), mesh)(x))
+    assert_like_lax(fn, mesh_2d(), sample((8 * 3, n, 2), "float32"))
 
 
 @needs_runtime
 def test_pswapaxes_axis_index_groups():
-    mesh = mesh_1d()
     groups = [[0, 2, 4, 6], [1, 3, 5, 7]]
-    x = sample((8 * 4, 3), "float32")
-    got = per_device(lambda v: jax_rccl.pswapaxes(v, "i", 0, axis_index_groups=groups), mesh)(x)
-    want = per_device(
-        lambda v: lax.pswapaxes(v, "i", 0, axis_index_groups=groups), mesh, check_vma=False
-    )(x)
-    assert_same(got, want)
+    fn = lambda lib: lambda v: lib.pswapaxes(v, "i", 0, axis_index_groups=groups)  # noqa: E731
+    assert_like_lax(fn, mesh_1d(), sample((8 * 4, 3), "float32"), lax_check_vma=False)
 
 
 @pytest.mark.parametrize(
@@ -178,10 +154,7 @@ def _loss(lib, body):
 @needs_runtime
 @pytest.mark.parametrize("name", list(BODIES))
 def test_grad(name):
-    x = _f((8 * 4, 8)) / 3
-    g = jax.jit(jax.grad(_loss(jax_rccl, BODIES[name])))(x)
-    w = jax.jit(jax.grad(_loss(lax, BODIES[name])))(x)
-    assert_same(g, w, rtol=1e-6)
+    assert_grad_like_lax(lambda lib: _loss(lib, BODIES[name]), _f((8 * 4, 8)) / 3, rtol=1e-6)
 
 
 @needs_runtime
@@ -190,7 +163,7 @@ def test_vmap_inside_shard_map(name):
     body = BODIES[name]
     x = _f((8 * 5, 8))  # each device maps over 5 rows of 8
     fn = lambda lib: lambda v: jax.vmap(lambda r: body(lib, r.reshape(1, 8)))(v)  # noqa: E731
-    assert_same(per_device(fn(jax_rccl), mesh_1d())(x), per_device(fn(lax), mesh_1d())(x))
+    assert_like_lax(fn, mesh_1d(), x)
 
 
 @needs_runtime
@@ -214,8 +187,4 @@ def test_scan():
 
         return lax.scan(step, v, None, length=4)
 
-    x = _f((8 * 8, 2))
-    assert_same(
-        per_device(lambda v: body(jax_rccl, v), mesh_1d())(x),
-        per_device(lambda v: body(lax, v), mesh_1d())(x),
-    )
+    assert_like_lax(lambda lib: lambda v: body(lib, v), mesh_1d(), _f((8 * 8, 2)))

@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from collectives_util import (
+    assert_like_lax,
     assert_same,
     custom_calls,
     lowered_text,
@@ -18,19 +19,7 @@ from jax import lax
 
 import jax_rccl
 
-DTYPES = [
-    "float32",
-    "float16",
-    "bfloat16",
-    "int8",
-    "uint8",
-    "int16",
-    "uint16",
-    "int32",
-    "uint32",
-    "bool",
-    "complex64",
-]
+DTYPES = "float32 float16 bfloat16 int8 uint8 int16 uint16 int32 uint32 bool complex64".split()
 
 
 def _tree(shape):
@@ -59,21 +48,15 @@ def test_pytree_is_one_grouped_call():
 @needs_runtime
 def test_psum_x64_dtypes():
     with jax.enable_x64(True):
-        mesh = mesh_1d()
         tree = {dt: sample((8 * 3,), dt) for dt in ("float64", "int64", "uint64", "complex128")}
-        got = per_device(lambda t: jax_rccl.psum(t, "i"), mesh)(tree)
-        want = per_device(lambda t: lax.psum(t, "i"), mesh)(tree)
-        assert_same(got, want)
+        assert_like_lax(lambda lib: lambda t: lib.psum(t, "i"), mesh_1d(), tree)
 
 
 @needs_runtime
 @pytest.mark.parametrize("per_dev", [0, 1, 1001])
 def test_psum_sizes(per_dev):
-    mesh = mesh_1d()
     x = sample((8 * per_dev,), "float32") if per_dev else jnp.zeros((8, 0), jnp.float32)
-    got = per_device(lambda v: (jax_rccl.psum(v, "i"), jax_rccl.pmean(v, "i")), mesh)(x)
-    want = per_device(lambda v: (lax.psum(v, "i"), lax.pmean(v, "i")), mesh)(x)
-    assert_same(got, want)
+    assert_like_lax(lambda lib: lambda v: (lib.psum(v, "i"), lib.pmean(v, "i")), mesh_1d(), x)
 
 
 @needs_runtime
@@ -93,65 +76,43 @@ def test_psum_large_16m():
 
 @needs_runtime
 def test_psum_scalars_and_constants():
-    mesh = mesh_1d()
-
     def body(v, lib):
         return lib.psum(v[0], "i"), lib.psum(1, "i"), lib.pmean(v[0], "i"), lib.psum(2.5, "i")
 
-    x = jnp.arange(8.0)
-    assert_same(
-        per_device(lambda v: body(v, jax_rccl), mesh)(x),
-        per_device(lambda v: body(v, lax), mesh)(x),
-    )
+    assert_like_lax(lambda lib: lambda v: body(v, lib), mesh_1d(), jnp.arange(8.0))
 
 
 @needs_runtime
 @pytest.mark.parametrize("axes", [("x", "y"), "x", "y", ("y", "x")])
 def test_psum_2d_mesh(axes):
-    mesh = mesh_2d()
-    x = sample((8 * 4, 3), "float32")
-    got = per_device(lambda v: (jax_rccl.psum(v, axes), jax_rccl.pmean(v, axes)), mesh)(x)
-    want = per_device(lambda v: (lax.psum(v, axes), lax.pmean(v, axes)), mesh)(x)
-    assert_same(got, want)
+    fn = lambda lib: lambda v: (lib.psum(v, axes), lib.pmean(v, axes))  # noqa: E731
+    assert_like_lax(fn, mesh_2d(), sample((8 * 4, 3), "float32"))
 
 
 @needs_runtime
 @pytest.mark.parametrize("check_vma", [True, False])
 def test_psum_axis_index_groups(check_vma):
-    mesh = mesh_1d()
     groups = [[0, 3, 5, 6], [1, 2, 4, 7]]
+    fn = lambda lib: lambda v: lib.psum(v, "i", axis_index_groups=groups)  # noqa: E731
     x = sample((8 * 2,), "int32")
-    got = per_device(
-        lambda v: jax_rccl.psum(v, "i", axis_index_groups=groups), mesh, check_vma=check_vma
-    )(x)
     # jax.lax's psum takes axis_index_groups only without check_vma.
-    want = per_device(lambda v: lax.psum(v, "i", axis_index_groups=groups), mesh, check_vma=False)(
-        x
-    )
-    assert_same(got, want)
+    assert_like_lax(fn, mesh_1d(), x, check_vma=check_vma, lax_check_vma=False)
 
 
 @needs_runtime
 @pytest.mark.parametrize("check_vma", [True, False])
 def test_psum_of_an_invariant_value(check_vma):
-    mesh = mesh_1d()
-
     def body(lib, v):
         c = jnp.full((3,), 2.0)  # not varying: jax.lax inserts a pvary first
         return lib.psum(c, "i") + 0 * v[0], lib.pmax(c, "i")
 
-    x = jnp.arange(8.0)
-    assert_same(
-        per_device(lambda v: body(jax_rccl, v), mesh, check_vma=check_vma)(x),
-        per_device(lambda v: body(lax, v), mesh, check_vma=check_vma)(x),
-    )
+    fn = lambda lib: lambda v: body(lib, v)  # noqa: E731
+    assert_like_lax(fn, mesh_1d(), jnp.arange(8.0), check_vma=check_vma)
 
 
 @needs_runtime
 def test_mesh_in_a_scrambled_device_order():
     order = [5, 2, 7, 0, 3, 6, 1, 4]
-    mesh = mesh_1d(order)
-    x = sample((8 * 4,), "float32")
 
     def fn(lib):
         return lambda v: (
@@ -160,7 +121,7 @@ def test_mesh_in_a_scrambled_device_order():
             lib.ppermute(v, "i", [(j, (j + 1) % 8) for j in range(8)]),
         )
 
-    assert_same(per_device(fn(jax_rccl), mesh)(x), per_device(fn(lax), mesh)(x))
+    assert_like_lax(fn, mesh_1d(order), sample((8 * 4,), "float32"))
 
 
 def test_replica_groups_are_physical_device_ids():

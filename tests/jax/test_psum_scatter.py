@@ -5,13 +5,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from collectives_util import (
+    assert_like_lax,
     assert_same,
-    assert_same_types,
+    lax_twin_tests,
     maybe_empty,
     mesh_1d,
     mesh_2d,
     needs_runtime,
-    per_device,
     sample,
 )
 from jax import lax
@@ -37,21 +37,11 @@ def _fn(lib, kw):
     return lambda v: lib.psum_scatter(v, "i", **kw)
 
 
-@pytest.mark.parametrize("kw", CASES, ids=str)
-def test_types_match_lax(kw):
-    assert_same_types(lambda lib: _fn(lib, kw), mesh_1d(), _x())
-
-
-@needs_runtime
-@pytest.mark.parametrize("kw", CASES, ids=str)
-def test_scatter_dimension_and_tiling(kw):
-    mesh, x = mesh_1d(), _x()
-    assert_same(per_device(_fn(jax_rccl, kw), mesh)(x), per_device(_fn(lax, kw), mesh)(x))
+test_types_match_lax, test_scatter_dimension_and_tiling = lax_twin_tests(_fn, CASES, _x)
 
 
 @needs_runtime
 def test_dtypes_pytree_and_sizes():
-    mesh = mesh_1d()
     tree = {
         "c": sample((8 * 8, 3), "complex64"),
         "i8": sample((8 * 8,), "int8"),
@@ -60,25 +50,22 @@ def test_dtypes_pytree_and_sizes():
         "empty": jnp.zeros((8 * 8, 0), jnp.float32),
         "odd": sample((8 * 8, 129), "float16"),
     }
-    tree = maybe_empty(tree)
     fn = lambda lib: lambda t: lib.psum_scatter(t, "i", tiled=True)  # noqa: E731
-    assert_same(per_device(fn(jax_rccl), mesh)(tree), per_device(fn(lax), mesh)(tree))
+    assert_like_lax(fn, mesh_1d(), maybe_empty(tree))
 
 
 @needs_runtime
 @pytest.mark.parametrize("axes", [("x", "y"), "x", ("y", "x")])
 def test_2d_mesh(axes):
-    mesh, x = mesh_2d(), sample((8 * 8, 5), "int32")
     fn = lambda lib: lambda v: lib.psum_scatter(v, axes, tiled=True)  # noqa: E731
-    assert_same(per_device(fn(jax_rccl), mesh)(x), per_device(fn(lax), mesh)(x))
+    assert_like_lax(fn, mesh_2d(), sample((8 * 8, 5), "int32"))
 
 
 @needs_runtime
 def test_axis_index_groups():
-    mesh, x = mesh_1d(), sample((8 * 4, 3), "float32")
     groups = [[0, 1, 2, 3], [7, 6, 5, 4]]
     fn = lambda lib: lambda v: lib.psum_scatter(v, "i", axis_index_groups=groups)  # noqa: E731
-    assert_same(per_device(fn(jax_rccl), mesh)(x), per_device(fn(lax), mesh, check_vma=False)(x))
+    assert_like_lax(fn, mesh_1d(), sample((8 * 4, 3), "float32"), lax_check_vma=False)
 
 
 @needs_runtime

@@ -5,6 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from collectives_util import (
+    assert_grad_like_lax,
+    assert_like_lax,
     assert_same,
     assert_same_types,
     mesh_1d,
@@ -54,10 +56,7 @@ def test_grad_jaxpr_types_match_lax(name):
 @pytest.mark.parametrize("check_vma", [True, False])
 @pytest.mark.parametrize("name", list(BODIES))
 def test_grad(name, check_vma):
-    body = BODIES[name]
-    g = jax.jit(jax.grad(_loss(jax_rccl, body, check_vma)))(_x())
-    w = jax.jit(jax.grad(_loss(lax, body, check_vma)))(_x())
-    assert_same(g, w, rtol=1e-5)
+    assert_grad_like_lax(lambda lib: _loss(lib, BODIES[name], check_vma), _x(), rtol=1e-5)
 
 
 @needs_runtime
@@ -83,12 +82,7 @@ def test_grad_pbroadcast_preduce_and_premul():
         out = per_device(body, mesh)(x)
         return jnp.sum(out * jnp.arange(out.size).reshape(out.shape))
 
-    x = _x()
-    assert_same(
-        jax.jit(jax.grad(lambda v: loss(jax_rccl, v)))(x),
-        jax.jit(jax.grad(lambda v: loss(lax, v)))(x),
-        rtol=1e-5,
-    )
+    assert_grad_like_lax(lambda lib: lambda v: loss(lib, v), _x(), rtol=1e-5)
 
 
 def test_pmax_has_no_derivative_like_lax():
@@ -114,11 +108,7 @@ def test_vmap_inside_shard_map():
 
         return jax.vmap(f)(v), jax.vmap(f, in_axes=1, out_axes=1)(v)
 
-    x = sample((8 * 8, 8), "float32")
-    assert_same(
-        per_device(lambda v: body(jax_rccl, v), mesh)(x),
-        per_device(lambda v: body(lax, v), mesh)(x),
-    )
+    assert_like_lax(lambda lib: lambda v: body(lib, v), mesh, sample((8 * 8, 8), "float32"))
 
 
 def test_vmap_types_match_lax():
@@ -163,13 +153,9 @@ def test_scan_fori_loop_and_checkpoint():
         return c, ys, d, e
 
     x = _x()
-    assert_same(
-        per_device(lambda v: body(jax_rccl, v), mesh)(x),
-        per_device(lambda v: body(lax, v), mesh)(x),
-        rtol=1e-5,
-    )
+    assert_like_lax(lambda lib: lambda v: body(lib, v), mesh, x, rtol=1e-5)
     loss = lambda lib: lambda v: jnp.sum(per_device(lambda a: body(lib, a), mesh)(v)[3])  # noqa: E731,E501
-    assert_same(jax.jit(jax.grad(loss(jax_rccl)))(x), jax.jit(jax.grad(loss(lax)))(x), rtol=1e-5)
+    assert_grad_like_lax(loss, x, rtol=1e-5)
 
 
 @needs_runtime
@@ -180,9 +166,4 @@ def test_2d_mesh_grad():
         out = per_device(lambda v: lib.psum(lib.all_gather(v, "y") ** 2, ("x", "y")), mesh)(x)
         return jnp.sum(out * np.arange(out.size).reshape(out.shape))
 
-    x = _x()
-    assert_same(
-        jax.jit(jax.grad(lambda v: loss(jax_rccl, v)))(x),
-        jax.jit(jax.grad(lambda v: loss(lax, v)))(x),
-        rtol=1e-5,
-    )
+    assert_grad_like_lax(lambda lib: lambda v: loss(lib, v), _x(), rtol=1e-5)

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from collectives_util import (
+    assert_like_lax,
     assert_same,
     custom_calls,
     lowered_text,
@@ -44,19 +45,16 @@ def _expected(x, groups, op):
 def test_matches_lax(name, groups):
     mesh, x = mesh_1d(), sample((8, 5, 3), "float32")
     fn = lambda lib: lambda v: getattr(lib, name)(v[0], "i", axis_index_groups=groups)  # noqa: E731
-    got = per_device(fn(jax_rccl), mesh)(x)
-    want = per_device(fn(lax), mesh, check_vma=False)(x)  # jax.lax.psum: no groups under check_vma
-    assert_same(got, want)
+    got = assert_like_lax(fn, mesh, x, lax_check_vma=False)  # jax.lax.psum: no check_vma groups
     assert_same(got, _expected(x, groups, {"psum": "sum", "pmax": "max", "pmin": "min"}[name]))
 
 
 @needs_runtime
 @pytest.mark.parametrize("dtype", ["int32", "bfloat16", "uint8", "complex64", "bool"])
 def test_dtypes(dtype):
-    mesh, groups = mesh_1d(), GROUPS[1]
-    x = sample((8, 6), dtype)
+    groups = GROUPS[1]
     fn = lambda lib: lambda v: lib.psum(v[0], "i", axis_index_groups=groups)  # noqa: E731
-    assert_same(per_device(fn(jax_rccl), mesh)(x), per_device(fn(lax), mesh, check_vma=False)(x))
+    assert_like_lax(fn, mesh_1d(), sample((8, 6), dtype), lax_check_vma=False)
 
 
 @needs_runtime
@@ -134,21 +132,17 @@ def test_gradient(check_vma):
 
 @needs_runtime
 def test_2d_mesh_groups_over_both_axes():
-    mesh = mesh_2d()
     groups = [[0, 5], [1, 2, 3, 4, 6, 7]]
-    x = sample((8, 2), "int32")
     fn = lambda lib: lambda v: lib.psum(v[0], ("x", "y"), axis_index_groups=groups)  # noqa: E731
-    assert_same(per_device(fn(jax_rccl), mesh)(x), per_device(fn(lax), mesh, check_vma=False)(x))
+    assert_like_lax(fn, mesh_2d(), sample((8, 2), "int32"), lax_check_vma=False)
 
 
 @needs_runtime
 def test_groups_over_one_axis_of_a_2d_mesh():
     """Over "y" (size 4) with groups [[0], [1, 2, 3]] in each row of "x"."""
-    mesh = mesh_2d()
     groups = [[3], [1, 0, 2]]
-    x = sample((8, 3), "float32")
     fn = lambda lib: lambda v: lib.pmax(v[0], "y", axis_index_groups=groups)  # noqa: E731
-    assert_same(per_device(fn(jax_rccl), mesh)(x), per_device(fn(lax), mesh)(x))
+    assert_like_lax(fn, mesh_2d(), sample((8, 3), "float32"))
 
 
 def test_lowering_pads_smaller_groups():

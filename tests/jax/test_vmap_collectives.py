@@ -284,6 +284,19 @@ def test_matches_lax_under_the_same_vmap(combo, family):
 # --- transforms around and inside the vmaps ----------------------------------------------------
 
 
+def _reductions_gathers_scatters(lib, v, axes, n, invarying):
+    """psum, pmean, all_gathers (to="invarying" too if `invarying`) and psum_scatters of v."""
+    return [
+        lib.psum(v, axes),
+        lib.pmean(v * v, axes),
+        lib.all_gather(v, axes, axis=1),
+        lib.all_gather(v, axes, tiled=True),
+        *([lib.all_gather(v * v, axes, axis=1, to="invarying")] if invarying else []),
+        lib.psum_scatter(v, axes, tiled=True),
+        lib.psum_scatter(v[:n], axes),
+    ]
+
+
 def _linear(lib, axes, n, *, invarying=True):
     """Every differentiable collective on one float32 element x[2n, 3]."""
     perm = _perms(n)["partial"]
@@ -292,13 +305,7 @@ def _linear(lib, axes, n, *, invarying=True):
         v = t["x"]
         scale = jnp.sum(v) / 16 + 1
         return [
-            lib.psum(v, axes),
-            lib.pmean(v * v, axes),
-            lib.all_gather(v, axes, axis=1),
-            lib.all_gather(v, axes, tiled=True),
-            *([lib.all_gather(v * v, axes, axis=1, to="invarying")] if invarying else []),
-            lib.psum_scatter(v, axes, tiled=True),
-            lib.psum_scatter(v[:n], axes),
+            *_reductions_gathers_scatters(lib, v, axes, n, invarying),
             lib.all_to_all(v, axes, 0, 1, tiled=True),
             lib.ppermute(v, axes, perm),
             lib.pbroadcast(v, axes, n - 1),
@@ -370,12 +377,7 @@ def _lax_linear(lib, axes, n):
     def fn(t, e):
         v = t["x"]
         return [
-            lib.psum(v, axes),
-            lib.pmean(v * v, axes),
-            lib.all_gather(v, axes, axis=1),
-            lib.all_gather(v, axes, tiled=True),
-            lib.psum_scatter(v, axes, tiled=True),
-            lib.psum_scatter(v[:n], axes),
+            *_reductions_gathers_scatters(lib, v, axes, n, invarying=False),
             lib.ppermute(v, axes, _perms(n)["shift"]),
         ]
 
