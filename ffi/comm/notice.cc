@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <system_error>
 #include <thread>
 
 namespace jax_rccl {
@@ -21,17 +22,17 @@ struct NoticeHeader {
   uint32_t magic;
   int32_t code;
   uint32_t bytes;
-  uint32_t reserved;
+  uint32_t primary;  // 1: the sender's own finding
 };
 static_assert(sizeof(NoticeHeader) == 16, "notice header");
 
 bool SendOne(uint64_t group, int process, const std::string& session, const NoticePeer& peer,
-             const std::string& text, int32_t code, Clock::time_point deadline) {
+             const std::string& text, int32_t code, bool primary, Clock::time_point deadline) {
   const LinkKey key(group, kNoticeChannel, process, peer.process);
   StatusOr<int> fd = DialListener(peer.endpoint, key, process, session, deadline, nullptr,
                                   detail::StrCat("process ", peer.process));
   if (!fd.ok()) return false;
-  const NoticeHeader h{kNoticeMagic, code, uint32_t(text.size()), 0};
+  const NoticeHeader h{kNoticeMagic, code, uint32_t(text.size()), primary ? 1u : 0u};
   const bool ok = WriteAll(fd.value(), &h, sizeof(h), deadline) &&
                   WriteAll(fd.value(), text.data(), text.size(), deadline);
   // Every byte written before the close (the listener reads it all before it closes its end).
@@ -40,53 +41,72 @@ bool SendOne(uint64_t group, int process, const std::string& session, const Noti
   return ok;
 }
 
+// One parked notice from process `from` on `fd` (closed here): its failure, primary or not.
+Status ReadNotice(int fd, int from, double readSeconds, bool* primary) {
+  const auto deadline =
+      Clock::now() + std::chrono::microseconds(int64_t(std::max(0.0, readSeconds) * 1e6));
+  NoticeHeader h{};
+  std::string text;
+  bool ok = ReadUntil(fd, &h, sizeof(h), deadline) == 1 && h.magic == kNoticeMagic &&
+            h.bytes <= kNoticeBytes && h.code > int32_t(Code::kOk) &&
+            h.code <= int32_t(Code::kSystem);
+  if (ok) {
+    text.resize(h.bytes);
+    ok = h.bytes == 0 || ReadUntil(fd, text.data(), h.bytes, deadline) == 1;
+  }
+  close(fd);
+  *primary = ok && h.primary == 1;
+  if (!ok) {
+    // The sender is in the group and proved the run's secret: it failed, though its reason did
+    // not come whole.
+    return Status(Code::kTimeout, detail::StrCat("process ", from,
+                                                 " (another host) reported a failure whose "
+                                                 "reason did not arrive whole"));
+  }
+  return Status(Code(h.code), detail::StrCat("process ", from, " (another host): ", text));
+}
+
 }  // namespace
 
 int SendNotices(uint64_t group, int process, const std::string& session,
-                const std::vector<NoticePeer>& peers, const Status& failure,
+                const std::vector<NoticePeer>& peers, const Status& failure, bool primary,
                 Clock::time_point deadline) {
   const std::string text = failure.message().substr(0, kNoticeBytes);
   const int32_t code = int32_t(failure.code());
+  std::atomic<size_t> next{0};
   std::atomic<int> took{0};
+  auto work = [&]() {
+    for (size_t i = next.fetch_add(1); i < peers.size(); i = next.fetch_add(1)) {
+      if (SendOne(group, process, session, peers[i], text, code, primary, deadline)) {
+        took.fetch_add(1);
+      }
+    }
+  };
   std::vector<std::thread> threads;
-  threads.reserve(peers.size());
-  for (const NoticePeer& p : peers) {
-    threads.emplace_back([&, p]() {
-      if (SendOne(group, process, session, p, text, code, deadline)) took.fetch_add(1);
-    });
+  const size_t n = std::min<size_t>(peers.size(), kNoticeThreads);
+  for (size_t t = 1; t < n; ++t) {
+    try {
+      threads.emplace_back(work);
+    } catch (const std::system_error&) {
+      break;  // no thread to be had: the ones started and this one serve every peer
+    }
   }
+  work();
   for (std::thread& t : threads) t.join();
   return took.load();
 }
 
-Status TakeNotice(uint64_t group, int process, const std::vector<int>& fromProcesses,
-                  double readSeconds) {
-  for (int from : fromProcesses) {
-    const int fd = AcceptFor(LinkKey(group, kNoticeChannel, from, process), Clock::now(), nullptr);
-    if (fd < 0) continue;
-    const auto deadline =
-        Clock::now() + std::chrono::microseconds(int64_t(std::max(0.0, readSeconds) * 1e6));
-    NoticeHeader h{};
-    std::string text;
-    bool ok = ReadUntil(fd, &h, sizeof(h), deadline) == 1 && h.magic == kNoticeMagic &&
-              h.bytes <= kNoticeBytes && h.code > int32_t(Code::kOk) &&
-              h.code <= int32_t(Code::kSystem);
-    if (ok) {
-      text.resize(h.bytes);
-      ok = h.bytes == 0 || ReadUntil(fd, text.data(), h.bytes, deadline) == 1;
-    }
-    close(fd);
-    if (!ok) {
-      // The sender is in the group and proved the run's secret: it failed, though its reason
-      // did not come whole.
-      return Status(Code::kTimeout,
-                    detail::StrCat("process ", from,
-                                   " (another host) reported a failure whose reason did not "
-                                   "arrive whole"));
-    }
-    return Status(Code(h.code), detail::StrCat("process ", from, " (another host): ", text));
+Status TakeNotice(uint64_t group, int process, double readSeconds) {
+  Status first;
+  int from = 0;
+  for (int fd = TakeParkedTo(group, kNoticeChannel, process, &from); fd >= 0;
+       fd = TakeParkedTo(group, kNoticeChannel, process, &from)) {
+    bool primary = false;
+    Status s = ReadNotice(fd, from, readSeconds, &primary);
+    if (primary) return s;
+    if (first.ok()) first = std::move(s);
   }
-  return Status::Ok();
+  return first;
 }
 
 }  // namespace comm

@@ -10,7 +10,8 @@
 // the connection like any other, and the peer's communicator takes it (TakeNotice) while it runs
 // and fails with that text, naming what the failing process saw (both calls of a mismatch) rather
 // than a reset connection. Notices are best effort: a host that cannot be reached before the
-// deadline is skipped, and its processes still fail from the reset or their timeout.
+// deadline is skipped (connects give up at the deadline too), and its processes still fail from
+// the reset or their timeout.
 #pragma once
 
 #include <cstdint>
@@ -35,17 +36,20 @@ struct NoticePeer {
   std::string endpoint;
 };
 
-// Writes `failure` (its code and text) to each of `peers` (one thread each) as process `process`
-// of the run `session`, until `deadline`; returns how many peers took it.
+// Writes `failure` (its code and text) to each of `peers` as process `process` of the run
+// `session`, until `deadline` (at most kNoticeThreads connections at once); returns how many took
+// it. `primary`: the failure is this process's own finding (a mismatch, a timeout of its own), not
+// one it learned from a peer's reset: a receiver prefers a primary notice to others.
 int SendNotices(uint64_t group, int process, const std::string& session,
-                const std::vector<NoticePeer>& peers, const Status& failure,
+                const std::vector<NoticePeer>& peers, const Status& failure, bool primary,
                 Clock::time_point deadline);
+constexpr int kNoticeThreads = 16;
 
-// A notice for process `process` of `group` from any of `fromProcesses`, taken without waiting
-// for one to arrive (its text is read within `readSeconds`): the failure it carries (its text
-// prefixed with the sending process), or Ok when none came.
-Status TakeNotice(uint64_t group, int process, const std::vector<int>& fromProcesses,
-                  double readSeconds = 0.5);
+// The notices parked for process `process` of `group`, taken without waiting for one to arrive
+// (each one's text is read within `readSeconds`): the failure a primary one carries, else the
+// first other one's (its text prefixed with the sending process), or Ok when none came. The
+// notices taken are closed: a failed communicator calls it to drop those that keep coming.
+Status TakeNotice(uint64_t group, int process, double readSeconds = 0.5);
 
 }  // namespace comm
 }  // namespace jax_rccl

@@ -17,6 +17,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -440,6 +441,23 @@ int AcceptFor(const LinkKey& key, Clock::time_point deadline, const std::atomic<
   }
 }
 
+int TakeParkedTo(uint64_t group, int channel, int hi, int* lo) {
+  Listener& L = TheListener();
+  std::lock_guard<std::mutex> lock(L.mu);
+  const LinkKey first(group, channel, std::numeric_limits<int>::min(),
+                      std::numeric_limits<int>::min());
+  for (auto it = L.parked.lower_bound(first);
+       it != L.parked.end() && std::get<0>(it->first) == group && std::get<1>(it->first) == channel;
+       ++it) {
+    if (std::get<3>(it->first) != hi) continue;
+    *lo = std::get<2>(it->first);
+    const int fd = it->second;
+    L.parked.erase(it);
+    return fd;
+  }
+  return -1;
+}
+
 Status ClientHandshake(int fd, const LinkKey& key, int process, const std::string& session,
                        Clock::time_point deadline, const std::string& peer, bool* closed) {
   if (closed != nullptr) *closed = false;
@@ -518,6 +536,47 @@ Status PrepareStream(int fd) {
   return Status::Ok();
 }
 
+namespace {
+
+// connect() of the blocking socket `s` that gives up at `deadline` (or once `aborted`), where a
+// plain connect waits for the kernel's SYN retries (minutes when the host is gone or a firewall
+// drops the packets): 0, or the error (ETIMEDOUT at the deadline). `s` is blocking again after.
+int ConnectUntil(int s, const struct sockaddr* addr, socklen_t len, Clock::time_point deadline,
+                 const std::atomic<bool>* aborted) {
+  const int flags = fcntl(s, F_GETFL, 0);
+  if (flags < 0 || fcntl(s, F_SETFL, flags | O_NONBLOCK) != 0) return errno;
+  int err = 0;
+  if (connect(s, addr, len) != 0) {
+    err = errno;
+    while (err == EINPROGRESS || err == EINTR) {
+      if (aborted != nullptr && aborted->load()) {
+        err = ECANCELED;
+        break;
+      }
+      const int left = MillisUntil(deadline);
+      if (left <= 0) {
+        err = ETIMEDOUT;
+        break;
+      }
+      struct pollfd pfd = {s, POLLOUT, 0};
+      const int k = poll(&pfd, 1, std::min(left, 100));
+      if (k < 0 && errno != EINTR) {
+        err = errno;
+        break;
+      }
+      if (k > 0) {
+        socklen_t n = sizeof(err);
+        if (getsockopt(s, SOL_SOCKET, SO_ERROR, &err, &n) != 0) err = errno;
+        break;
+      }
+    }
+  }
+  if (err == 0 && fcntl(s, F_SETFL, flags) != 0) err = errno;
+  return err;
+}
+
+}  // namespace
+
 StatusOr<int> DialListener(const std::string& endpoint, const LinkKey& key, int process,
                            const std::string& session, Clock::time_point deadline,
                            const std::atomic<bool>* aborted, const std::string& peer) {
@@ -544,10 +603,11 @@ StatusOr<int> DialListener(const std::string& endpoint, const LinkKey& key, int 
         lastErr = errno;
         continue;
       }
-      if (connect(s, a->ai_addr, a->ai_addrlen) == 0) {
+      const int err = ConnectUntil(s, a->ai_addr, a->ai_addrlen, deadline, aborted);
+      if (err == 0) {
         fd = s;
       } else {
-        lastErr = errno;
+        lastErr = err;
         close(s);
       }
     }

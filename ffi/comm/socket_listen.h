@@ -77,6 +77,10 @@ using LinkKey = std::tuple<uint64_t, int, int, int>;
 // mode unspecified), or -1.
 int AcceptFor(const LinkKey& key, Clock::time_point deadline, const std::atomic<bool>* aborted);
 
+// Without waiting: the first parked connection of (group, channel, any lo, `hi`), its fd (*lo: its
+// lo), or -1 when none is parked.
+int TakeParkedTo(uint64_t group, int channel, int hi, int* lo);
+
 // Runs the connector's side of the handshake on the connected socket `fd` for `key`, as
 // `process`, until `deadline`. Errors: kTimeout (no answer in time), kInvalidUsage (the listener
 // could not prove the secret, or closed the connection: it refused this process's proof); `peer`

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <sstream>
 #include <thread>
 #include <utility>
@@ -675,6 +676,12 @@ class Communicator::ExecScope {
   ExecScope(const ExecScope&) = delete;
   ExecScope& operator=(const ExecScope&) = delete;
   ~ExecScope() {
+    // An exception out of the body (the handler's guard reports it) may leave a step half moved:
+    // nothing runs on this communicator after it.
+    if (std::uncaught_exceptions() > exceptions_) {
+      c_->Fail(detail::StrCat("jax_rccl: '", name_, "': ", c_->RankString(rank_),
+                              " stopped in call #", e_->ticket, " by an exception"));
+    }
     std::lock_guard<std::mutex> lock(c_->mu_);
     ++c_->served_[rank_];
     c_->cv_.notify_all();
@@ -706,6 +713,7 @@ class Communicator::ExecScope {
   int rank_;
   double timeout_;
   const std::string& name_;
+  const int exceptions_ = std::uncaught_exceptions();
   ExecContext ctx_;
 };
 
@@ -779,20 +787,23 @@ Status Communicator::ExplainFailure(Status result, bool ran, int rank, uint64_t 
                                     const std::string& name) {
   if (!crossProcess()) return ExplainByFirstFailure(std::move(result));
   std::string why;
-  const bool peerFailed = !failed() && PeerFailed(rank, &why);
+  bool peerFailed = !failed() && PeerFailed(rank, &why);
   if (ran && result.code() == Code::kTimeout && !failed() && !peerFailed) {
     const std::string culprits = Culprits(rank, seq);
-    return Status(result.code(),
-                  culprits.empty()
-                      ? detail::StrCat(result.message(), " [every rank of the group of devices ",
-                                       DevicesString(), " started call #", seq,
-                                       "; the ranks stalled inside it]")
-                      : detail::StrCat("jax_rccl: '", name, "' (call #", seq, ") timed out after ",
-                                       timeout, " s (JAX_RCCL_TIMEOUT) on ", RankString(rank), ": ",
-                                       culprits, " [", result.message(), "]"));
+    result =
+        Status(result.code(),
+               culprits.empty()
+                   ? detail::StrCat(result.message(), " [every rank of the group of devices ",
+                                    DevicesString(), " started call #", seq,
+                                    "; the ranks stalled inside it]")
+                   : detail::StrCat("jax_rccl: '", name, "' (call #", seq, ") timed out after ",
+                                    timeout, " s (JAX_RCCL_TIMEOUT) on ", RankString(rank), ": ",
+                                    culprits, " [", result.message(), "]"));
+    // Asking the peers takes a while: a peer may have failed meanwhile.
+    peerFailed = !failed() && PeerFailed(rank, &why);
   }
   if (peerFailed && result.message().find(why) == std::string::npos) {
-    return Status(result.code(), detail::StrCat(result.message(), " [", why, "]"));
+    result = Status(result.code(), detail::StrCat(result.message(), " [", why, "]"));
   }
   return ExplainByFirstFailure(std::move(result));
 }

@@ -139,6 +139,7 @@ Status GpuComm::SetShared(comm::GroupPlacement placement, std::unique_ptr<comm::
     otherHost_[size_t(r)] = placement_.host[size_t(r)] != placement_.thisHost ? 1 : 0;
     crossHost_ = crossHost_ || otherHost_[size_t(r)];
   }
+  netGroup_ = NetGroupOf(devices_);
   // The records' exchange, then the proxy, use it (comm_net.cc).
   if (crossHost_) {
     comm::NetOptions o;
@@ -168,7 +169,7 @@ std::string GpuComm::RankText(int rank) const {
                         "')");
 }
 
-Status GpuComm::Fail(Status s, bool tell) {
+Status GpuComm::Fail(Status s, bool tell, bool primary) {
   bool first = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -177,15 +178,17 @@ Status GpuComm::Fail(Status s, bool tell) {
       failure_ = s;
       failed_.store(true, std::memory_order_release);
       if (abort_.host != nullptr) *static_cast<volatile int32_t*>(abort_.host) = 1;
-      if (shm_ != nullptr) shm_->MarkFailed(s.message());
     }
     cv_.notify_all();
   }
-  // Ranks of other hosts learn why from a notice, then see their connections reset (the proxy's
-  // own failures come here through its callback, once it has failed).
-  if (first && tell && crossHost_) TellOtherHosts(s);
+  if (!first) return s;
+  // Ranks of other hosts learn why before anything of this host resets a connection to them (the
+  // proxy's own failures come here through its callback, once it has failed); then the processes
+  // of this host (which reset their own connections when they learn it).
+  if (tell && crossHost_) TellOtherHosts(s, primary);
+  if (shm_ != nullptr) shm_->MarkFailed(s.message());
   comm::NetProxy* proxy = liveProxy_.load(std::memory_order_acquire);
-  if (first && proxy != nullptr) proxy->Abort(s.message());
+  if (proxy != nullptr) proxy->Abort(s.message());
   return s;
 }
 
@@ -624,6 +627,9 @@ StatusOr<GpuComm*> GetOrCreateComm(const std::vector<int64_t>& devices, const Pa
     JR_CHECK(comm->Init());
   }
   GpuComm* p = comm.get();
+  // Across processes the watch runs from here on: a peer that fails while this process joins
+  // stops the join at once (its segment, its notice).
+  if (p->shared()) p->StartWatch();
   reg.comms.emplace(devices, std::move(comm));
   Stats().communicators.fetch_add(1);
   return p;

@@ -136,11 +136,12 @@ class GpuComm {
   StatusOr<std::vector<std::array<int64_t, 6>>> Counters(int rank) const;
 
   // Marks the communicator failed with `s` (the first failure stays), raises the abort word so
-  // kernels in flight stop, wakes ranks waiting to join; returns `s`. A failure of this process's
-  // own (`tell`) is posted to the processes of this host (the segments) and of other hosts (a
-  // notice, comm/notice.h, before the proxy resets its connections); one learned from another
-  // process is not passed on (that process tells the others itself).
-  Status Fail(Status s, bool tell = true);
+  // kernels in flight stop, wakes ranks waiting to join; returns `s`. A failure this process
+  // found (`tell`) goes to the processes of other hosts (a notice, comm/notice.h; `primary`: its
+  // own finding, not a peer's reset) before the processes of this host learn it (the segments)
+  // and before the proxy resets its connections, so that no reset overtakes the reason; one
+  // learned from another process is not sent on (that process tells the others itself).
+  Status Fail(Status s, bool tell = true, bool primary = true);
   // Stops the network proxy (a group across hosts; process exit): comm_net.cc.
   void StopProxy();
 
@@ -148,6 +149,11 @@ class GpuComm {
   // `name` ("psum over ('i',)") and moves `what` ("all_reduce float32 x4096 sum"), for messages.
   // Each plan's build notes its call.
   void NoteCall(uint64_t id, const std::string& name, const std::string& what);
+  // Across processes: a thread that, every millisecond, passes a failure of this process's
+  // launches to the other processes (Fail: the segments and the network proxy) and a failure
+  // posted by another process to this process's kernels (the abort word), so that every rank's
+  // kernels stop within milliseconds instead of at their deadline.
+  void StartWatch();
   // Stops the failure watch (process exit): comm_check.cc.
   void StopWatch();
 
@@ -211,8 +217,9 @@ class GpuComm {
   // Failure notices across hosts (comm/notice.h; comm_net.cc): this process's failure `s` to
   // every process of the group on another host (within a second), and the failure such a process
   // posted for this one (Ok: none), as this communicator's failure.
-  void TellOtherHosts(const Status& s);
+  void TellOtherHosts(const Status& s, bool primary);
   Status NoticeFromOtherHosts() const;
+  uint64_t netGroup_ = 0;           // the group's key on the network and its notices (SetShared)
   std::unique_ptr<comm::Net> net_;  // across hosts (SetShared): ExchangeRecords's, then the proxy's
   // The failure the communicator keeps (after failed_ is set).
   Status Failure();
@@ -230,16 +237,16 @@ class GpuComm {
   // The error of rank `rank`'s failed launch, whose status is `st` (`who`: the call that finds
   // it; empty: the call the status names).
   Status LaunchError(int rank, const DevStatus& st, const std::string& who) const;
-  // Across processes: a thread that, every millisecond, passes a failure of this process's
-  // launches to the other processes (Fail: the segments and the network proxy) and a failure
-  // posted by another process to this process's kernels (the abort word), so that every rank's
-  // kernels stop within milliseconds instead of at their deadline.
-  void StartWatch();
   void Watch();
+  // Watch's part until the communicator fails; then Watch drops the notices that still come.
+  void WatchUntilFailed();
   std::once_flag watchOnce_;
   std::thread watch_;
   std::atomic<bool> stopWatch_{false};
 };
+
+// The key of the group of `devices` on the network (its connections and failure notices).
+uint64_t NetGroupOf(const std::vector<int64_t>& devices);
 
 // Stops every GPU communicator's network proxy, closing its connections in order where every step
 // is out (process exit: the peers then see an orderly end, not a failure).

@@ -147,6 +147,16 @@ void GpuComm::StopWatch() {
 }
 
 void GpuComm::Watch() {
+  WatchUntilFailed();
+  // Failed: processes of other hosts that failed too may still post notices; they are dropped
+  // as they come (each holds a descriptor while parked).
+  while (crossHost_ && !stopWatch_.load(std::memory_order_acquire)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    (void)NoticeFromOtherHosts();
+  }
+}
+
+void GpuComm::WatchUntilFailed() {
   const volatile DevStatus* st = static_cast<const volatile DevStatus*>(status_.host);
   while (!stopWatch_.load(std::memory_order_acquire) && !failed_.load(std::memory_order_acquire)) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));

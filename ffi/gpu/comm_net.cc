@@ -35,18 +35,18 @@ static_assert(comm::kNoticeChannel < kRecordChannel, "the notices' channel is no
 constexpr int kNoticeSendMs = 1000;
 constexpr int kNoticeWaitMs = 300;
 
-uint64_t NetGroup(const std::vector<int64_t>& devices) {
+}  // namespace
+
+uint64_t NetGroupOf(const std::vector<int64_t>& devices) {
   uint64_t h = 0x452821e638d01377ull;
   for (int64_t d : devices) h = comm::HashMix(h, static_cast<uint64_t>(d));
   return h;
 }
 
-}  // namespace
-
 Status GpuComm::ExchangeRecords(int rank, const std::string& who, Clock::time_point deadline,
                                 std::vector<GpuRecord>* recs) {
   const int n = nRanks();
-  const uint64_t group = NetGroup(devices_);
+  const uint64_t group = netGroup_;
   struct Peer {
     int rank;
     std::unique_ptr<comm::NetComm> send, recv;
@@ -166,8 +166,8 @@ Status GpuComm::ConnectHosts(int rank, const std::string& who, Clock::time_point
   }
   auto rankText = [this](int r) { return RankText(r); };
   std::unique_ptr<comm::NetProxy> proxy = std::make_unique<comm::NetProxy>(
-      std::move(net_), NetGroup(devices_), std::move(conns), placement_.endpoint, rankText,
-      timeout_, [this, who](const std::string& reason) {
+      std::move(net_), netGroup_, std::move(conns), placement_.endpoint, rankText, timeout_,
+      [this, who](const std::string& reason) {
         // A peer that failed first posted why before it reset its connections: its notice says
         // more than the reset (which may arrive first), so it has a moment to come.
         const auto until = Clock::now() + std::chrono::milliseconds(kNoticeWaitMs);
@@ -182,7 +182,8 @@ Status GpuComm::ConnectHosts(int rank, const std::string& who, Clock::time_point
         }
         (void)Fail(Status(Code::kTimeout,
                           detail::StrCat("jax_rccl '", who, "': GPU group ", groupText_, ": ",
-                                         reason, "; the communicator is unusable from now on")));
+                                         reason, "; the communicator is unusable from now on")),
+                   /*tell=*/true, /*primary=*/false);
       });
   proxy->TraceTo(netTrace_);
   {
@@ -208,7 +209,7 @@ Status GpuComm::ConnectHosts(int rank, const std::string& who, Clock::time_point
   return Status::Ok();
 }
 
-void GpuComm::TellOtherHosts(const Status& s) {
+void GpuComm::TellOtherHosts(const Status& s, bool primary) {
   std::vector<comm::NoticePeer> peers;
   for (int r = 0; r < nRanks(); ++r) {
     if (!otherHost_[size_t(r)]) continue;
@@ -217,18 +218,12 @@ void GpuComm::TellOtherHosts(const Status& s) {
       peers.push_back(comm::NoticePeer{p, placement_.endpoint[size_t(r)]});
   }
   const auto deadline = Clock::now() + std::chrono::milliseconds(kNoticeSendMs);
-  (void)comm::SendNotices(NetGroup(devices_), placement_.thisProcess, placement_.session, peers, s,
+  (void)comm::SendNotices(netGroup_, placement_.thisProcess, placement_.session, peers, s, primary,
                           deadline);
 }
 
 Status GpuComm::NoticeFromOtherHosts() const {
-  std::vector<int> from;
-  for (int r = 0; r < nRanks(); ++r) {
-    const int p = placement_.process[size_t(r)];
-    if (otherHost_[size_t(r)] && std::find(from.begin(), from.end(), p) == from.end())
-      from.push_back(p);
-  }
-  Status s = comm::TakeNotice(NetGroup(devices_), placement_.thisProcess, from);
+  Status s = comm::TakeNotice(netGroup_, placement_.thisProcess);
   if (s.ok()) return s;
   return Status(s.code(), detail::StrCat("jax_rccl: another process of GPU group ", groupText_,
                                          " reported its communicator failed: ", s.message()));

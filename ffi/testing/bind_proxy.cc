@@ -411,34 +411,35 @@ void BindProxy(nb::module_& m) {
       "send_failure_notices",
       [](uint64_t group, int process, const std::string& session,
          const std::vector<std::pair<int, std::string>>& peers, int code, const std::string& text,
-         double timeout_s) {
+         double timeout_s, bool primary) {
         std::vector<comm::NoticePeer> to;
         for (const auto& [p, endpoint] : peers) to.push_back(comm::NoticePeer{p, endpoint});
         Check(code > int(Code::kOk) && code <= int(Code::kSystem), "code: a failure's code");
         const auto deadline =
             Clock::now() + std::chrono::microseconds(int64_t(std::max(0.0, timeout_s) * 1e6));
         nb::gil_scoped_release release;
-        return comm::SendNotices(group, process, session, to, Status(Code(code), text), deadline);
+        return comm::SendNotices(group, process, session, to, Status(Code(code), text), primary,
+                                 deadline);
       },
       nb::arg("group"), nb::arg("process"), nb::arg("session"), nb::arg("peers"), nb::arg("code"),
-      nb::arg("text"), nb::arg("timeout_s") = 1.0,
+      nb::arg("text"), nb::arg("timeout_s") = 1.0, nb::arg("primary") = true,
       "Posts a failure notice (ffi/comm/notice.h) of `code` and `text` as process `process` of "
-      "`group` to each of `peers` ((process, 'host:port') of its listener) within `timeout_s`; "
-      "returns how many took it.");
+      "`group` to each of `peers` ((process, 'host:port') of its listener) within `timeout_s` "
+      "(`primary`: the sender's own finding); returns how many took it.");
   m.def(
       "take_failure_notice",
-      [](uint64_t group, int process, const std::vector<int>& from) -> nb::object {
+      [](uint64_t group, int process) -> nb::object {
         Status s;
         {
           nb::gil_scoped_release release;
-          s = comm::TakeNotice(group, process, from);
+          s = comm::TakeNotice(group, process);
         }
         if (s.ok()) return nb::none();
         return nb::make_tuple(int(s.code()), s.message());
       },
-      nb::arg("group"), nb::arg("process"), nb::arg("from_processes"),
-      "The failure notice for process `process` of `group` from any of `from_processes` "
-      "that this process's listener holds, as (code, text), or None.");
+      nb::arg("group"), nb::arg("process"),
+      "The failure notices for process `process` of `group` that this process's listener "
+      "holds, taken: the primary one's (else the first's) (code, text), or None.");
   m.def("set_ucx_library", &comm::SetUcxLibrary, nb::arg("name"),
         "The library the UCX backend loads (empty: libucp.so.0): a test names one that does not "
         "exist to run a process where UCX cannot be loaded.");
