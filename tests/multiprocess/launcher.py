@@ -107,6 +107,33 @@ def launch(
     return out
 
 
+def run_together(commands: list[list[str]], *, timeout: float, **popen) -> list[tuple[int, str]]:
+    """Starts every command at once (`popen`: Popen's env, cwd, ...), its stdout and stderr one
+    text, then waits for each in turn, up to `timeout` seconds each (past it: TimeoutExpired);
+    any still running then is killed. Returns (exit status, output) per command."""
+    procs = [
+        subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen)
+        for c in commands
+    ]
+    texts = []
+    try:
+        for p in procs:
+            texts.append(p.communicate(timeout=timeout)[0])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return [(p.returncode, text) for p, text in zip(procs, texts, strict=True)]
+
+
+def run_python(code: str, timeout: float) -> subprocess.CompletedProcess:
+    """`code` run by a fresh interpreter (``python -P -c``), its stdout and stderr kept as text."""
+    return subprocess.run(
+        [sys.executable, "-P", "-c", code], capture_output=True, text=True, timeout=timeout
+    )
+
+
 def shm_entries(session: str | None = None) -> list[str]:
     """Names under /dev/shm that belong to jax_rccl (of one session when given)."""
     prefix = "jrccl." if session is None else f"jrccl.{session}."

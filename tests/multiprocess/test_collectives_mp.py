@@ -132,18 +132,24 @@ def test_forced_algorithm(algo, transport):
     _no_segments(res)
 
 
-@pytest.mark.needs_world
-def test_killed_process_is_an_error_not_a_hang():
+def _survivors_of_a_kill(env=None):
+    """The reports of processes 0 and 1 of three, process 2 killed after the first collective."""
     procs = launch(
         "killed",
         3,
         1,
         args=("--victim=2", "--when=after", "--shutdown-timeout=1"),
+        env=env,
         timeout=60,
         jax_rccl_timeout=TIMEOUT,
     )
     assert procs[2].returncode == -9, procs[2].describe()
-    res = _ok(procs[:2], expect_rc=None)  # JAX's own shutdown then aborts: a peer is gone
+    return _ok(procs[:2], expect_rc=None)  # JAX's own shutdown then aborts: a peer is gone
+
+
+@pytest.mark.needs_world
+def test_killed_process_is_an_error_not_a_hang():
+    res = _survivors_of_a_kill()
     for r in res:
         assert r["raised"], r
         assert r["seconds"] < TIMEOUT + 5, r
@@ -243,17 +249,7 @@ def test_fake_hosts_mix_shm_and_sockets(hosts, nodes):
 
 @pytest.mark.needs_world
 def test_killed_process_over_sockets_is_an_error_not_a_hang():
-    procs = launch(
-        "killed",
-        3,
-        1,
-        args=("--victim=2", "--when=after", "--shutdown-timeout=1"),
-        env=SOCKET,
-        timeout=60,
-        jax_rccl_timeout=TIMEOUT,
-    )
-    assert procs[2].returncode == -9, procs[2].describe()
-    res = _ok(procs[:2], expect_rc=None)
+    res = _survivors_of_a_kill(SOCKET)
     for r in res:
         assert r["raised"], r
         assert r["seconds"] < TIMEOUT, r  # the closed sockets stop the survivors early

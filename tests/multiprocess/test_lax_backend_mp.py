@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 
 import pytest
-from launcher import free_port
+from launcher import free_port, run_together
 
 pytestmark = pytest.mark.needs_world
 
@@ -22,36 +21,20 @@ WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "lax_backend_w
 @pytest.mark.parametrize("nprocs", [2, 3])
 def test_lax_step_across_processes(tmp_path, transport, nprocs):
     port = free_port()
-    procs = []
-    for p in range(nprocs):
-        env = {
-            **os.environ,
-            "JAX_PLATFORMS": "cpu",
-            "JAX_RCCL_TIMEOUT": "30",
-            "JAX_RCCL_TRANSPORT": transport,
-            "XLA_FLAGS": "",
-        }
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, "-P", WORKER, str(p), str(nprocs), str(port), str(3 * 1024), "3"],
-                env=env,
-                cwd=tmp_path,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
-        )
-    texts = []
-    try:
-        for p in procs:
-            texts.append(p.communicate(timeout=180)[0])
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    for k, (p, text) in enumerate(zip(procs, texts, strict=True)):
-        assert p.returncode == 0, f"process {k}: exit {p.returncode}\n{text[-3000:]}"
+    env = {
+        **os.environ,
+        "JAX_PLATFORMS": "cpu",
+        "JAX_RCCL_TIMEOUT": "30",
+        "JAX_RCCL_TRANSPORT": transport,
+        "XLA_FLAGS": "",
+    }
+    commands = [
+        [sys.executable, "-P", WORKER, str(p), str(nprocs), str(port), str(3 * 1024), "3"]
+        for p in range(nprocs)
+    ]
+    done = run_together(commands, timeout=180, env=env, cwd=tmp_path)
+    for k, (returncode, text) in enumerate(done):
+        assert returncode == 0, f"process {k}: exit {returncode}\n{text[-3000:]}"
         lines = [ln for ln in text.splitlines() if ln.startswith("RESULT ")]
         assert lines, text[-3000:]
         r = json.loads(lines[-1][len("RESULT ") :])

@@ -22,6 +22,7 @@ import time
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from launcher import run_python  # noqa: E402
 from test_shm_transport import load_native, publish, spawn, wait_file, world_of  # noqa: E402
 from worker import runtime_threads  # noqa: E402
 
@@ -744,7 +745,7 @@ def test_a_stranger_without_the_secret_gets_no_ucx_endpoint(net):
     import struct
     import uuid
 
-    from test_transport_security import HELLO_MAGIC, _closed_on, _split
+    from test_transport_security import HELLO_MAGIC, _closed_on, _false_proof, _split
 
     from jax_rccl.planner import Task
 
@@ -772,12 +773,7 @@ def test_a_stranger_without_the_secret_gets_no_ucx_endpoint(net):
                         os.urandom(16),
                     )
                     s.sendall(hello)
-                    challenge = b""
-                    while len(challenge) < 48:
-                        chunk = s.recv(48 - len(challenge))
-                        assert chunk, "the listener closed before its challenge"
-                        challenge += chunk
-                    s.sendall(os.urandom(32))
+                    _false_proof(s)
                     got.setdefault("closed", []).append(_closed_on(s))
         except BaseException as e:  # noqa: BLE001 - reported below
             got["error"] = repr(e)
@@ -819,8 +815,6 @@ def test_ucx_info_says_which_ucx_and_what_it_moves():
     """A fresh process has the backend built but UCX not loaded; jax_rccl._ucx.load() makes it
     loadable (a system UCX, else the wheel's), and the runtime then reports the UCX it loaded:
     a version it runs on, the file, and the memory types UCX can move (host here: no GPU)."""
-    import subprocess
-
     code = (
         f"import json, sys; sys.path.insert(0, {os.path.dirname(HERE)!r})\n"
         "from test_shm_transport import load_native\n"
@@ -830,9 +824,7 @@ def test_ucx_info_says_which_ucx_and_what_it_moves():
         "source = _ucx.load()\n"
         "print(json.dumps([before, source, native.net_ucx_info(True)]))\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-P", "-c", code], capture_output=True, text=True, timeout=120
-    )
+    out = run_python(code, timeout=120)
     assert out.returncode == 0, out.stderr
     before, source, after = json.loads(out.stdout.splitlines()[-1])
     assert before["built"] and not before["loaded"], before

@@ -32,6 +32,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from launcher import run_python  # noqa: E402
 from test_shm_transport import load_native, publish, run_cases, spawn, wait_file, world_of  # noqa: E402
 
 HERE = os.path.abspath(__file__)
@@ -136,6 +137,17 @@ def _closed_on(s: socket.socket) -> bool:
         return True
 
 
+def _false_proof(s: socket.socket) -> None:
+    """Reads the listener's challenge (48 bytes) on `s` and answers it with a proof made up
+    without the secret (32 random bytes)."""
+    challenge = b""
+    while len(challenge) < 48:
+        chunk = s.recv(48 - len(challenge))
+        assert chunk, "the listener closed before its challenge"
+        challenge += chunk
+    s.sendall(os.urandom(32))
+
+
 def _hello(session: str, magic: int = HELLO_MAGIC, group: int = 0, lo: int = 0, hi: int = 1):
     return struct.pack(
         "<QQiiii64s16s", magic, group, 0, lo, hi, 0, session.encode(), os.urandom(16)
@@ -162,12 +174,7 @@ def test_impersonation_with_the_session_id_is_rejected():
             # The new hello, the challenge read, a proof without the secret.
             with socket.create_connection(_split(ep), timeout=5) as s:
                 s.sendall(_hello(session))
-                challenge = b""
-                while len(challenge) < 48:
-                    chunk = s.recv(48 - len(challenge))
-                    assert chunk, "the listener closed before its challenge"
-                    challenge += chunk
-                s.sendall(os.urandom(32))
+                _false_proof(s)
                 assert _closed_on(s)
         return []
 
@@ -461,9 +468,7 @@ def test_the_listener_refuses_a_wildcard_address():
         "        print('refused', a, e)\n"
         "print('port', n.socket_listener_port())\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-P", "-c", code], capture_output=True, text=True, timeout=60
-    ).stdout
+    out = run_python(code, timeout=60).stdout
     assert out.count("refused") == 3 and "listened" not in out, out
     assert "JAX_RCCL_SOCKET_IFADDR" in out and "port 0" in out, out
 

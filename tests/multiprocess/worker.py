@@ -21,6 +21,20 @@ def report(**kw) -> None:
     print(RESULT_TAG + json.dumps(kw), flush=True)
 
 
+def _raised(fn) -> dict:
+    """Runs fn() (the call under test): whether it raised, its error, the seconds it took."""
+    t0 = time.monotonic()
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001 - the error under test
+        return {
+            "raised": True,
+            "error": f"{type(e).__name__}: {e}",
+            "seconds": time.monotonic() - t0,
+        }
+    return {"raised": False, "seconds": time.monotonic() - t0}
+
+
 def init(args):
     import jax
 
@@ -378,19 +392,7 @@ def prog_killed(args):
         jax.block_until_ready(y)
     if args.process == args.victim:
         _die()
-    t0 = time.monotonic()
-    try:
-        jax.block_until_ready(f(x + 1))
-    except Exception as e:  # noqa: BLE001 - the error under test
-        report(
-            ok=True,
-            raised=True,
-            error=f"{type(e).__name__}: {e}",
-            seconds=time.monotonic() - t0,
-            session=session(),
-        )
-        return
-    report(ok=True, raised=False, seconds=time.monotonic() - t0, session=session())
+    report(ok=True, session=session(), **_raised(lambda: jax.block_until_ready(f(x + 1))))
 
 
 def prog_lower_only(args):
@@ -450,21 +452,11 @@ def prog_mismatch(args):
 
     f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("i"), out_specs=P("i")))
     x = _global(jax, mesh, P("i"), np.ones((n, m), np.float32))
-    t0 = time.monotonic()
-    try:
-        out = f(x)
-        jax.block_until_ready(out)
-    except Exception as e:  # noqa: BLE001 - the error under test
-        report(
-            ok=True,
-            raised=True,
-            error=f"{type(e).__name__}: {e}",
-            seconds=time.monotonic() - t0,
-            session=session(),
-        )
-        return
-    vals = [float(np.asarray(s.data)[0]) for s in out.addressable_shards]
-    report(ok=True, raised=False, values=vals, seconds=time.monotonic() - t0, session=session())
+    out = []
+    res = _raised(lambda: out.append(jax.block_until_ready(f(x))))
+    if out:
+        res["values"] = [float(np.asarray(s.data)[0]) for s in out[0].addressable_shards]
+    report(ok=True, session=session(), **res)
 
 
 def listening_sockets() -> list[str]:

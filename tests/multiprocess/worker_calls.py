@@ -16,7 +16,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # python -P: not on the path
-from worker import _global, barrier, init, report, run_programs, session  # noqa: E402
+from worker import _global, _raised, barrier, init, report, run_programs, session  # noqa: E402
 
 
 def _setup(args):
@@ -53,19 +53,6 @@ def _wrong(np, arr, want) -> list[str]:
                 f"device {s.device.id}: got {got.ravel()[:4]}, want {want[s.index].ravel()[:4]}"
             )
     return bad
-
-
-def _raised(fn) -> dict:
-    t0 = time.monotonic()
-    try:
-        fn()
-    except Exception as e:  # noqa: BLE001 - the error under test
-        return {
-            "raised": True,
-            "error": f"{type(e).__name__}: {e}",
-            "seconds": time.monotonic() - t0,
-        }
-    return {"raised": False, "seconds": time.monotonic() - t0}
 
 
 def prog_identity(args):
@@ -196,19 +183,31 @@ def _survivors_meet(args, survivors):
             pass
 
 
-def prog_early_death(args):
-    """Process 1 starts the first collective and is killed 0.5 s into it; process 0 sleeps
-    first (it has not mapped process 1's segment yet) and then calls (--mode=call) or exits
-    without calling (--mode=exit)."""
+def _psum_of_ones_met(args):
+    """(jax, a jitted psum over every device, its input of ones), once the processes met (before
+    anyone dies)."""
     jax, np, jr, mesh, P = _setup(args)
     n = len(jax.devices())
     f = _sm(jax, mesh, P, lambda v: jr.psum(v, "i"))
     x = _global(jax, mesh, P("i"), np.ones((n, 256), np.float32))
-    _meet()  # before anyone dies
+    _meet()
+    return jax, f, x
+
+
+def _killed_during(jax, f, x):
+    """Starts f(x) and is killed (SIGKILL) 0.5 s into it."""
+    threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
+    jax.block_until_ready(f(x))
+    time.sleep(10)
+
+
+def prog_early_death(args):
+    """Process 1 starts the first collective and is killed 0.5 s into it; process 0 sleeps
+    first (it has not mapped process 1's segment yet) and then calls (--mode=call) or exits
+    without calling (--mode=exit)."""
+    jax, f, x = _psum_of_ones_met(args)
     if args.process == 1:
-        threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
-        jax.block_until_ready(f(x))
-        time.sleep(10)
+        _killed_during(jax, f, x)
         return
     time.sleep(3)
     res = {"raised": False}
@@ -227,16 +226,10 @@ def prog_coordinator_death(args):
     Process 1 is then ended by JAX, as JAX ends the survivors when the service goes away, or,
     should JAX not have done so within 3 s, ends itself the same way (SIGABRT): no process of the
     job runs its exit handlers."""
-    jax, np, jr, mesh, P = _setup(args)
-    n = len(jax.devices())
-    f = _sm(jax, mesh, P, lambda v: jr.psum(v, "i"))
-    x = _global(jax, mesh, P("i"), np.ones((n, 256), np.float32))
-    _meet()  # before anyone dies
+    jax, f, x = _psum_of_ones_met(args)
     report(ok=True, session=session())
     if args.process == 0:
-        threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
-        jax.block_until_ready(f(x))
-        time.sleep(10)
+        _killed_during(jax, f, x)
         return
     time.sleep(3)
     os.abort()

@@ -10,8 +10,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # python -P: not on the path
-from worker import _global, init, report, run_programs, session  # noqa: E402
-from worker_calls import _raised  # noqa: E402
+from worker import _global, _raised, init, report, run_programs, session  # noqa: E402
 
 
 def _case(np, rng, n, n_rows, m_rows):
