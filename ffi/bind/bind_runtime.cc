@@ -10,14 +10,13 @@
 #include <vector>
 
 #include "ffi/bind/bindings.h"
-#include "ffi/cpu/comm.h"
 #include "ffi/comm/hmac.h"
 #include "ffi/comm/shm.h"
-#include "ffi/comm/socket_listen.h"
 #include "ffi/comm/socket_listen.h"
 #include "ffi/comm/world.h"
 #include "ffi/core/params.h"
 #include "ffi/core/stats.h"
+#include "ffi/cpu/comm.h"
 #include "ffi/handlers/collective.h"
 #include "ffi/handlers/common.h"
 #include "ffi/planner/types.h"

@@ -29,9 +29,9 @@
 #include <utility>
 #include <vector>
 
-#include "ffi/cpu/comm.h"
 #include "ffi/core/params.h"
 #include "ffi/core/status.h"
+#include "ffi/cpu/comm.h"
 #include "ffi/handlers/common.h"
 #include "ffi/handlers/ragged.h"
 #include "ffi/host/executor.h"
@@ -45,12 +45,12 @@ namespace jax_rccl {
 namespace cpu {
 
 // The communicator layer (ffi/comm/) and the host executor (ffi/host/) this backend drives.
-using cpu::Arrival;
 using comm::CallFingerprint;
-using cpu::Communicator;
-using cpu::ExecKey;
 using comm::FingerprintPlan;
 using comm::HashMix;
+using cpu::Arrival;
+using cpu::Communicator;
+using cpu::ExecKey;
 using cpu::World;
 using host::ExecContext;
 using host::ExecutePlan;

@@ -22,10 +22,10 @@
 #include <vector>
 
 #include "ffi/bind/bindings.h"
-#include "ffi/cpu/comm.h"
 #include "ffi/comm/socket_listen.h"
 #include "ffi/comm/world.h"
 #include "ffi/core/params.h"
+#include "ffi/cpu/comm.h"
 #include "ffi/host/executor.h"
 #include "ffi/planner/planner.h"
 #include "ffi/planner/redop.h"
