@@ -369,18 +369,25 @@ def _reduction_rule(op: str, api: str):
             ctx = ctx.replace(avals_in=list(ctx.avals_out))
         if not named:
             return list(args)
-        return L.lower_collective(
+        return _lower(
             ctx,
             *args,
-            kind="all_reduce",
+            api=f"jax.lax.{api}",
             axes=named,
+            kind="all_reduce",
             groups=_groups(axis_index_groups),
             op=op,
-            tuning=_tuning(),
-            name=L.label(f"jax.lax.{api}", named),
         )
 
     return rule
+
+
+def _lower(ctx, *args, api: str, axes, **params):
+    """jax_rccl's collective (`params`: lower_collective's) of jax.lax's `api` over `axes`,
+    tuned by jax_rccl.config and labelled with `api`."""
+    return L.lower_collective(
+        ctx, *args, axes=axes, tuning=_tuning(), name=L.label(api, axes), **params
+    )
 
 
 def _move_axis(x, src: int, dst: int):
@@ -430,14 +437,7 @@ def _all_gather_rule(
     (x_aval,), (out_aval,) = ctx.avals_in, ctx.avals_out
     n = int(axis_size)
     gathered = x_aval.update(shape=(n, *x_aval.shape))
-    (y,) = L.lower_collective(
-        ctx.replace(avals_out=[gathered]),
-        x,
-        kind="all_gather",
-        axes=axes,
-        tuning=_tuning(),
-        name=L.label(api, axes),
-    )
+    (y,) = _lower(ctx.replace(avals_out=[gathered]), x, api=api, axes=axes, kind="all_gather")
     d = int(all_gather_dimension)
     y = _move_axis(y, 0, d)
     return [_reshape(y, out_aval.shape)]
@@ -451,16 +451,15 @@ def _psum_scatter_rule(
     (x_aval,), (out_aval,) = ctx.avals_in, ctx.avals_out
     n = int(axis_size)
     blocks, block = _blocks_first(x, x_aval.shape, int(scatter_dimension), n)
-    (y,) = L.lower_collective(
+    (y,) = _lower(
         ctx.replace(
             avals_in=[x_aval.update(shape=(n, *block))], avals_out=[out_aval.update(shape=block)]
         ),
         blocks,
-        kind="reduce_scatter",
+        api=api,
         axes=axes,
+        kind="reduce_scatter",
         groups=groups,
-        tuning=_tuning(),
-        name=L.label(api, axes),
     )
     return [_reshape(y, out_aval.shape)]
 
@@ -473,17 +472,16 @@ def _all_to_all_rule(ctx, x, *, split_axis, concat_axis, axis_name, axis_index_g
     if n == 1:
         return [x]
     blocks, block = _blocks_first(x, x_aval.shape, int(split_axis), n)
-    (y,) = L.lower_collective(
+    (y,) = _lower(
         ctx.replace(
             avals_in=[x_aval.update(shape=(n, *block))],
             avals_out=[out_aval.update(shape=(n, *block))],
         ),
         blocks,
-        kind="all_to_all",
+        api=api,
         axes=axes,
+        kind="all_to_all",
         groups=groups,
-        tuning=_tuning(),
-        name=L.label(api, axes),
     )
     # y[j] is rank j's block for this device: concatenated along concat_axis, rank-major
     y = _move_axis(y, 0, int(concat_axis))
@@ -497,15 +495,14 @@ def _ppermute_rule(ctx, x, *, axis_name, perm, **_):
 def _lower_ppermute(ctx, x, axes, perm, api: str):
     """jax.lax's ppermute of `x` over `axes` as jax_rccl's (psend's exchange too)."""
     _require_dtypes(ctx, api)
-    return L.lower_collective(
+    return _lower(
         ctx,
         x,
-        kind="ppermute",
+        api=api,
         axes=axes,
+        kind="ppermute",
         perm=tuple((int(s), int(d)) for s, d in perm),
-        tuning=_tuning(),
         sort_groups=True,
-        name=L.label(api, axes),
     )
 
 
@@ -513,15 +510,7 @@ def _pbroadcast_rule(ctx, x, *, axis_name, source, **_):
     api = "jax.lax.pbroadcast"
     _require_dtypes(ctx, api)
     axes = _axes_of(axis_name)
-    return L.lower_collective(
-        ctx,
-        x,
-        kind="broadcast",
-        axes=axes,
-        root=int(source),
-        tuning=_tuning(),
-        name=L.label(api, axes),
-    )
+    return _lower(ctx, x, api=api, axes=axes, kind="broadcast", root=int(source))
 
 
 def _ragged_rule(ctx, operand, output, *index, axis_name, axis_index_groups=None, **_):
