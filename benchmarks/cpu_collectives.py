@@ -11,12 +11,15 @@ of `--runs` runs, algorithm bandwidth and bus bandwidth (nccl-tests formulas), a
 from __future__ import annotations
 
 import argparse
+import operator
 import os
 import statistics
-import time
+import sys
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+sys.path.append(os.path.dirname(os.path.abspath(__file__)))  # _common, under python -P too
 
+import _common  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
@@ -53,24 +56,6 @@ def make_fn(lib, coll: str, mesh: Mesh):
     return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("i"), out_specs=out))
 
 
-def time_pair(f_lax, f_rccl, x, min_iters: int, min_seconds: float) -> tuple[float, float]:
-    """Median time per call of each, their calls alternating (a drift of the machine's load
-    then falls on both alike)."""
-    for _ in range(3):
-        f_lax(x).block_until_ready()
-        f_rccl(x).block_until_ready()
-    times: tuple[list[float], list[float]] = ([], [])
-    t_end = time.perf_counter() + min_seconds
-    while len(times[0]) < min_iters or time.perf_counter() < t_end:
-        for fn, out in ((f_lax, times[0]), (f_rccl, times[1])):
-            t0 = time.perf_counter()
-            fn(x).block_until_ready()
-            out.append(time.perf_counter() - t0)
-        if len(times[0]) >= 200:
-            break
-    return statistics.median(times[0]), statistics.median(times[1])
-
-
 def bus_factor(coll: str, n: int) -> float:
     return 2 * (n - 1) / n if coll == "psum" else (n - 1) / n
 
@@ -84,6 +69,8 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3, help="runs per point; the table: their medians")
     args = ap.parse_args()
 
+    # each call waits with its array's own block_until_ready (jax.block_until_ready costs more)
+    ready = operator.methodcaller("block_until_ready")
     devices = jax.devices()
     n = len(devices)
     mesh = Mesh(np.array(devices), ("i",))
@@ -97,15 +84,14 @@ def main() -> None:
         f"{'coll':<13}{'size/dev':>9} | {'lax us':>10} {'algbw':>7} {'busbw':>7} | "
         f"{'rccl us':>10} {'algbw':>7} {'busbw':>7} | {'ratio':>6}"
     )
-    print(head)
-    print("-" * len(head))
+    _common.print_head(head)
     for coll in args.colls.split(","):
         for size in (parse_size(s) for s in args.sizes.split(",")):
             count = max(size // 4, n) // n * n  # float32 elements per device, divisible by n
             x = jax.device_put(jnp.ones((n * count,), jnp.float32), sharding)
             f_lax, f_rccl = make_fn(jax.lax, coll, mesh), make_fn(jax_rccl, coll, mesh)
             runs = [
-                time_pair(f_lax, f_rccl, x, args.min_iters, args.min_seconds)
+                _common.time_pair(f_lax, f_rccl, (x,), args.min_iters, args.min_seconds, ready)
                 for _ in range(args.runs)
             ]
             t_lax = statistics.median(r[0] for r in runs)

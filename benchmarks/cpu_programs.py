@@ -17,10 +17,12 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import time
+import sys
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+sys.path.append(os.path.dirname(os.path.abspath(__file__)))  # _common, under python -P too
 
+import _common  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
@@ -166,22 +168,6 @@ def _compile(fn, args, ours: bool):
     )
 
 
-def _time(fa, fb, args, min_iters, min_seconds):
-    for _ in range(3):
-        jax.block_until_ready(fa(*args))
-        jax.block_until_ready(fb(*args))
-    ta, tb = [], []
-    end = time.perf_counter() + min_seconds
-    while len(ta) < min_iters or time.perf_counter() < end:
-        for f, out in ((fa, ta), (fb, tb)):
-            t0 = time.perf_counter()
-            jax.block_until_ready(f(*args))
-            out.append(time.perf_counter() - t0)
-        if len(ta) >= 200:
-            break
-    return statistics.median(ta), statistics.median(tb)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--programs", default=",".join(PROGRAMS))
@@ -197,8 +183,7 @@ def main() -> None:
         f"{'program':<16}{'XLA colls':>10}{'ours':>6} | {'lax us':>10} | {'rccl us':>10} | "
         f"{'ratio':>6}"
     )
-    print(head)
-    print("-" * len(head))
+    _common.print_head(head)
     for name in args.programs.split(","):
         fn, fargs = PROGRAMS[name]()
         f_lax, _, n_xla = _compile(fn, fargs, ours=False)
@@ -208,7 +193,10 @@ def main() -> None:
         for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
             np.testing.assert_allclose(x, y, rtol=2e-4, atol=2e-5)
         runs = [
-            _time(f_lax, f_ours, fargs, args.min_iters, args.min_seconds) for _ in range(args.runs)
+            _common.time_pair(
+                f_lax, f_ours, fargs, args.min_iters, args.min_seconds, jax.block_until_ready
+            )
+            for _ in range(args.runs)
         ]
         t_lax = statistics.median(r[0] for r in runs)
         t_ours = statistics.median(r[1] for r in runs)

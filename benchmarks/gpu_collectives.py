@@ -31,10 +31,14 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import NamedTuple
 
-import numpy as np
+sys.path.append(os.path.dirname(os.path.abspath(__file__)))  # _common, under python -P too
 
-from jax_rccl import _jax_rccl, harness
+import numpy as np  # noqa: E402
+from _common import sizes  # noqa: E402
+
+from jax_rccl import _jax_rccl, harness  # noqa: E402
 
 BUSBW = {
     "all_reduce": lambda n: 2 * (n - 1) / n,
@@ -48,14 +52,6 @@ def parse_size(s: str) -> int:
     if s[-1].upper() in mult:
         return int(float(s[:-1]) * mult[s[-1].upper()])
     return int(s)
-
-
-def sizes(lo: int, hi: int) -> list[int]:
-    out, s = [], lo
-    while s <= hi:
-        out.append(s)
-        s *= 4
-    return out
 
 
 def check(h: harness.Harness, coll: str, n: int, count: int, slots) -> int:
@@ -74,21 +70,44 @@ def check(h: harness.Harness, coll: str, n: int, count: int, slots) -> int:
     return int(np.count_nonzero(got != want))
 
 
+class Point(NamedTuple):
+    """One size of one collective: its task; nccl-tests' size, the whole buffer (all_gather: the
+    output, reduce_scatter: the input), at least 4 B; the bytes algbw counts; the launches timed."""
+
+    task: dict
+    total: int
+    nbytes: int
+    iters: int
+
+
+def point(coll: str, size: int, n: int, iters: int) -> Point:
+    total = max(4, size)
+    count = total // 4 if coll == "all_reduce" else max(1, total // 4 // n)
+    task = {"coll": coll, "count": count, "dtype": "float32", "op": "sum"}
+    nbytes = count * 4 * (n if coll != "all_reduce" else 1)
+    return Point(task, total, nbytes, iters if total < (256 << 20) else max(3, iters // 4))
+
+
+def _harness(n: int, args, buff) -> harness.Harness:
+    """A harness of n ranks on the command line's channels, protocol and buffers."""
+    return harness.Harness(
+        n,
+        harness.gpu_topology(
+            n,
+            nchannels=args.nchannels or None,
+            ll128="LL128" in args.protocol.upper(),
+            buff_sizes=buff,
+        ),
+        timeout=60.0,
+    )
+
+
 def make_harness(n: int, args, buff, check: bool) -> harness.Harness:
     """A harness of n ranks; `check`: made under JAX_RCCL_CHECK_CALLS=1 (else 0)."""
     old = os.environ.get("JAX_RCCL_CHECK_CALLS")
     os.environ["JAX_RCCL_CHECK_CALLS"] = "1" if check else "0"
     try:
-        return harness.Harness(
-            n,
-            harness.gpu_topology(
-                n,
-                nchannels=args.nchannels or None,
-                ll128="LL128" in args.protocol.upper(),
-                buff_sizes=buff,
-            ),
-            timeout=60.0,
-        )
+        return _harness(n, args, buff)
     finally:
         if old is None:
             os.environ.pop("JAX_RCCL_CHECK_CALLS", None)
@@ -108,10 +127,8 @@ def check_cost(args, buff) -> None:
                 f"{'cost':>7} {'in-graph on':>11} {'off':>8} {'cost us':>8} {'errors':>6}"
             )
             for size in sizes(parse_size(args.min_bytes), parse_size(args.max_bytes)):
-                total = max(4, size)
-                count = total // 4 if coll == "all_reduce" else max(1, total // 4 // n)
-                task = {"coll": coll, "count": count, "dtype": "float32", "op": "sum"}
-                iters = args.iters if total < (256 << 20) else max(3, args.iters // 4)
+                task, total, nbytes, iters = point(coll, size, n, args.iters)
+                count = task["count"]
                 best = {True: [float("inf")] * 2, False: [float("inf")] * 2}
                 errors, summary = 0, None
                 built = {}
@@ -127,7 +144,6 @@ def check_cost(args, buff) -> None:
                         best[on] = [min(best[on][0], t), min(best[on][1], g)]
                 for h in hs.values():
                     h.free()
-                nbytes = count * 4 * (n if coll != "all_reduce" else 1)
                 (t1, g1), (t0, g0) = best[True], best[False]
                 print(
                     f"{nbytes:>12} {summary['algorithm']:>5} {summary['protocol']:>6} "
@@ -178,16 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     gmax = parse_size(args.graph_max_bytes)
     for n in [int(x) for x in args.ranks.split(",")]:
-        h = harness.Harness(
-            n,
-            harness.gpu_topology(
-                n,
-                nchannels=args.nchannels or None,
-                ll128="LL128" in args.protocol.upper(),
-                buff_sizes=buff,
-            ),
-            timeout=60.0,
-        )
+        h = _harness(n, args, buff)
         for coll in args.colls.split(","):
             print(f"\n## {coll}, {n} ranks on one GPU, float32 sum")
             print(
@@ -196,19 +203,15 @@ def main(argv: list[str] | None = None) -> int:
                 f"{'in-graph':>9} {'%floor 20':>9} {'errors':>6}"
             )
             for size in sizes(parse_size(args.min_bytes), parse_size(args.max_bytes)):
-                # nccl-tests: size is the whole buffer (all_gather: output, reduce_scatter: input).
-                total = max(4, size)
-                count = total // 4 if coll == "all_reduce" else max(1, total // 4 // n)
-                task = {"coll": coll, "count": count, "dtype": "float32", "op": "sum"}
+                task, total, nbytes, iters = point(coll, size, n, args.iters)
+                count = task["count"]
                 summary = h.build([task], algorithm=args.algorithm, protocol=args.protocol)[0]
                 slots = h.buffers()
                 errors = check(h, coll, n, count, slots)
-                iters = args.iters if total < (256 << 20) else max(3, args.iters // 4)
                 t = h.time_launches(slots, warmup=3, iters=iters)
                 g = h.time_graph(slots, iters=100) if total <= gmax else float("nan")
                 g20 = h.time_graph(slots, iters=10, reps=20) if total <= gmax else float("nan")
                 h.free()
-                nbytes = count * 4 * (n if coll != "all_reduce" else 1)
                 algbw = nbytes / t / 1e3
                 busbw = algbw * BUSBW[coll](n)
                 # Bytes the N ranks must move (module docstring): all_reduce 2·N·S; the

@@ -63,21 +63,19 @@ import sys
 import tempfile
 import time
 
-from jax_rccl._mps import Mps
+sys.path.append(os.path.dirname(os.path.abspath(__file__)))  # _common, under python -P too
+
+from _common import free_port, parse_size  # noqa: E402
+
+from jax_rccl._mps import Mps  # noqa: E402
 
 TAG = "RESULT "
 HOSTS = ("hostA", "hostB")
 COLLS = ("all_reduce", "all_gather")
 PATHS = ("cross", "ipc")
-UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 COMMAND_BUFFERS = (
     "--xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL --xla_gpu_graph_min_graph_size=1"
 )
-
-
-def parse_size(s: str) -> int:
-    s = s.strip().upper().rstrip("B")
-    return int(float(s[:-1]) * UNITS[s[-1]]) if s[-1] in UNITS else int(s)
 
 
 def label(size: int) -> str:
@@ -385,16 +383,10 @@ def worker(cfg: dict) -> dict:
 # --- the parent ----------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def launch(args, path: str, mps_env: dict, live: list) -> tuple[list | None, str]:
     """One run of --nprocs processes; (every process's result, "") or (None, what went wrong)."""
     n = args.nprocs
-    port = _free_port()
+    port = free_port()
     procs = []
     for p in range(n):
         cfg = {

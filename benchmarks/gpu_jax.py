@@ -41,10 +41,12 @@ import time
 from collections.abc import Callable
 
 os.environ["NCCL_NVLS_ENABLE"] = "0"  # NVLink multicast off (docs/DESIGN.md); before jax
+sys.path.append(os.path.dirname(os.path.abspath(__file__)))  # _common, under python -P too
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+from _common import parse_size, sizes  # noqa: E402
 from jax import lax  # noqa: E402
 from jax.sharding import Mesh, NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
@@ -58,21 +60,7 @@ COMMAND_BUFFER_FLAGS = (
 _CHILD_ENV = "JAX_RCCL_TEST_GPU_JAX_CHILD"  # set in the re-executed subprocess
 COLLS = ("all_reduce", "all_gather", "reduce_scatter")
 MODES = ("call", "loop", "unrolled")
-UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 LIBS = (("lax", jax.lax), ("jax_rccl", jax_rccl))
-
-
-def parse_size(s: str) -> int:
-    s = s.strip().upper().rstrip("B")
-    return int(float(s[:-1]) * UNITS[s[-1]]) if s[-1] in UNITS else int(s)
-
-
-def sizes(lo: int, hi: int) -> list[int]:
-    out, s = [], lo
-    while s <= hi:
-        out.append(s)
-        s *= 4
-    return out
 
 
 def bus_factor(coll: str, n: int) -> float:

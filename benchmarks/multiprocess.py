@@ -26,21 +26,20 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 
+sys.path.append(os.path.dirname(os.path.abspath(__file__)))  # _common, under python -P too
+
+import _common  # noqa: E402
+
 TAG = "JAX_RCCL_BENCH "
 
 
 def sizes(max_mb: float) -> list[int]:
-    out, b = [], 1024
-    while b <= max_mb * 2**20:
-        out.append(b)
-        b *= 4
-    return out
+    return _common.sizes(1024, max_mb * 2**20)
 
 
 def iterations(nbytes: int) -> int:
@@ -60,15 +59,8 @@ def timed(fn, reps: int, iters: int) -> float:
 
 
 def jax_worker(args) -> None:
+    _common.join_local_job(args.port, args.nprocs, args.process)
     import jax
-
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(
-        coordinator_address=f"127.0.0.1:{args.port}",
-        num_processes=args.nprocs,
-        process_id=args.process,
-        initialization_timeout=60,
-    )
     import numpy as np
     from jax.sharding import Mesh, NamedSharding
     from jax.sharding import PartitionSpec as P
@@ -197,12 +189,6 @@ def mpi_worker(args) -> None:
 # --- the parent ----------------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def collect(text: str, into: dict) -> None:
     for line in text.splitlines():
         if line.startswith(TAG):
@@ -221,7 +207,7 @@ HEAP_ENV = {"MALLOC_MMAP_THRESHOLD_": str(256 << 20), "MALLOC_TRIM_THRESHOLD_": 
 
 def run_jax(args, results, libs: str, label: str = "", extra_env=None, donate=None) -> None:
     donate = args.donate if donate is None else donate
-    port = free_port()
+    port = _common.free_port()
     procs = []
     for i in range(args.nprocs):
         env = dict(

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -31,7 +30,9 @@ import time
 
 if "--process" not in sys.argv:  # a process of --nprocs gets its environment from the parent
     os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+sys.path.append(os.path.dirname(os.path.abspath(__file__)))  # _common, under python -P too
 
+import _common  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
@@ -70,9 +71,7 @@ def ragged_case(rng, n: int, rows: int, fill: float):
 def launch(args, argv: list[str]) -> int:
     """Runs this script as `args.nprocs` processes of one CPU device each; prints process 0's
     output (and a failed process's)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = _common.free_port()
     env = dict(os.environ, JAX_RCCL_TIMEOUT="120")
     if args.gpu:
         env.update(CUDA_VISIBLE_DEVICES="0", XLA_PYTHON_CLIENT_PREALLOCATE="false")
@@ -120,14 +119,7 @@ def main() -> int:
     if args.nprocs > 1 and args.process < 0:
         return launch(args, sys.argv[1:])
     if args.process >= 0:
-        if not args.gpu:
-            jax.config.update("jax_cpu_collectives_implementation", "gloo")
-        jax.distributed.initialize(
-            coordinator_address=f"127.0.0.1:{args.port}",
-            num_processes=args.nprocs,
-            process_id=args.process,
-            initialization_timeout=60,
-        )
+        _common.join_local_job(args.port, args.nprocs, args.process, gloo=not args.gpu)
     quiet = args.process > 0
     exact = args.process >= 0
 
@@ -165,8 +157,7 @@ def main() -> int:
         f"{'dense rccl us':>13} {'data':>6} {'padded':>6} | {'dense lax us':>12} {'data':>6} | "
         f"{'ratio':>5}"
     )
-    say(head)
-    say("-" * len(head))
+    _common.print_head(head, say)
     rng = np.random.default_rng(0)
     for rows in (int(r) for r in args.rows.split(",")):
         ones = np.ones((n * n * rows, width), np.float32)

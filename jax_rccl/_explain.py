@@ -22,6 +22,7 @@ import numpy as np
 
 from jax_rccl import _compat, _ffi, _jax_rccl
 from jax_rccl import planner as _planner
+from jax_rccl._profile import _size
 
 ir = _compat.ir
 
@@ -46,13 +47,6 @@ _ELEMENT_TYPES = {
     "ui8": "uint8",
     "i1": "bool",
 }
-
-
-def _size(nbytes: float) -> str:
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if nbytes >= scale:
-            return f"{nbytes / scale:.4g} {unit}"
-    return f"{int(nbytes)} B"
 
 
 def _attr(a: Any) -> Any:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import jax
 
 from jax_rccl import _compat as compat
-from jax_rccl import _ffi, _jax_rccl
+from jax_rccl import _docs, _ffi, _jax_rccl
 
 
 def target_names() -> tuple[str, ...]:
@@ -37,6 +37,7 @@ def register_stable() -> None:
     compat.register_stable_custom_call_targets(target_names())
 
 
+@_docs.fill
 def export_checks() -> list[jax.export.DisabledSafetyCheck]:
     """The ``disabled_checks`` that earlier releases needed for :func:`jax.export.export` to
     serialize jax_rccl's custom calls (one ``DisabledSafetyCheck.custom_call`` per target).
@@ -48,11 +49,7 @@ def export_checks() -> list[jax.export.DisabledSafetyCheck]:
         A list of ``jax.export.DisabledSafetyCheck``.
 
     Example:
-        >>> import jax, numpy as np, jax_rccl as jr
-        >>> from jax.sharding import Mesh, PartitionSpec as P
-        >>> mesh = Mesh(jax.devices(), "i")  # 8 devices
-        >>> f = jax.jit(jax.shard_map(lambda x: jr.psum(x, "i"), mesh=mesh,
-        ...                           in_specs=P("i"), out_specs=P("i")))
+        {example_psum}
         >>> x = jax.device_put(np.arange(8.0), jax.NamedSharding(mesh, P("i")))
         >>> exp = jax.export.export(f, disabled_checks=jr.export_checks())(x)
         >>> print(jax.export.deserialize(exp.serialize()).call(x))

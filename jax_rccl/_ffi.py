@@ -22,7 +22,7 @@ import warnings
 
 import jax
 
-from jax_rccl import _bootstrap, _compat, _jax_rccl
+from jax_rccl import _bootstrap, _compat, _docs, _jax_rccl
 
 #: One target per collective kind of the FFI contract, named by the native side.
 TARGETS = tuple(f"jax_rccl_{kind}" for kind in _jax_rccl.collective_kinds())
@@ -200,6 +200,7 @@ def world() -> dict | None:
     return _bootstrap.world()
 
 
+@_docs.fill
 def runtime_stats() -> dict[str, int]:
     """The runtime's counters since the process started (or since
     :func:`reset_runtime_stats`), summed over every device of this process.
@@ -216,11 +217,7 @@ def runtime_stats() -> dict[str, int]:
         :func:`jax_rccl.profile` gives the same figures per call site, with times.
 
     Example:
-        >>> import jax, numpy as np, jax_rccl as jr
-        >>> from jax.sharding import Mesh, PartitionSpec as P
-        >>> mesh = Mesh(jax.devices(), "i")  # 8 devices
-        >>> f = jax.jit(jax.shard_map(lambda x: jr.psum(x, "i"), mesh=mesh,
-        ...                           in_specs=P("i"), out_specs=P("i")))
+        {example_psum}
         >>> _ = f(np.arange(8.0)).block_until_ready()  # compiled (and planned) here
         >>> jr.reset_runtime_stats()
         >>> for _ in range(10):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from jax_rccl import _ffi, _jax_rccl
+from jax_rccl import _docs, _ffi, _jax_rccl
 
 #: Bus bandwidth over algorithm bandwidth, as NCCL's tests define it, for a group of n: the
 #: share of the message each rank's links carry.
@@ -30,6 +30,7 @@ _PLOT_EXTRA = "pip install 'jax_rccl[plot]' (or pip install matplotlib)"
 
 
 def _size(nbytes: float) -> str:
+    """A byte count as text ("1.5 MiB"), for the profile's table and for explain()'s."""
     for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if nbytes >= scale:
             return f"{nbytes / scale:.4g} {unit}"
@@ -190,6 +191,7 @@ class Profile:
         return fig
 
 
+@_docs.fill
 def profile() -> Profile:
     """A context manager that records what the jax_rccl collectives run inside its block did.
 
@@ -204,11 +206,7 @@ def profile() -> Profile:
         time, algorithm/protocol and bus bandwidth.
 
     Example:
-        >>> import jax, numpy as np, jax_rccl as jr
-        >>> from jax.sharding import Mesh, PartitionSpec as P
-        >>> mesh = Mesh(jax.devices(), "i")  # 8 devices
-        >>> f = jax.jit(jax.shard_map(lambda x: jr.psum(x, "i"), mesh=mesh,
-        ...                           in_specs=P("i"), out_specs=P("i")))
+        {example_psum}
         >>> x = np.ones((8, 1024), np.float32)
         >>> with jr.profile() as p:
         ...     for _ in range(10):

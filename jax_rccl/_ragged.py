@@ -26,6 +26,7 @@ import numpy as np
 from jax import lax
 
 from jax_rccl import _compat as compat
+from jax_rccl import _docs
 from jax_rccl import api as A
 from jax_rccl import lowering as L
 from jax_rccl import primitives as P
@@ -43,6 +44,7 @@ _SUB_BYTE = frozenset({"int2", "uint2", "int4", "uint4", "float4_e2m1fn"})
 ragged_all_to_all_p = P._defprim("ragged_all_to_all")
 
 
+@_docs.fill
 def ragged_all_to_all(
     operand,
     output,
@@ -86,11 +88,7 @@ def ragged_all_to_all(
         rank and the slice, never a partial write.
 
     Example:
-        >>> import jax, numpy as np, jax_rccl as jr
-        >>> from jax.sharding import Mesh, PartitionSpec as P
-        >>> mesh = Mesh(jax.devices(), "i")  # 8 devices
-        >>> def run(fn):  # fn on each device's block of an array split over the 8 devices
-        ...     return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+        {example_run}
         >>> import jax.numpy as jnp
         >>> def f(x):  # every device sends its one row to device 0, which stacks them in order
         ...     k = jax.lax.axis_index("i")

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jax_rccl import _carry
+from jax_rccl import _carry, _docs
 from jax_rccl import _compat as compat
 from jax_rccl import primitives as P
 
@@ -53,6 +53,7 @@ _IN_PLACE = compat.trace_state(
 
 
 @contextlib.contextmanager
+@_docs.fill
 def config(
     *,
     algorithm: str | None = None,
@@ -89,11 +90,7 @@ def config(
         jax.lax has no such control (XLA picks its own algorithm).
 
     Example:
-        >>> import jax, numpy as np, jax_rccl as jr
-        >>> from jax.sharding import Mesh, PartitionSpec as P
-        >>> mesh = Mesh(jax.devices(), "i")  # 8 devices
-        >>> def run(fn):  # fn on each device's block of an array split over the 8 devices
-        ...     return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+        {example_run}
         >>> with jr.config(algorithm="Ring"):
         ...     f = run(lambda x: jr.psum(x, "i"))
         ...     print(f(np.arange(8.0)))
@@ -378,15 +375,13 @@ def _premul(premul, op, api):
     return 2, 0.0, arr
 
 
+@_docs.fill
 def psum(x, axis_name, *, axis_index_groups=None):
     """All-reduce sum over ``axis_name``, as :func:`jax.lax.psum`.
 
     Args:
-        x: an array or a pytree of arrays, traced inside :func:`jax.shard_map` (or another
-            transformation that binds ``axis_name``: jax.pmap, jax.vmap with ``axis_name``).
-        axis_name: a mesh axis name, or a tuple of names (the group is their product).
-        axis_index_groups: optional list of lists of axis indices that together cover every
-            index once; each group reduces on its own. Their sizes may differ.
+        {x_axis_name}
+        {reduction_groups}
 
     Returns:
         A pytree like ``x``: each leaf of the same shape and dtype (bool leaves become int32, as in
@@ -395,18 +390,10 @@ def psum(x, axis_name, *, axis_index_groups=None):
         communication, as jax.lax does.
 
     Differences from jax.lax.psum:
-        Runs on jax_rccl's runtime (CPU: its host executor; GPU: its own kernels) with the
-        algorithm and protocol its planner picks (:func:`jax_rccl.explain` shows the choice;
-        :func:`jax_rccl.config`, ``JAX_RCCL_ALGO`` and ``JAX_RCCL_PROTO`` force it). Every leaf of
-        ``x`` goes out in one grouped call. Arguments are checked at trace time, each error naming
-        the argument.
+        {runs_on_runtime}
 
     Example:
-        >>> import jax, numpy as np, jax_rccl as jr
-        >>> from jax.sharding import Mesh, PartitionSpec as P
-        >>> mesh = Mesh(jax.devices(), "i")  # 8 devices
-        >>> def run(fn):  # fn on each device's block of an array split over the 8 devices
-        ...     return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+        {example_run}
         >>> print(run(lambda x: jr.psum(x, "i"))(np.arange(8.0)))
         [28. 28. 28. 28. 28. 28. 28. 28.]
         >>> halves = [[0, 1, 2, 3], [4, 5, 6, 7]]
@@ -416,80 +403,59 @@ def psum(x, axis_name, *, axis_index_groups=None):
     return _reduce(x, axis_name, "psum", op="sum", axis_index_groups=axis_index_groups)
 
 
+@_docs.fill
 def pmax(x, axis_name, *, axis_index_groups=None):
     """All-reduce maximum over ``axis_name``, as :func:`jax.lax.pmax`.
 
     Args:
-        x: an array or a pytree of arrays, traced inside :func:`jax.shard_map` (or another
-            transformation that binds ``axis_name``: jax.pmap, jax.vmap with ``axis_name``).
-        axis_name: a mesh axis name, or a tuple of names (the group is their product).
-        axis_index_groups: optional list of lists of axis indices that together cover every
-            index once; each group reduces on its own. Their sizes may differ.
+        {x_axis_name}
+        {reduction_groups}
 
     Returns:
         A pytree like ``x``: each leaf of the same shape and dtype holding the elementwise maximum
         over the devices of its group. Complex leaves are refused (no order).
 
     Differences from jax.lax.pmax:
-        Runs on jax_rccl's runtime (CPU: its host executor; GPU: its own kernels) with the
-        algorithm and protocol its planner picks (:func:`jax_rccl.explain` shows the choice;
-        :func:`jax_rccl.config`, ``JAX_RCCL_ALGO`` and ``JAX_RCCL_PROTO`` force it). Every leaf of
-        ``x`` goes out in one grouped call. Arguments are checked at trace time, each error naming
-        the argument.
+        {runs_on_runtime}
 
     Example:
-        >>> import jax, numpy as np, jax_rccl as jr
-        >>> from jax.sharding import Mesh, PartitionSpec as P
-        >>> mesh = Mesh(jax.devices(), "i")  # 8 devices
-        >>> def run(fn):  # fn on each device's block of an array split over the 8 devices
-        ...     return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+        {example_run}
         >>> print(run(lambda x: jr.pmax(x, "i"))(np.array([3, 1, 4, 1, 5, 9, 2, 6])))
         [9 9 9 9 9 9 9 9]
     """
     return _reduce(x, axis_name, "pmax", op="max", axis_index_groups=axis_index_groups)
 
 
+@_docs.fill
 def pmin(x, axis_name, *, axis_index_groups=None):
     """All-reduce minimum over ``axis_name``, as :func:`jax.lax.pmin`.
 
     Args:
-        x: an array or a pytree of arrays, traced inside :func:`jax.shard_map` (or another
-            transformation that binds ``axis_name``: jax.pmap, jax.vmap with ``axis_name``).
-        axis_name: a mesh axis name, or a tuple of names (the group is their product).
-        axis_index_groups: optional list of lists of axis indices that together cover every
-            index once; each group reduces on its own. Their sizes may differ.
+        {x_axis_name}
+        {reduction_groups}
 
     Returns:
         A pytree like ``x``: each leaf of the same shape and dtype holding the elementwise minimum
         over the devices of its group. Complex leaves are refused (no order).
 
     Differences from jax.lax.pmin:
-        Runs on jax_rccl's runtime (CPU: its host executor; GPU: its own kernels) with the
-        algorithm and protocol its planner picks (:func:`jax_rccl.explain` shows the choice;
-        :func:`jax_rccl.config`, ``JAX_RCCL_ALGO`` and ``JAX_RCCL_PROTO`` force it). Every leaf of
-        ``x`` goes out in one grouped call. Arguments are checked at trace time, each error naming
-        the argument.
+        {runs_on_runtime}
 
     Example:
-        >>> import jax, numpy as np, jax_rccl as jr
-        >>> from jax.sharding import Mesh, PartitionSpec as P
-        >>> mesh = Mesh(jax.devices(), "i")  # 8 devices
-        >>> def run(fn):  # fn on each device's block of an array split over the 8 devices
-        ...     return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+        {example_run}
         >>> print(run(lambda x: jr.pmin(x, "i"))(np.array([3, 1, 4, 1, 5, 9, 2, 6])))
         [1 1 1 1 1 1 1 1]
     """
     return _reduce(x, axis_name, "pmin", op="min", axis_index_groups=axis_index_groups)
 
 
+@_docs.fill
 def pmean(x, axis_name, *, axis_index_groups=None):
     """All-reduce mean over ``axis_name``, as :func:`jax.lax.pmean`: :func:`psum`, then a division
     by the size of each device's group.
 
     Args:
-        x: an array or a pytree of arrays, traced inside :func:`jax.shard_map` (or another
-            transformation that binds ``axis_name``: jax.pmap, jax.vmap with ``axis_name``).
-        axis_name: a mesh axis name, or a tuple of names (the group is their product).
+        {x_axis_name}
         axis_index_groups: optional list of lists of axis indices that together cover every
             index once; each group reduces on its own. Their sizes may differ (each device
             divides by its own group's size).
@@ -499,18 +465,10 @@ def pmean(x, axis_name, *, axis_index_groups=None):
         become floating point, as in jax.lax.
 
     Differences from jax.lax.pmean:
-        Runs on jax_rccl's runtime (CPU: its host executor; GPU: its own kernels) with the
-        algorithm and protocol its planner picks (:func:`jax_rccl.explain` shows the choice;
-        :func:`jax_rccl.config`, ``JAX_RCCL_ALGO`` and ``JAX_RCCL_PROTO`` force it). Every leaf of
-        ``x`` goes out in one grouped call. Arguments are checked at trace time, each error naming
-        the argument.
+        {runs_on_runtime}
 
     Example:
-        >>> import jax, numpy as np, jax_rccl as jr
-        >>> from jax.sharding import Mesh, PartitionSpec as P
-        >>> mesh = Mesh(jax.devices(), "i")  # 8 devices
-        >>> def run(fn):  # fn on each device's block of an array split over the 8 devices
-        ...     return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+        {example_run}
         >>> print(run(lambda x: jr.pmean(x, "i"))(np.arange(8.0)))
         [3.5 3.5 3.5 3.5 3.5 3.5 3.5 3.5]
     """
@@ -523,21 +481,19 @@ def pmean(x, axis_name, *, axis_index_groups=None):
     return jax.tree_util.tree_map(lambda v: v / n.astype(jnp.result_type(v, 1.0)), x)
 
 
+@_docs.fill
 def all_reduce(x, axis_name, *, op="sum", premul=None, axis_index_groups=None):
     """All-reduce with any of the runtime's reduction ops (jax.lax has one function per op and no
     product, average or pre-multiplier).
 
     Args:
-        x: an array or a pytree of arrays, traced inside :func:`jax.shard_map` (or another
-            transformation that binds ``axis_name``: jax.pmap, jax.vmap with ``axis_name``).
-        axis_name: a mesh axis name, or a tuple of names (the group is their product).
+        {x_axis_name}
         op: ``"sum"``, ``"prod"``, ``"min"``, ``"max"`` or ``"avg"`` (the sum divided by the group
             size, computed by the runtime).
         premul: ``op="sum"`` only, floating leaves: each device's input is multiplied by it before
             the sum (NCCL's PreMulSum). A Python scalar is baked into the program; a 0-d array
             (which may differ per device) is read at run time.
-        axis_index_groups: optional list of lists of axis indices that together cover every
-            index once; each group reduces on its own. Their sizes may differ.
+        {reduction_groups}
 
     Returns:
         A pytree like ``x``: each leaf of the same shape and dtype holding the reduction over the
@@ -547,18 +503,10 @@ def all_reduce(x, axis_name, *, op="sum", premul=None, axis_index_groups=None):
         No single jax.lax function: ``op="sum"`` is :func:`jax.lax.psum`, ``"max"``
         :func:`jax.lax.pmax`, ``"min"`` :func:`jax.lax.pmin`; ``"prod"``, ``"avg"`` and
         ``premul`` have no jax.lax counterpart.
-        Runs on jax_rccl's runtime (CPU: its host executor; GPU: its own kernels) with the
-        algorithm and protocol its planner picks (:func:`jax_rccl.explain` shows the choice;
-        :func:`jax_rccl.config`, ``JAX_RCCL_ALGO`` and ``JAX_RCCL_PROTO`` force it). Every leaf of
-        ``x`` goes out in one grouped call. Arguments are checked at trace time, each error naming
-        the argument.
+        {runs_on_runtime}
 
     Example:
-        >>> import jax, numpy as np, jax_rccl as jr
-        >>> from jax.sharding import Mesh, PartitionSpec as P
-        >>> mesh = Mesh(jax.devices(), "i")  # 8 devices
-        >>> def run(fn):  # fn on each device's block of an array split over the 8 devices
-        ...     return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+        {example_run}
         >>> print(run(lambda x: jr.all_reduce(x, "i", op="prod"))(np.arange(1, 9)))
         [40320 40320 40320 40320 40320 40320 40320 40320]
         >>> print(run(lambda x: jr.all_reduce(x, "i", premul=0.5))(np.ones(8, np.float32)))
@@ -571,6 +519,7 @@ def all_reduce(x, axis_name, *, op="sum", premul=None, axis_index_groups=None):
     )
 
 
+@_docs.fill
 def preduce(x, axis_name, root: int, *, axis_index_groups=None):
     """Sum over ``axis_name`` delivered to one device: the device of index ``root`` gets the sum,
     every other device zeros (NCCL's reduce; jax.lax has no counterpart).
@@ -579,9 +528,7 @@ def preduce(x, axis_name, root: int, *, axis_index_groups=None):
     ``root``, which a sum's transpose needs. For other ops, :func:`all_reduce` with ``op=``.
 
     Args:
-        x: an array or a pytree of arrays, traced inside :func:`jax.shard_map` (or another
-            transformation that binds ``axis_name``: jax.pmap, jax.vmap with ``axis_name``).
-        axis_name: a mesh axis name, or a tuple of names (the group is their product).
+        {x_axis_name}
         root: the index, along ``axis_name`` (within each group with ``axis_index_groups``), of the
             device that gets the sum.
         axis_index_groups: optional list of lists of axis indices, all of one size, covering every
@@ -593,31 +540,22 @@ def preduce(x, axis_name, root: int, *, axis_index_groups=None):
 
     Differences from jax.lax:
         No jax.lax function does this (``psum`` then masking moves more data).
-        Runs on jax_rccl's runtime (CPU: its host executor; GPU: its own kernels) with the
-        algorithm and protocol its planner picks (:func:`jax_rccl.explain` shows the choice;
-        :func:`jax_rccl.config`, ``JAX_RCCL_ALGO`` and ``JAX_RCCL_PROTO`` force it). Every leaf of
-        ``x`` goes out in one grouped call. Arguments are checked at trace time, each error naming
-        the argument.
+        {runs_on_runtime}
 
     Example:
-        >>> import jax, numpy as np, jax_rccl as jr
-        >>> from jax.sharding import Mesh, PartitionSpec as P
-        >>> mesh = Mesh(jax.devices(), "i")  # 8 devices
-        >>> def run(fn):  # fn on each device's block of an array split over the 8 devices
-        ...     return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+        {example_run}
         >>> print(run(lambda x: jr.preduce(x, "i", root=2))(np.arange(8.0)))
         [ 0.  0. 28.  0.  0.  0.  0.  0.]
     """
     return _rooted(x, axis_name, root, "preduce", "root", P.reduce_p, "sum", axis_index_groups)
 
 
+@_docs.fill
 def pbroadcast(x, axis_name, source: int):
     """Every device gets the value of the device of index ``source``, as :func:`jax.lax.pbroadcast`.
 
     Args:
-        x: an array or a pytree of arrays, traced inside :func:`jax.shard_map` (or another
-            transformation that binds ``axis_name``: jax.pmap, jax.vmap with ``axis_name``).
-        axis_name: a mesh axis name, or a tuple of names (the group is their product).
+        {x_axis_name}
         source: the index, along ``axis_name``, of the device whose value everyone gets.
 
     Returns:
@@ -625,18 +563,10 @@ def pbroadcast(x, axis_name, source: int):
 
     Differences from jax.lax.pbroadcast:
         Runs on CPU too (jax.lax lowers it on GPUs only), and under jax.vmap.
-        Runs on jax_rccl's runtime (CPU: its host executor; GPU: its own kernels) with the
-        algorithm and protocol its planner picks (:func:`jax_rccl.explain` shows the choice;
-        :func:`jax_rccl.config`, ``JAX_RCCL_ALGO`` and ``JAX_RCCL_PROTO`` force it). Every leaf of
-        ``x`` goes out in one grouped call. Arguments are checked at trace time, each error naming
-        the argument.
+        {runs_on_runtime}
 
     Example:
-        >>> import jax, numpy as np, jax_rccl as jr
-        >>> from jax.sharding import Mesh, PartitionSpec as P
-        >>> mesh = Mesh(jax.devices(), "i")  # 8 devices
-        >>> def run(fn):  # fn on each device's block of an array split over the 8 devices
-        ...     return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+        {example_run}
         >>> print(run(lambda x: jr.pbroadcast(x, "i", source=5))(np.arange(8.0)))
         [5. 5. 5. 5. 5. 5. 5. 5.]
     """
@@ -696,6 +626,7 @@ def _place_blocks(outs, dims, counts, decoders, tiled: bool):
     return res
 
 
+@_docs.fill
 def all_gather(
     x,
     axis_name,
@@ -708,9 +639,7 @@ def all_gather(
     """Gather every device's value, as :func:`jax.lax.all_gather`.
 
     Args:
-        x: an array or a pytree of arrays, traced inside :func:`jax.shard_map` (or another
-            transformation that binds ``axis_name``: jax.pmap, jax.vmap with ``axis_name``).
-        axis_name: a mesh axis name, or a tuple of names (the group is their product).
+        {x_axis_name}
         axis_index_groups: optional list of lists of axis indices, all of one size, covering every
             index once; each group gathers on its own.
         axis: where the group's blocks go in the result: a new axis at this position, or (with
@@ -727,18 +656,10 @@ def all_gather(
         (of its group).
 
     Differences from jax.lax.all_gather:
-        Runs on jax_rccl's runtime (CPU: its host executor; GPU: its own kernels) with the
-        algorithm and protocol its planner picks (:func:`jax_rccl.explain` shows the choice;
-        :func:`jax_rccl.config`, ``JAX_RCCL_ALGO`` and ``JAX_RCCL_PROTO`` force it). Every leaf of
-        ``x`` goes out in one grouped call. Arguments are checked at trace time, each error naming
-        the argument.
+        {runs_on_runtime}
 
     Example:
-        >>> import jax, numpy as np, jax_rccl as jr
-        >>> from jax.sharding import Mesh, PartitionSpec as P
-        >>> mesh = Mesh(jax.devices(), "i")  # 8 devices
-        >>> def run(fn):  # fn on each device's block of an array split over the 8 devices
-        ...     return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+        {example_run}
         >>> gather = lambda x: jr.all_gather(x, "i", tiled=True, to="invarying")
         >>> f = jax.jit(jax.shard_map(gather, mesh=mesh, in_specs=P("i"), out_specs=P()))
         >>> print(f(np.arange(8)))
@@ -814,6 +735,7 @@ def _check_blocks(size, n: int, tiled: bool, what: str) -> None:
         )
 
 
+@_docs.fill
 def psum_scatter(
     x,
     axis_name,
@@ -826,8 +748,7 @@ def psum_scatter(
     :func:`jax.lax.psum_scatter` (a reduce-scatter).
 
     Args:
-        x: an array or a pytree of arrays, traced inside :func:`jax.shard_map` (or another
-            transformation that binds ``axis_name``: jax.pmap, jax.vmap with ``axis_name``).
+        {x}
             Values typed unreduced over ``axis_name`` (partial sums under explicit sharding) are
             summed as jax.lax sums them.
         axis_name: a mesh axis name, or a tuple of names (the group is their product).
@@ -841,18 +762,10 @@ def psum_scatter(
         A pytree like ``x``: device j's leaf holds block j of the sum over its group.
 
     Differences from jax.lax.psum_scatter:
-        Runs on jax_rccl's runtime (CPU: its host executor; GPU: its own kernels) with the
-        algorithm and protocol its planner picks (:func:`jax_rccl.explain` shows the choice;
-        :func:`jax_rccl.config`, ``JAX_RCCL_ALGO`` and ``JAX_RCCL_PROTO`` force it). Every leaf of
-        ``x`` goes out in one grouped call. Arguments are checked at trace time, each error naming
-        the argument.
+        {runs_on_runtime}
 
     Example:
-        >>> import jax, numpy as np, jax_rccl as jr
-        >>> from jax.sharding import Mesh, PartitionSpec as P
-        >>> mesh = Mesh(jax.devices(), "i")  # 8 devices
-        >>> def run(fn):  # fn on each device's block of an array split over the 8 devices
-        ...     return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+        {example_run}
         >>> f = jax.jit(jax.shard_map(lambda x: jr.psum_scatter(x, "i", tiled=True), mesh=mesh,
         ...                           in_specs=P(), out_specs=P("i")))
         >>> print(f(np.arange(8.0)))
@@ -908,14 +821,13 @@ def psum_scatter(
     return _map_leaves(x, run)
 
 
+@_docs.fill
 def all_to_all(x, axis_name, split_axis, concat_axis, *, tiled=False, axis_index_groups=None):
     """Split ``split_axis`` into the group's n blocks, send block j to device j, and
     concatenate what arrives along ``concat_axis``, as :func:`jax.lax.all_to_all`.
 
     Args:
-        x: an array or a pytree of arrays, traced inside :func:`jax.shard_map` (or another
-            transformation that binds ``axis_name``: jax.pmap, jax.vmap with ``axis_name``).
-        axis_name: a mesh axis name, or a tuple of names (the group is their product).
+        {x_axis_name}
         split_axis: the dimension split into n blocks (its size must be n, or with ``tiled`` a
             multiple of n).
         concat_axis: the dimension the received blocks are stacked (or with ``tiled``,
@@ -931,18 +843,10 @@ def all_to_all(x, axis_name, split_axis, concat_axis, *, tiled=False, axis_index
         i's input.
 
     Differences from jax.lax.all_to_all:
-        Runs on jax_rccl's runtime (CPU: its host executor; GPU: its own kernels) with the
-        algorithm and protocol its planner picks (:func:`jax_rccl.explain` shows the choice;
-        :func:`jax_rccl.config`, ``JAX_RCCL_ALGO`` and ``JAX_RCCL_PROTO`` force it). Every leaf of
-        ``x`` goes out in one grouped call. Arguments are checked at trace time, each error naming
-        the argument.
+        {runs_on_runtime}
 
     Example:
-        >>> import jax, numpy as np, jax_rccl as jr
-        >>> from jax.sharding import Mesh, PartitionSpec as P
-        >>> mesh = Mesh(jax.devices(), "i")  # 8 devices
-        >>> def run(fn):  # fn on each device's block of an array split over the 8 devices
-        ...     return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+        {example_run}
         >>> f = jax.jit(jax.shard_map(lambda x: jr.all_to_all(x, "i", 1, 1, tiled=True),
         ...                           mesh=mesh, in_specs=P("i"), out_specs=P("i")))
         >>> x = np.arange(64).reshape(8, 8)  # device i holds row i
@@ -1002,13 +906,12 @@ def _pairs(perm, api: str) -> tuple[tuple[int, int], ...]:
     return tuple(pairs)
 
 
+@_docs.fill
 def ppermute(x, axis_name, perm: Iterable[tuple[int, int]]):
     """Send each device's value to another device, as :func:`jax.lax.ppermute`.
 
     Args:
-        x: an array or a pytree of arrays, traced inside :func:`jax.shard_map` (or another
-            transformation that binds ``axis_name``: jax.pmap, jax.vmap with ``axis_name``).
-        axis_name: a mesh axis name, or a tuple of names (the group is their product).
+        {x_axis_name}
         perm: (source, destination) pairs of axis indices, each source and each destination at
             most once: any iterable (a list, a zip, a generator, an (n, 2) integer array).
 
@@ -1022,11 +925,7 @@ def ppermute(x, axis_name, perm: Iterable[tuple[int, int]]):
         pair); every leaf of ``x`` goes out in one call.
 
     Example:
-        >>> import jax, numpy as np, jax_rccl as jr
-        >>> from jax.sharding import Mesh, PartitionSpec as P
-        >>> mesh = Mesh(jax.devices(), "i")  # 8 devices
-        >>> def run(fn):  # fn on each device's block of an array split over the 8 devices
-        ...     return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+        {example_run}
         >>> shift = [(i, (i + 1) % 8) for i in range(8)]
         >>> print(run(lambda x: jr.ppermute(x, "i", shift))(np.arange(8)))
         [7 0 1 2 3 4 5 6]

@@ -26,18 +26,17 @@ import jax
 import numpy as np
 from jax import lax
 
-from jax_rccl import api
+from jax_rccl import _docs, api
 
 __all__ = ["pshuffle", "pswapaxes", "psend", "precv"]
 
 
+@_docs.fill
 def pshuffle(x, axis_name, perm: Sequence[int]):
     """Axis index i gets the value of axis index ``perm[i]``, as :func:`jax.lax.pshuffle`.
 
     Args:
-        x: an array or a pytree of arrays, traced inside :func:`jax.shard_map` (or another
-            transformation that binds ``axis_name``: jax.pmap, jax.vmap with ``axis_name``).
-        axis_name: a mesh axis name, or a tuple of names (the group is their product).
+        {x_axis_name}
         perm: a sequence holding each of ``0 .. len(perm) - 1`` once; indices of the axis beyond
             ``len(perm)`` receive zeros, as jax.lax's ppermute gives them.
 
@@ -49,11 +48,7 @@ def pshuffle(x, axis_name, perm: Sequence[int]):
         ``(perm[i], i)``, on the runtime's point-to-point path; ``perm`` is checked at trace time.
 
     Example:
-        >>> import jax, numpy as np, jax_rccl as jr
-        >>> from jax.sharding import Mesh, PartitionSpec as P
-        >>> mesh = Mesh(jax.devices(), "i")  # 8 devices
-        >>> def run(fn):  # fn on each device's block of an array split over the 8 devices
-        ...     return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+        {example_run}
         >>> print(run(lambda x: jr.pshuffle(x, "i", [7, 6, 5, 4, 3, 2, 1, 0]))(np.arange(8)))
         [7 6 5 4 3 2 1 0]
     """
@@ -72,14 +67,13 @@ def pshuffle(x, axis_name, perm: Sequence[int]):
     return api.ppermute(x, axis_name, [(s, d) for d, s in enumerate(sources)])
 
 
+@_docs.fill
 def pswapaxes(x, axis_name, axis: int, *, axis_index_groups=None):
     """Swap the named axis ``axis_name`` with the positional axis ``axis``, as
     :func:`jax.lax.pswapaxes`: ``all_to_all(x, axis_name, axis, axis)``.
 
     Args:
-        x: an array or a pytree of arrays, traced inside :func:`jax.shard_map` (or another
-            transformation that binds ``axis_name``: jax.pmap, jax.vmap with ``axis_name``).
-        axis_name: a mesh axis name, or a tuple of names (the group is their product).
+        {x_axis_name}
         axis: the positional axis; ``x.shape[axis]`` must equal the group size n.
         axis_index_groups: optional list of lists of axis indices, all of one size, covering every
             index once; each group swaps on its own.
@@ -93,11 +87,7 @@ def pswapaxes(x, axis_name, axis: int, *, axis_index_groups=None):
         a size other than n is refused at trace time naming the leaf.
 
     Example:
-        >>> import jax, numpy as np, jax_rccl as jr
-        >>> from jax.sharding import Mesh, PartitionSpec as P
-        >>> mesh = Mesh(jax.devices(), "i")  # 8 devices
-        >>> def run(fn):  # fn on each device's block of an array split over the 8 devices
-        ...     return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+        {example_run}
         >>> f = jax.jit(jax.shard_map(lambda x: jr.pswapaxes(x, "i", 1), mesh=mesh,
         ...                           in_specs=P("i"), out_specs=P("i")))
         >>> x = np.arange(64).reshape(8, 8)
@@ -130,14 +120,13 @@ def _forget(key: int, ref: weakref.ref) -> None:
         del _sent[key]
 
 
+@_docs.fill
 def psend(x, axis_name, perm: Iterable[tuple[int, int]]):
     """Send ``x`` along the (source, destination) pairs of ``perm`` over ``axis_name``, as
     :func:`jax.lax.psend`; :func:`precv` given the returned token receives it.
 
     Args:
-        x: an array or a pytree of arrays, traced inside :func:`jax.shard_map` (or another
-            transformation that binds ``axis_name``: jax.pmap, jax.vmap with ``axis_name``).
-        axis_name: a mesh axis name, or a tuple of names (the group is their product).
+        {x_axis_name}
         perm: (source, destination) pairs of axis indices, each source and destination at most
             once.
 
@@ -152,11 +141,7 @@ def psend(x, axis_name, perm: Iterable[tuple[int, int]]):
         fails at run time or hangs).
 
     Example:
-        >>> import jax, numpy as np, jax_rccl as jr
-        >>> from jax.sharding import Mesh, PartitionSpec as P
-        >>> mesh = Mesh(jax.devices(), "i")  # 8 devices
-        >>> def run(fn):  # fn on each device's block of an array split over the 8 devices
-        ...     return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+        {example_run}
         >>> def f(x):
         ...     perm = [(i, (i + 1) % 8) for i in range(8)]
         ...     token = jr.psend(x, "i", perm)
@@ -184,6 +169,7 @@ def psend(x, axis_name, perm: Iterable[tuple[int, int]]):
     return jax.tree_util.tree_unflatten(tree, tokens)
 
 
+@_docs.fill
 def precv(token, out_shape, axis_name, perm: Iterable[tuple[int, int]]):
     """What the :func:`psend` that returned ``token`` sent to this device, as :func:`jax.lax.precv`.
 
@@ -204,11 +190,7 @@ def precv(token, out_shape, axis_name, perm: Iterable[tuple[int, int]]):
         at trace time naming what differs.
 
     Example:
-        >>> import jax, numpy as np, jax_rccl as jr
-        >>> from jax.sharding import Mesh, PartitionSpec as P
-        >>> mesh = Mesh(jax.devices(), "i")  # 8 devices
-        >>> def run(fn):  # fn on each device's block of an array split over the 8 devices
-        ...     return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+        {example_run}
         >>> def f(x):
         ...     token = jr.psend(x, "i", [(0, 7)])
         ...     return jr.precv(token, jax.ShapeDtypeStruct(x.shape, x.dtype), "i", [(0, 7)])

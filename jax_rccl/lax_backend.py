@@ -369,18 +369,25 @@ def _reduction_rule(op: str, api: str):
             ctx = ctx.replace(avals_in=list(ctx.avals_out))
         if not named:
             return list(args)
-        return L.lower_collective(
+        return _lower(
             ctx,
             *args,
-            kind="all_reduce",
+            api=f"jax.lax.{api}",
             axes=named,
+            kind="all_reduce",
             groups=_groups(axis_index_groups),
             op=op,
-            tuning=_tuning(),
-            name=L.label(f"jax.lax.{api}", named),
         )
 
     return rule
+
+
+def _lower(ctx, *args, api: str, axes, **params):
+    """jax_rccl's collective (`params`: lower_collective's) of jax.lax's `api` over `axes`,
+    tuned by jax_rccl.config and labelled with `api`."""
+    return L.lower_collective(
+        ctx, *args, axes=axes, tuning=_tuning(), name=L.label(api, axes), **params
+    )
 
 
 def _move_axis(x, src: int, dst: int):
@@ -400,30 +407,37 @@ def _reshape(x, shape):
     return hlo.reshape(ir.RankedTensorType.get(list(shape), t.element_type), x)
 
 
+def _blocks_first(x, shape, d: int, n: int):
+    """`x` (of `shape`) with dimension `d` split into `n` blocks, the block index first; and
+    the shape of one block."""
+    shape = tuple(int(v) for v in shape)
+    block = (*shape[:d], shape[d] // n, *shape[d + 1 :])
+    return _move_axis(_reshape(x, (*shape[:d], n, *block[d:])), d, 0), block
+
+
 def _group_size(ctx, axes, groups) -> int:
     return int(L.replica_groups(ctx, axes, groups).shape[1])
+
+
+def _static_collective(ctx, api: str, axis_name, axis_index_groups) -> tuple:
+    """The axes and groups of a data-movement collective of jax.lax, which jax_rccl lowers for
+    the dtypes its runtime carries and static shapes only (else XLA's rule: `_Fallback`)."""
+    _require_dtypes(ctx, api)
+    _require_static(ctx, api)
+    return _axes_of(axis_name), _groups(axis_index_groups)
 
 
 def _all_gather_rule(
     ctx, x, *, all_gather_dimension, axis_name, axis_size, axis_index_groups=None, **_
 ):
     api = "jax.lax.all_gather"
-    _require_dtypes(ctx, api)
-    _require_static(ctx, api)
-    if axis_index_groups is not None:
+    axes, groups = _static_collective(ctx, api, axis_name, axis_index_groups)
+    if groups is not None:
         raise _Fallback(f"{api} with axis_index_groups")
-    axes = _axes_of(axis_name)
     (x_aval,), (out_aval,) = ctx.avals_in, ctx.avals_out
     n = int(axis_size)
     gathered = x_aval.update(shape=(n, *x_aval.shape))
-    (y,) = L.lower_collective(
-        ctx.replace(avals_out=[gathered]),
-        x,
-        kind="all_gather",
-        axes=axes,
-        tuning=_tuning(),
-        name=L.label(api, axes),
-    )
+    (y,) = _lower(ctx.replace(avals_out=[gathered]), x, api=api, axes=axes, kind="all_gather")
     d = int(all_gather_dimension)
     y = _move_axis(y, 0, d)
     return [_reshape(y, out_aval.shape)]
@@ -433,74 +447,62 @@ def _psum_scatter_rule(
     ctx, x, *, scatter_dimension, axis_name, axis_index_groups, axis_size, tiled, **_
 ):
     api = "jax.lax.psum_scatter"
-    _require_dtypes(ctx, api)
-    _require_static(ctx, api)
-    axes = _axes_of(axis_name)
-    groups = _groups(axis_index_groups)
+    axes, groups = _static_collective(ctx, api, axis_name, axis_index_groups)
     (x_aval,), (out_aval,) = ctx.avals_in, ctx.avals_out
-    n, d = int(axis_size), int(scatter_dimension)
-    xs = tuple(int(s) for s in x_aval.shape)
-    split = (*xs[:d], n, xs[d] // n, *xs[d + 1 :])
-    blocks = _move_axis(_reshape(x, split), d, 0)
-    rest = (*xs[:d], xs[d] // n, *xs[d + 1 :])
-    (y,) = L.lower_collective(
+    n = int(axis_size)
+    blocks, block = _blocks_first(x, x_aval.shape, int(scatter_dimension), n)
+    (y,) = _lower(
         ctx.replace(
-            avals_in=[x_aval.update(shape=(n, *rest))], avals_out=[out_aval.update(shape=rest)]
+            avals_in=[x_aval.update(shape=(n, *block))], avals_out=[out_aval.update(shape=block)]
         ),
         blocks,
-        kind="reduce_scatter",
+        api=api,
         axes=axes,
+        kind="reduce_scatter",
         groups=groups,
-        tuning=_tuning(),
-        name=L.label(api, axes),
     )
     return [_reshape(y, out_aval.shape)]
 
 
 def _all_to_all_rule(ctx, x, *, split_axis, concat_axis, axis_name, axis_index_groups, tiled, **_):
     api = "jax.lax.all_to_all"
-    _require_dtypes(ctx, api)
-    _require_static(ctx, api)
-    axes = _axes_of(axis_name)
-    groups = _groups(axis_index_groups)
+    axes, groups = _static_collective(ctx, api, axis_name, axis_index_groups)
     (x_aval,), (out_aval,) = ctx.avals_in, ctx.avals_out
     n = _group_size(ctx, axes, groups)
     if n == 1:
         return [x]
-    s, c = int(split_axis), int(concat_axis)
-    xs = tuple(int(v) for v in x_aval.shape)
-    block = (*xs[:s], xs[s] // n, *xs[s + 1 :])
-    blocks = _move_axis(_reshape(x, (*xs[:s], n, xs[s] // n, *xs[s + 1 :])), s, 0)
-    (y,) = L.lower_collective(
+    blocks, block = _blocks_first(x, x_aval.shape, int(split_axis), n)
+    (y,) = _lower(
         ctx.replace(
             avals_in=[x_aval.update(shape=(n, *block))],
             avals_out=[out_aval.update(shape=(n, *block))],
         ),
         blocks,
-        kind="all_to_all",
+        api=api,
         axes=axes,
+        kind="all_to_all",
         groups=groups,
-        tuning=_tuning(),
-        name=L.label(api, axes),
     )
     # y[j] is rank j's block for this device: concatenated along concat_axis, rank-major
-    y = _move_axis(y, 0, c)
+    y = _move_axis(y, 0, int(concat_axis))
     return [_reshape(y, out_aval.shape)]
 
 
 def _ppermute_rule(ctx, x, *, axis_name, perm, **_):
-    api = "jax.lax.ppermute"
+    return _lower_ppermute(ctx, x, _axes_of(axis_name), perm, "jax.lax.ppermute")
+
+
+def _lower_ppermute(ctx, x, axes, perm, api: str):
+    """jax.lax's ppermute of `x` over `axes` as jax_rccl's (psend's exchange too)."""
     _require_dtypes(ctx, api)
-    axes = _axes_of(axis_name)
-    return L.lower_collective(
+    return _lower(
         ctx,
         x,
-        kind="ppermute",
+        api=api,
         axes=axes,
+        kind="ppermute",
         perm=tuple((int(s), int(d)) for s, d in perm),
-        tuning=_tuning(),
         sort_groups=True,
-        name=L.label(api, axes),
     )
 
 
@@ -508,15 +510,7 @@ def _pbroadcast_rule(ctx, x, *, axis_name, source, **_):
     api = "jax.lax.pbroadcast"
     _require_dtypes(ctx, api)
     axes = _axes_of(axis_name)
-    return L.lower_collective(
-        ctx,
-        x,
-        kind="broadcast",
-        axes=axes,
-        root=int(source),
-        tuning=_tuning(),
-        name=L.label(api, axes),
-    )
+    return _lower(ctx, x, api=api, axes=axes, kind="broadcast", root=int(source))
 
 
 def _ragged_rule(ctx, operand, output, *index, axis_name, axis_index_groups=None, **_):
@@ -537,19 +531,9 @@ def _ragged_rule(ctx, operand, output, *index, axis_name, axis_index_groups=None
 
 
 def _psend_rule(ctx, x, *, axis_name, perm, **_):
-    api = "jax.lax.psend"
-    _require_dtypes(ctx, api)
     axes = _axes_of(axis_name)
-    (received,) = L.lower_collective(
-        ctx.replace(avals_out=list(ctx.avals_in)),
-        x,
-        kind="ppermute",
-        axes=axes,
-        perm=tuple((int(s), int(d)) for s, d in perm),
-        tuning=_tuning(),
-        sort_groups=True,
-        name=L.label(api, axes),
-    )
+    ctx_out = ctx.replace(avals_out=list(ctx.avals_in))  # what the exchange receives
+    (received,) = _lower_ppermute(ctx_out, x, axes, perm, "jax.lax.psend")
     token = hlo.create_token()
     L.module_state(ctx).sent[token] = (received, axes, tuple(map(tuple, perm)))
     return [token]
@@ -708,44 +692,25 @@ def own_xla_rule(kind: str) -> Callable:
         name = {"sum": "psum_p", "max": "pmax_p", "min": "pmin_p"}[op]
         return _per_leaf(ctx, args, xla_rule(name), axes=tuple(axes), axis_index_groups=groups)
 
-    def all_gather(ctx, *leaves, axes, groups, axis_size, tuning, **typing):
-        del tuning, typing
-        return _per_leaf(
-            ctx,
-            leaves,
-            xla_rule("all_gather_p"),
-            all_gather_dimension=0,
-            axis_name=tuple(axes),
-            axis_index_groups=groups,
-            axis_size=axis_size,
-            tiled=False,
-        )
+    def blocks(name, sized=True, **dims):
+        """all_gather, reduce_scatter, all_to_all: XLA's rule `name` with the group's blocks
+        on dimension 0 (`dims`), untiled; `sized`: the rule takes the group's size."""
 
-    def reduce_scatter(ctx, *leaves, axes, groups, axis_size, tuning, **typing):
-        del tuning, typing
-        return _per_leaf(
-            ctx,
-            leaves,
-            xla_rule("reduce_scatter_p"),
-            scatter_dimension=0,
-            axis_name=tuple(axes),
-            axis_index_groups=groups,
-            axis_size=axis_size,
-            tiled=False,
-        )
+        def rule(ctx, *leaves, axes, groups, axis_size, tuning, **typing):
+            del tuning, typing  # all_gather's `to`, reduce_scatter's `src`: types only
+            size = {"axis_size": axis_size} if sized else {}
+            return _per_leaf(
+                ctx,
+                leaves,
+                xla_rule(name),
+                **dims,
+                axis_name=tuple(axes),
+                axis_index_groups=groups,
+                **size,
+                tiled=False,
+            )
 
-    def all_to_all(ctx, *leaves, axes, groups, axis_size, tuning):
-        del axis_size, tuning
-        return _per_leaf(
-            ctx,
-            leaves,
-            xla_rule("all_to_all_p"),
-            split_axis=0,
-            concat_axis=0,
-            axis_name=tuple(axes),
-            axis_index_groups=groups,
-            tiled=False,
-        )
+        return rule
 
     def ppermute(ctx, *leaves, axes, perm, tuning):
         del tuning
@@ -763,9 +728,9 @@ def own_xla_rule(kind: str) -> Callable:
 
     rules = {
         "all_reduce": all_reduce,
-        "all_gather": all_gather,
-        "reduce_scatter": reduce_scatter,
-        "all_to_all": all_to_all,
+        "all_gather": blocks("all_gather_p", all_gather_dimension=0),
+        "reduce_scatter": blocks("reduce_scatter_p", scatter_dimension=0),
+        "all_to_all": blocks("all_to_all_p", sized=False, split_axis=0, concat_axis=0),
         "ppermute": ppermute,
         "broadcast": broadcast,
     }

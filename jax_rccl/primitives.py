@@ -141,11 +141,16 @@ def _sum_transpose_of(cts, *, axes, groups, invariant, tuning):
         if untyped:
             cts = _sum_transpose_of(cts, axes=untyped, groups=None, invariant=False, tuning=tuning)
         return [vary_over(ct, axes) for ct in cts]
+    return _plain_all_reduce(cts, axes, groups, "sum", invariant, tuning)
+
+
+def _plain_all_reduce(xs, axes, groups, op, invariant, tuning):
+    """all_reduce_p of `xs` without a pre-multiplier."""
     return all_reduce_p.bind(
-        *cts,
+        *xs,
         axes=axes,
         groups=groups,
-        op="sum",
+        op=op,
         premul=0,
         premul_value=0.0,
         invariant=invariant,
@@ -153,18 +158,8 @@ def _sum_transpose_of(cts, *, axes, groups, invariant, tuning):
     )
 
 
-def _all_reduce_jvp(
-    primals, tangents, *, axes, groups, op, premul, premul_value, invariant, tuning
-):
-    params = dict(
-        axes=axes,
-        groups=groups,
-        op=op,
-        premul=premul,
-        premul_value=premul_value,
-        invariant=invariant,
-        tuning=tuning,
-    )
+def _all_reduce_jvp(primals, tangents, **params):
+    op, premul = params["op"], params["premul"]
     if op not in ("sum", "avg"):
         raise NotImplementedError(
             f"Differentiation rule for jax_rccl all_reduce with op={op!r} is not implemented "
@@ -233,20 +228,10 @@ def _sums_partial_values(leaf, axes) -> bool:
     return is_unreduced_over(aval, axes) or bool(compat.reduced(aval) & set(axes))
 
 
-def _all_reduce_batch(
-    axis_data, vals, dims, *, axes, groups, op, premul, premul_value, invariant, tuning
-):
-    params = dict(
-        axes=axes,
-        groups=groups,
-        op=op,
-        premul=premul,
-        premul_value=premul_value,
-        invariant=invariant,
-        tuning=tuning,
-    )
+def _all_reduce_batch(axis_data, vals, dims, **params):
+    premul = params["premul"]
     n = len(vals) // 2 if premul == 2 else len(vals)
-    if axis_data.name in axes:
+    if axis_data.name in params["axes"]:
         return _all_reduce_over_vmapped_axis(axis_data, vals, dims, n, **params)
     if premul == 2 and any(d is not compat.not_mapped for d in dims[n:]):
         # A batched scale is no longer a scalar: apply it here and sum without a premul.
@@ -291,16 +276,7 @@ def _all_reduce_over_vmapped_axis(
             x = lax.integer_pow(x, V)
         outs.append(x)
     if rest:
-        outs = all_reduce_p.bind(
-            *outs,
-            axes=rest,
-            groups=None,
-            op=local_op,
-            premul=0,
-            premul_value=0.0,
-            invariant=invariant,
-            tuning=tuning,
-        )
+        outs = _plain_all_reduce(outs, rest, None, local_op, invariant, tuning)
     if op == "avg":
         outs = [lax.div(x, np.asarray(M * V * m, x.dtype)) for x in outs]
     return list(outs), [compat.not_mapped] * len(outs)
@@ -363,6 +339,20 @@ compat.batching.fancy_primitive_batchers[all_reduce_p] = _all_reduce_batch
 L.register(all_reduce_p, _all_reduce_lowering, xla=own_xla_rule("all_reduce"))
 
 
+# --- the primitives linear in every operand (all but all_reduce_p) ---------------------------
+
+
+def _register_linear(prim, abstract_eval, dual, batch, lowering, xla_kind=None):
+    """The rules of `prim`, linear in every operand: its abstract eval, the linear JVP, the
+    transpose through `dual(cts, **params)`, the batching rule and the lowering (XLA's rule of
+    `xla_kind` where no jax_rccl runtime is, see `own_xla_rule`)."""
+    prim.def_effectful_abstract_eval(abstract_eval)
+    compat.ad.primitive_jvps[prim] = partial(_linear_jvp, prim)
+    compat.ad.primitive_transposes[prim] = partial(_linear_transpose, dual, prim)
+    compat.batching.fancy_primitive_batchers[prim] = batch
+    L.register(prim, lowering, xla=None if xla_kind is None else own_xla_rule(xla_kind))
+
+
 # --- reduce_p (sum to `root`, zeros elsewhere) <-> broadcast_p (from `root`) -----------------
 
 reduce_p = _defprim("reduce")
@@ -417,25 +407,20 @@ def _rooted_lowering(ctx, *args, axes, groups, root, tuning, kind, api):
     )
 
 
-reduce_p.def_effectful_abstract_eval(partial(_rooted_abstract_eval, api="jax_rccl.preduce"))
-compat.ad.primitive_jvps[reduce_p] = partial(_linear_jvp, reduce_p)
-compat.ad.primitive_transposes[reduce_p] = partial(
-    _linear_transpose, lambda cts, **p: broadcast_p.bind(*cts, **p), reduce_p
-)
-compat.batching.fancy_primitive_batchers[reduce_p] = partial(_rooted_batch, reduce_p)
-L.register(reduce_p, partial(_rooted_lowering, kind="reduce", api="preduce"))
+def _register_rooted(prim, dual, kind, api, xla_kind=None):
+    """reduce_p's or broadcast_p's rules: each transposes to the other."""
+    _register_linear(
+        prim,
+        partial(_rooted_abstract_eval, api=f"jax_rccl.{api}"),
+        lambda cts, **p: dual.bind(*cts, **p),
+        partial(_rooted_batch, prim),
+        partial(_rooted_lowering, kind=kind, api=api),
+        xla_kind=xla_kind,
+    )
 
-broadcast_p.def_effectful_abstract_eval(partial(_rooted_abstract_eval, api="jax_rccl.pbroadcast"))
-compat.ad.primitive_jvps[broadcast_p] = partial(_linear_jvp, broadcast_p)
-compat.ad.primitive_transposes[broadcast_p] = partial(
-    _linear_transpose, lambda cts, **p: reduce_p.bind(*cts, **p), broadcast_p
-)
-compat.batching.fancy_primitive_batchers[broadcast_p] = partial(_rooted_batch, broadcast_p)
-L.register(
-    broadcast_p,
-    partial(_rooted_lowering, kind="broadcast", api="pbroadcast"),
-    xla=own_xla_rule("broadcast"),
-)
+
+_register_rooted(reduce_p, broadcast_p, "reduce", "preduce")
+_register_rooted(broadcast_p, reduce_p, "broadcast", "pbroadcast", xla_kind="broadcast")
 
 
 # --- all_gather_p (x[s] -> y[n, s]) <-> reduce_scatter_p (x[n, s] -> y[s]) ------------------
@@ -538,16 +523,13 @@ def _all_gather_over_vmapped_axis(axis_data, vals, dims, *, axes, groups, axis_s
     return outs, [compat.not_mapped] * len(outs)
 
 
-all_gather_p.def_effectful_abstract_eval(_all_gather_abstract_eval)
-compat.ad.primitive_jvps[all_gather_p] = partial(_linear_jvp, all_gather_p)
-compat.ad.primitive_transposes[all_gather_p] = partial(
-    _linear_transpose, _all_gather_dual, all_gather_p
-)
-compat.batching.fancy_primitive_batchers[all_gather_p] = _all_gather_batch
-L.register(
+_register_linear(
     all_gather_p,
+    _all_gather_abstract_eval,
+    _all_gather_dual,
+    _all_gather_batch,
     partial(_moving_lowering, kind="all_gather", api="all_gather"),
-    xla=own_xla_rule("all_gather"),
+    xla_kind="all_gather",
 )
 
 
@@ -638,18 +620,13 @@ def _reduce_scatter_over_vmapped_axis(
     return list(ts), [0] * len(ts)
 
 
-reduce_scatter_p.def_effectful_abstract_eval(_reduce_scatter_abstract_eval)
-compat.ad.primitive_jvps[reduce_scatter_p] = partial(_linear_jvp, reduce_scatter_p)
-compat.ad.primitive_transposes[reduce_scatter_p] = partial(
-    _linear_transpose, _reduce_scatter_dual, reduce_scatter_p
-)
-compat.batching.fancy_primitive_batchers[reduce_scatter_p] = partial(
-    _blocks_batch, reduce_scatter_p
-)
-L.register(
+_register_linear(
     reduce_scatter_p,
+    _reduce_scatter_abstract_eval,
+    _reduce_scatter_dual,
+    partial(_blocks_batch, reduce_scatter_p),
     partial(_moving_lowering, kind="reduce_scatter", api="psum_scatter"),
-    xla=own_xla_rule("reduce_scatter"),
+    xla_kind="reduce_scatter",
 )
 
 
@@ -690,16 +667,13 @@ def _all_to_all_over_vmapped_axis(axis_data, vals, dims, *, axes, groups, axis_s
     return ys, [0] * len(ys)
 
 
-all_to_all_p.def_effectful_abstract_eval(_all_to_all_abstract_eval)
-compat.ad.primitive_jvps[all_to_all_p] = partial(_linear_jvp, all_to_all_p)
-compat.ad.primitive_transposes[all_to_all_p] = partial(
-    _linear_transpose, lambda cts, **p: all_to_all_p.bind(*cts, **p), all_to_all_p
-)
-compat.batching.fancy_primitive_batchers[all_to_all_p] = partial(_blocks_batch, all_to_all_p)
-L.register(
+_register_linear(
     all_to_all_p,
+    _all_to_all_abstract_eval,
+    lambda cts, **p: all_to_all_p.bind(*cts, **p),
+    partial(_blocks_batch, all_to_all_p),
     partial(_moving_lowering, kind="all_to_all", api="all_to_all"),
-    xla=own_xla_rule("all_to_all"),
+    xla_kind="all_to_all",
 )
 
 
@@ -783,13 +757,14 @@ def _ppermute_lowering(ctx, *args, axes, perm, tuning):
     )
 
 
-ppermute_p.def_effectful_abstract_eval(_ppermute_abstract_eval)
-compat.ad.primitive_jvps[ppermute_p] = partial(_linear_jvp, ppermute_p)
-compat.ad.primitive_transposes[ppermute_p] = partial(
-    _linear_transpose, _ppermute_transpose_dual, ppermute_p
+_register_linear(
+    ppermute_p,
+    _ppermute_abstract_eval,
+    _ppermute_transpose_dual,
+    _ppermute_batch,
+    _ppermute_lowering,
+    xla_kind="ppermute",
 )
-compat.batching.fancy_primitive_batchers[ppermute_p] = _ppermute_batch
-L.register(ppermute_p, _ppermute_lowering, xla=own_xla_rule("ppermute"))
 
 
 ALL_PRIMITIVES = (
