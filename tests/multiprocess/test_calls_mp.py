@@ -15,6 +15,7 @@ from launcher import launch, shm_entries
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker_calls.py")
 TIMEOUT = 5.0  # JAX_RCCL_TIMEOUT in the processes
+SLOW_TIMEOUT = 30.0  # where a test tells an error found at once from one found at the deadline
 SOCKET = {"JAX_RCCL_TRANSPORT": "socket"}
 TRANSPORTS = {"shm": {}, "socket": SOCKET}
 CULPRIT = re.compile(
@@ -160,8 +161,8 @@ def test_settings_that_must_agree_are_compared(var, values):
         1,
         args=("--sizes=64",),
         env_of=lambda i: {var: values[i]},
-        timeout=60,
-        jax_rccl_timeout=TIMEOUT,
+        timeout=90,
+        jax_rccl_timeout=SLOW_TIMEOUT,
     )
     for p in procs:
         assert not p.timed_out, p.describe()
@@ -169,4 +170,5 @@ def test_settings_that_must_agree_are_compared(var, values):
         assert r is not None and not r.get("ok"), p.describe()
         assert f"disagree on {var}" in r["error"], r["error"]
         assert all(repr(v) in r["error"] for v in values), r["error"]
-        assert r["seconds"] < TIMEOUT, r
+        # Found when the processes meet, not at the deadline (far from it on a loaded machine).
+        assert r["seconds"] < SLOW_TIMEOUT / 2, r
