@@ -24,6 +24,9 @@ std::string Hex(uint64_t v, int digits) {
 
 // How far from a rank's own call number the numbers tried for a peer's tag reach.
 constexpr uint64_t kSeqReach = 8;
+// How long a rank that found a mismatch with a rank of another host waits for that rank's
+// notice (its own account of the call it runs); GpuComm::Check waits up to 500 ms for the watch.
+constexpr int kPeerNoticeMs = 300;
 
 }  // namespace
 
@@ -195,7 +198,28 @@ void GpuComm::WatchUntilFailed() {
           std::this_thread::sleep_for(std::chrono::milliseconds(1));
         }
       }
-      (void)Fail(LaunchError(culprit, failed, ""));
+      Status error = LaunchError(culprit, failed, "");
+      if (failed.code == kDevMismatch && crossHost_ && failed.peer >= 0 && failed.peer < nRanks() &&
+          otherHost_[size_t(failed.peer)]) {
+        // A peer of another host publishes no call here: it names its own in its notice, when it
+        // found the mismatch too. This process's goes first (the peer may wait for it likewise),
+        // then the peer's has a moment to come, and the error carries both.
+        TellOtherHosts(error, /*primary=*/true);
+        const auto until =
+            std::chrono::steady_clock::now() + std::chrono::milliseconds(kPeerNoticeMs);
+        Status theirs = NoticeFromOtherHosts();
+        while (theirs.ok() && std::chrono::steady_clock::now() < until) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+          theirs = NoticeFromOtherHosts();
+        }
+        if (!theirs.ok()) {
+          error =
+              Status(error.code(), detail::StrCat(error.message(), " [", theirs.message(), "]"));
+        }
+        (void)Fail(std::move(error), /*tell=*/false);
+        return;
+      }
+      (void)Fail(std::move(error));
       return;
     }
     // Another process failed (of this host: its segment; of another: its notice): this
