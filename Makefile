@@ -38,7 +38,7 @@ demo: install
 	$(PY) -P -m jax_rccl.demo
 
 test: install
-	$(VENV)/bin/pytest -q tests
+	$(VENV)/bin/pytest -q --durations=20 tests
 
 # Needs only the venv and the lint tools, not the built extension.
 lint: $(PY)
