@@ -367,7 +367,7 @@ void ShmGroup::UnlinkAll() {
   }
 }
 
-void ShmGroup::MarkFailed(const std::string& reason) {
+void ShmGroup::MarkFailed(const std::string& reason, Code code) {
   const size_t len = std::min(reason.size(), size_t(kShmFailTextBytes - 1));
   for (size_t r = 0; r < bases_.size(); ++r) {
     if (bases_[r] == nullptr) continue;
@@ -375,6 +375,7 @@ void ShmGroup::MarkFailed(const std::string& reason) {
     uint32_t none = 0;
     if (h->failText.compare_exchange_strong(none, 1, std::memory_order_acq_rel)) {
       h->failProcess = placement_.thisProcess;
+      h->failCode = int32_t(code);
       std::memcpy(h->reason, reason.data(), len);
       h->reason[len] = '\0';
       h->failText.store(2, std::memory_order_release);
@@ -383,7 +384,8 @@ void ShmGroup::MarkFailed(const std::string& reason) {
   }
 }
 
-bool ShmGroup::AnyFailed(std::string* why) const {
+bool ShmGroup::AnyFailed(std::string* why, Code* code) const {
+  if (code != nullptr) *code = Code::kTimeout;
   bool any = false;
   for (size_t r = 0; r < bases_.size(); ++r) {
     if (bases_[r] == nullptr) continue;
@@ -392,6 +394,9 @@ bool ShmGroup::AnyFailed(std::string* why) const {
     any = true;
     if (why == nullptr) return true;
     if (h->failText.load(std::memory_order_acquire) == 2) {
+      if (code != nullptr && h->failCode > int32_t(Code::kOk) &&
+          h->failCode <= int32_t(Code::kSystem))
+        *code = Code(h->failCode);
       *why = detail::StrCat("process ", h->failProcess, " reported its communicator failed: ",
                             std::string(h->reason, strnlen(h->reason, kShmFailTextBytes)));
       return true;

@@ -71,6 +71,7 @@ struct ShmHeader {
   std::atomic<uint32_t> failed;       // set by a process whose communicator of this group failed
   std::atomic<uint32_t> failText;     // 0 none, 1 being written, 2 `reason` holds the failure
   int32_t failProcess;                // the process that posted `reason`
+  int32_t failCode;                   // its Code (ffi/core/status.h)
   char reason[kShmFailTextBytes];     // the first failure posted here, NUL-terminated
 };
 
@@ -104,10 +105,11 @@ class ShmGroup {
   bool unlinked() const { return unlinked_.load(std::memory_order_acquire); }
 
   // Tells the other processes of the group that this process's communicator failed and why (a
-  // flag and the reason in every mapped segment's header), and whether any process of the group
-  // said so (*why: the reason it posted).
-  void MarkFailed(const std::string& reason);
-  bool AnyFailed(std::string* why = nullptr) const;
+  // flag, the reason and its code in every mapped segment's header), and whether any process of
+  // the group said so (*why: the reason it posted).
+  void MarkFailed(const std::string& reason, Code code = Code::kTimeout);
+  // *code (when given): the posted failure's Code (kTimeout when none was posted whole).
+  bool AnyFailed(std::string* why = nullptr, Code* code = nullptr) const;
 
   // Rank's count of calls started, and the latest one's identity and text (its owner publishes
   // them; rank must be mapped).

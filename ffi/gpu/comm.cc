@@ -186,7 +186,7 @@ Status GpuComm::Fail(Status s, bool tell, bool primary) {
   // proxy's own failures come here through its callback, once it has failed); then the processes
   // of this host (which reset their own connections when they learn it).
   if (tell && crossHost_) TellOtherHosts(s, primary);
-  if (shm_ != nullptr) shm_->MarkFailed(s.message());
+  if (shm_ != nullptr) shm_->MarkFailed(s.message(), s.code());
   comm::NetProxy* proxy = liveProxy_.load(std::memory_order_acquire);
   if (proxy != nullptr) proxy->Abort(s.message());
   return s;
@@ -462,12 +462,12 @@ Status GpuComm::TradeRegions(int rank, const std::string& who) {
 
 Status GpuComm::Check(int rank, const std::string& who) {
   std::string why;
-  if (shm_ != nullptr && !failed_.load(std::memory_order_acquire) && shm_->AnyFailed(&why)) {
-    return Fail(
-        Status(Code::kTimeout, detail::StrCat("jax_rccl '", who, "': another process of GPU group ",
-                                              groupText_, " reported its communicator failed",
-                                              why.empty() ? std::string() : ": " + why)),
-        false);
+  Code code = Code::kTimeout;
+  if (shm_ != nullptr && !failed_.load(std::memory_order_acquire) && shm_->AnyFailed(&why, &code)) {
+    return Fail(Status(code, detail::StrCat("jax_rccl '", who, "': another process of GPU group ",
+                                            groupText_, " reported its communicator failed",
+                                            why.empty() ? std::string() : ": " + why)),
+                false);
   }
   if (failed_.load(std::memory_order_acquire)) return Failure();
   const volatile DevStatus* st = static_cast<const volatile DevStatus*>(status_.host);

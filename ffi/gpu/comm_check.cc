@@ -225,12 +225,12 @@ void GpuComm::WatchUntilFailed() {
     // Another process failed (of this host: its segment; of another: its notice): this
     // process's kernels stop now (the abort word), not at their deadline.
     std::string why;
-    if (shm_ != nullptr && shm_->AnyFailed(&why)) {
-      (void)Fail(
-          Status(Code::kTimeout, detail::StrCat("jax_rccl: another process of GPU group ",
-                                                groupText_, " reported its communicator failed",
-                                                why.empty() ? std::string() : ": " + why)),
-          false);
+    Code code = Code::kTimeout;
+    if (shm_ != nullptr && shm_->AnyFailed(&why, &code)) {
+      (void)Fail(Status(code, detail::StrCat("jax_rccl: another process of GPU group ", groupText_,
+                                             " reported its communicator failed",
+                                             why.empty() ? std::string() : ": " + why)),
+                 false);
       return;
     }
     if (crossHost_) {
