@@ -96,7 +96,7 @@ def test_200_calls_in_flight_with_spare_devices():
 def test_one_shot_and_ring_calls_in_flight_together(mesh8):
     """One-shot calls (the last rank runs every rank's share) and FIFO calls (Ring) of one group
     dispatched together: each rank's earlier executions end before a one-shot touches its
-    buffers, and the turns stay in order (ffi/comm/comm.cc: RunOneShot)."""
+    buffers, and the turns stay in order (ffi/cpu/comm.cc: RunOneShot)."""
     small = jax.jit(
         jax.shard_map(
             lambda v: jax_rccl.psum(v, "i"), mesh=mesh8, in_specs=P("i"), out_specs=P("i")

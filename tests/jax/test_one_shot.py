@@ -1,4 +1,4 @@
-"""The CPU runtime's one-shot executions (ffi/comm/comm.cc: RunOneShot, ffi/host/executor.cc:
+"""The CPU runtime's one-shot executions (ffi/cpu/comm.cc: RunOneShot, ffi/host/executor.cc:
 OneShotEligible): a small Direct call of a group within one process runs once, by the last rank
 to arrive, for every rank. Results are jax.lax's bit for bit, whatever runs them; the runtime's
 counter says which calls ran one-shot; JAX_RCCL_CPU_ONESHOT sets the size (0: never)."""
