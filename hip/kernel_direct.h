@@ -279,7 +279,7 @@ __device__ void DirectPushLoop(const DirectShared& ds, const DirectShape& s) {
 // PreOp and rounded to T, as the sender sends it), so every rank's result is the same bits. Small:
 // the message fits one LL step (half an LL slot), and a rank pushes at most kDirectLLBytes in all
 // (the one-hop path's cost grows with the bytes times the peers; on one H200 it beats the barriers
-// up to about 8 KiB: benchmarks/gpu_collectives.py, docs/benchmarks.md).
+// up to about 8 KiB: benchmarks/gpu_collectives.py, docs/benchmarks-earlier.md).
 constexpr int64_t kDirectLLBytes = 8192;
 __device__ inline bool DirectFitsLL(const KernelArgs& a, const WorkElemColl& e, const DevTask& t) {
   const int64_t bytes = int64_t(e.workCount) * t.unitSize;
