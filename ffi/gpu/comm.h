@@ -219,6 +219,8 @@ class GpuComm {
   // posted for this one (Ok: none), as this communicator's failure.
   void TellOtherHosts(const Status& s, bool primary);
   Status NoticeFromOtherHosts() const;
+  // The first notice from another host that comes within `ms` (Ok: none came).
+  Status AwaitNotice(int ms) const;
   uint64_t netGroup_ = 0;           // the group's key on the network and its notices (SetShared)
   std::unique_ptr<comm::Net> net_;  // across hosts (SetShared): ExchangeRecords's, then the proxy's
   // The failure the communicator keeps (after failed_ is set).

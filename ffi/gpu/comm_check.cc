@@ -205,13 +205,7 @@ void GpuComm::WatchUntilFailed() {
         // found the mismatch too. This process's goes first (the peer may wait for it likewise),
         // then the peer's has a moment to come, and the error carries both.
         TellOtherHosts(error, /*primary=*/true);
-        const auto until =
-            std::chrono::steady_clock::now() + std::chrono::milliseconds(kPeerNoticeMs);
-        Status theirs = NoticeFromOtherHosts();
-        while (theirs.ok() && std::chrono::steady_clock::now() < until) {
-          std::this_thread::sleep_for(std::chrono::milliseconds(1));
-          theirs = NoticeFromOtherHosts();
-        }
+        const Status theirs = AwaitNotice(kPeerNoticeMs);
         if (!theirs.ok()) {
           error =
               Status(error.code(), detail::StrCat(error.message(), " [", theirs.message(), "]"));

@@ -170,15 +170,10 @@ Status GpuComm::ConnectHosts(int rank, const std::string& who, Clock::time_point
       [this, who](const std::string& reason) {
         // A peer that failed first posted why before it reset its connections: its notice says
         // more than the reset (which may arrive first), so it has a moment to come.
-        const auto until = Clock::now() + std::chrono::milliseconds(kNoticeWaitMs);
-        while (!failed_.load(std::memory_order_acquire)) {
-          Status notice = NoticeFromOtherHosts();
-          if (!notice.ok()) {
-            (void)Fail(std::move(notice), false);
-            return;
-          }
-          if (Clock::now() >= until) break;
-          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        Status notice = AwaitNotice(kNoticeWaitMs);
+        if (!notice.ok()) {
+          (void)Fail(std::move(notice), false);
+          return;
         }
         (void)Fail(Status(Code::kTimeout,
                           detail::StrCat("jax_rccl '", who, "': GPU group ", groupText_, ": ",
@@ -227,6 +222,16 @@ Status GpuComm::NoticeFromOtherHosts() const {
   if (s.ok()) return s;
   return Status(s.code(), detail::StrCat("jax_rccl: another process of GPU group ", groupText_,
                                          " reported its communicator failed: ", s.message()));
+}
+
+Status GpuComm::AwaitNotice(int ms) const {
+  const auto until = Clock::now() + std::chrono::milliseconds(ms);
+  Status notice = NoticeFromOtherHosts();
+  while (notice.ok() && Clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    notice = NoticeFromOtherHosts();
+  }
+  return notice;
 }
 
 void GpuComm::StopProxy() {
