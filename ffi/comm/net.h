@@ -6,9 +6,10 @@
 //
 // Differences from NCCL's, all small: a connection is named by a NetKey (group, channel, sender,
 // receiver) instead of an opaque handle exchanged out of band (the world table already holds every
-// process's endpoint); a message carries one 64-bit word besides its bytes (`info`: the proxy
-// sends each step's protocol and size in it), which the receiving Test reports, where NCCL matches
-// integer tags; errors are Status values with the peer named in their text.
+// process's endpoint); a message carries a few words besides its bytes (NetInfo: the proxy
+// sends each step's protocol and size, and a CPU step's tag, in it), which the receiving Test
+// reports, where NCCL matches integer tags; errors are Status values with the peer named in their
+// text.
 //
 // Backends (JAX_RCCL_NET, MakeNet): TCP (net_socket.cc) over the socket transport's listener and
 // its authenticated handshake (socket_listen.h): a stranger that cannot prove the run's secret
@@ -38,6 +39,14 @@ struct NetKey {
   int channel = 0;
   int from = 0;
   int to = 0;
+};
+
+// What a message carries besides its bytes (where NCCL's net API matches integer tags): the
+// proxy's step word (proxy.h: protocol, call tag, bytes) and 32 bytes of tag that the CPU
+// runtime's steps carry (transport_host.h: StepTag; zero on GPU steps). Backends move it as is.
+struct NetInfo {
+  uint64_t word = 0;
+  uint64_t tag[4] = {};
 };
 
 // Registered memory (ncclNet_t's mhandle): null for backends that need none.
@@ -72,7 +81,7 @@ class NetComm {
   // valid and unchanged until the request is done. A send moves only into a receive its receiver
   // posted (as NCCL's IB transport waits for the receiver's clear-to-send): a send waits, never
   // fails, while no receive is posted.
-  virtual Status Isend(const void* data, size_t bytes, uint64_t info, NetMemory* mem,
+  virtual Status Isend(const void* data, size_t bytes, const NetInfo& info, NetMemory* mem,
                        NetRequest** request) = 0;
   // Posts a receive of at most `bytes` into `data` (receive ends only); as Isend.
   virtual Status Irecv(void* data, size_t bytes, NetMemory* mem, NetRequest** request) = 0;
@@ -82,7 +91,7 @@ class NetComm {
   // connection is then failed for good, though requests that completed before are still
   // reported. After the sender closed its end in order, receives posted beyond its last message
   // stay pending without an error.
-  virtual Status Test(NetRequest* request, bool* done, size_t* bytes, uint64_t* info) = 0;
+  virtual Status Test(NetRequest* request, bool* done, size_t* bytes, NetInfo* info) = 0;
   // Without a request: an error when the peer's end is known to have failed (reset), for a
   // caller with nothing in flight on this connection.
   virtual Status Poll() = 0;
@@ -112,6 +121,13 @@ class Net {
                                                      const std::string& peer) = 0;
   virtual StatusOr<std::unique_ptr<NetComm>> Accept(const NetKey& key, Clock::time_point deadline,
                                                     const std::string& peer) = 0;
+  // Before the first Connect or Accept: the backend writes 1 to the eventfd `fd` whenever its
+  // connections may have made progress (a message moved, a peer's end failed), so that a caller
+  // can sleep on it rather than poll Test. False: this backend cannot (Test must be polled).
+  virtual bool SetProgressFd(int fd) {
+    (void)fd;
+    return false;
+  }
 };
 
 // The TCP backend (net_socket.cc). `session` and `process` as the socket transport's handshake

@@ -67,7 +67,7 @@ class SocketComm final : public NetComm {
   }
   Status DeregMr(NetMemory*) override { return Status::Ok(); }
 
-  Status Isend(const void* data, size_t bytes, uint64_t info, NetMemory*,
+  Status Isend(const void* data, size_t bytes, const NetInfo& info, NetMemory*,
                NetRequest** request) override {
     JR_REQUIRE(stream_->sending(), Code::kInternal,
                "jax_rccl: isend on the receiving end of a connection");
@@ -79,9 +79,9 @@ class SocketComm final : public NetComm {
     JR_REQUIRE(!stream_->sending(), Code::kInternal,
                "jax_rccl: irecv on the sending end of a connection");
     JR_REQUIRE(!closed_, Code::kInternal, "jax_rccl: irecv on a closed connection");
-    return stream_->Post(lane_, static_cast<char*>(data), bytes, 0, request);
+    return stream_->Post(lane_, static_cast<char*>(data), bytes, NetInfo{}, request);
   }
-  Status Test(NetRequest* request, bool* done, size_t* bytes, uint64_t* info) override {
+  Status Test(NetRequest* request, bool* done, size_t* bytes, NetInfo* info) override {
     JR_REQUIRE(!closed_, Code::kInternal, "jax_rccl: test on a closed connection");
     return stream_->Test(lane_, request, done, bytes, info);
   }
@@ -102,6 +102,13 @@ class SocketNet final : public Net {
   SocketNet(std::string session, int process, int threads, int streams)
       : session_(std::move(session)), process_(process), threads_(threads), streams_(streams) {}
   const char* name() const override { return "socket"; }
+  // Only the helpers pump in the background; without them Test does (and must be polled).
+  bool SetProgressFd(int fd) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (threads_ <= 0 || !helpers_.empty()) return false;
+    progressFd_ = fd;
+    return true;
+  }
 
   Status Listen(const NetKey&) override {
     JR_REQUIRE(SocketListenerPort() > 0, Code::kInvalidUsage,
@@ -162,7 +169,9 @@ class SocketNet final : public Net {
       std::lock_guard<std::mutex> lock(mu_);
       if (threads_ > 0) {
         if (helpers_.empty()) {
-          for (int t = 0; t < threads_; ++t) helpers_.push_back(std::make_shared<Helper>());
+          for (int t = 0; t < threads_; ++t) {
+            helpers_.push_back(std::make_shared<Helper>(progressFd_));
+          }
         }
         helper = helpers_[next_++ % helpers_.size()];
       }
@@ -182,6 +191,7 @@ class SocketNet final : public Net {
   int streams_;
   std::mutex mu_;  // guards what follows
   std::vector<std::shared_ptr<Helper>> helpers_;
+  int progressFd_ = -1;  // SetProgressFd's, given to the helpers
   size_t next_ = 0;
   std::map<std::tuple<uint64_t, int, bool, int, int, bool>, std::weak_ptr<Stream>> streams_by_key_;
 };

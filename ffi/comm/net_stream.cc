@@ -32,7 +32,8 @@ void SetHelperPollTimeoutMs(int ms) {
   gHelperPollMs.store(ms > 0 ? ms : 100);
 }
 
-Helper::Helper() : wake_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {
+Helper::Helper(int progressFd)
+    : wake_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)), progressFd_(progressFd) {
   thread_ = std::thread([this]() {
     NameThisThread("jrccl net");
     Loop();
@@ -89,12 +90,20 @@ void Helper::Loop() {
       uint64_t v;
       (void)!read(wake_, &v, sizeof(v));
     }
-    std::lock_guard<std::mutex> lock(mu_);
-    for (size_t i = 1; i < fds.size(); ++i) {
-      if (fds[i].revents == 0) continue;
-      // Removed while this thread polled: no longer this helper's to touch.
-      if (std::find(streams_.begin(), streams_.end(), who[i]) == streams_.end()) continue;
-      who[i]->Pump((fds[i].revents & (POLLIN | POLLERR | POLLHUP)) != 0);
+    bool pumped = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (size_t i = 1; i < fds.size(); ++i) {
+        if (fds[i].revents == 0) continue;
+        // Removed while this thread polled: no longer this helper's to touch.
+        if (std::find(streams_.begin(), streams_.end(), who[i]) == streams_.end()) continue;
+        who[i]->Pump((fds[i].revents & (POLLIN | POLLERR | POLLHUP)) != 0);
+        pumped = true;
+      }
+    }
+    if (pumped && progressFd_ >= 0) {
+      const uint64_t one = 1;
+      (void)!write(progressFd_, &one, sizeof(one));
     }
   }
 }
@@ -144,7 +153,8 @@ void Stream::Pump(bool readable) {
   if (!s.ok()) Fail(s);
 }
 
-Status Stream::Post(Lane* lane, char* data, size_t bytes, uint64_t info, NetRequest** request) {
+Status Stream::Post(Lane* lane, char* data, size_t bytes, const NetInfo& info,
+                    NetRequest** request) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     *request = nullptr;
@@ -171,7 +181,7 @@ Status Stream::Post(Lane* lane, char* data, size_t bytes, uint64_t info, NetRequ
   return Status::Ok();
 }
 
-Status Stream::Test(Lane* lane, NetRequest* request, bool* done, size_t* bytes, uint64_t* info) {
+Status Stream::Test(Lane* lane, NetRequest* request, bool* done, size_t* bytes, NetInfo* info) {
   if (helper_ == nullptr) Pump();
   std::lock_guard<std::mutex> lock(mu_);
   *done = false;
@@ -321,7 +331,7 @@ bool Stream::NextOutLocked() {
       outHeader_ = r->header;
     } else if (r == nullptr && l->closing && !l->closed) {
       out_ = nullptr;
-      outHeader_ = MessageHeader{kNetClose, uint32_t(l->channel), 0, 0};
+      outHeader_ = MessageHeader{kNetClose, uint32_t(l->channel), 0, {}};
     } else {
       continue;
     }
@@ -511,9 +521,9 @@ Status Stream::WriteCredits() {
     ctlDone_ = 0;
     std::lock_guard<std::mutex> lock(mu_);
     for (const auto& [channel, l] : lanes_) {
-      MessageHeader h{kNetCredit, uint32_t(channel), l->credits, 0};
+      MessageHeader h{kNetCredit, uint32_t(channel), l->credits, {}};
       if (l->ackPending) {
-        h = MessageHeader{kNetCloseAck, uint32_t(channel), 0, 0};
+        h = MessageHeader{kNetCloseAck, uint32_t(channel), 0, {}};
         l->ackPending = false;
       } else if (CreditDueLocked(*l)) {
         l->inFlight += l->credits;

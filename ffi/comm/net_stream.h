@@ -12,7 +12,7 @@
 // hold the other channels of its stream behind it, and around a ring of hosts the streams cannot
 // close into a cycle of full buffers.
 //
-// Framing: a 24-byte header (magic, channel, bytes, info) and, for a message, its bytes. Magics:
+// Framing: a 56-byte header (magic, channel, bytes, info) and, for a message, its bytes. Magics:
 // a message; a credit (`bytes`: receives posted); a channel's close (its sender closed it in
 // order: nothing more comes on it, and receives posted ahead stay pending without an error); the
 // close's acknowledgement (the receiver sends nothing more on that channel). A sending end closes
@@ -66,9 +66,9 @@ struct MessageHeader {
   uint32_t magic;
   uint32_t channel;
   uint64_t bytes;
-  uint64_t info;
+  NetInfo info;
 };
-static_assert(sizeof(MessageHeader) == 24, "message header");
+static_assert(sizeof(MessageHeader) == 56, "message header");
 
 struct SocketRequest final : NetRequest {
   char* data = nullptr;
@@ -108,7 +108,9 @@ class Stream;
 // new request rings), then a pump of each that is ready.
 class Helper {
  public:
-  Helper();
+  // `progressFd` (an eventfd, or -1): written after every round that pumped a ready socket
+  // (Net::SetProgressFd).
+  explicit Helper(int progressFd = -1);
   ~Helper();
   Helper(const Helper&) = delete;
   Helper& operator=(const Helper&) = delete;
@@ -121,6 +123,7 @@ class Helper {
   void Loop();
 
   int wake_;
+  int progressFd_;
   std::mutex mu_;  // guards streams_; held while the helper pumps them
   std::vector<Stream*> streams_;
   std::atomic<bool> stop_{false};
@@ -156,9 +159,9 @@ class Stream {
   // tell).
   void Pump(bool readable = true);
 
-  Status Post(Lane* lane, char* data, size_t bytes, uint64_t info, NetRequest** request);
+  Status Post(Lane* lane, char* data, size_t bytes, const NetInfo& info, NetRequest** request);
 
-  Status Test(Lane* lane, NetRequest* request, bool* done, size_t* bytes, uint64_t* info);
+  Status Test(Lane* lane, NetRequest* request, bool* done, size_t* bytes, NetInfo* info);
 
   Status Poll();
 

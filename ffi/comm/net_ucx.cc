@@ -75,7 +75,7 @@ class UcxComm final : public NetComm {
     return c_->RegMr(data, bytes, type);
   }
   Status DeregMr(NetMemory* mem) override { return c_->DeregMr(mem); }
-  Status Isend(const void* data, size_t bytes, uint64_t info, NetMemory* mem,
+  Status Isend(const void* data, size_t bytes, const NetInfo& info, NetMemory* mem,
                NetRequest** request) override {
     JR_REQUIRE(c_->sending(), Code::kInternal,
                "jax_rccl: isend on the receiving end of a connection");
@@ -84,9 +84,9 @@ class UcxComm final : public NetComm {
   Status Irecv(void* data, size_t bytes, NetMemory* mem, NetRequest** request) override {
     JR_REQUIRE(!c_->sending(), Code::kInternal,
                "jax_rccl: irecv on the sending end of a connection");
-    return c_->Post(static_cast<char*>(data), bytes, 0, mem, request);
+    return c_->Post(static_cast<char*>(data), bytes, NetInfo{}, mem, request);
   }
-  Status Test(NetRequest* request, bool* done, size_t* bytes, uint64_t* info) override {
+  Status Test(NetRequest* request, bool* done, size_t* bytes, NetInfo* info) override {
     return c_->Test(request, done, bytes, info);
   }
   Status Poll() override { return c_->Poll(); }

@@ -50,7 +50,7 @@ namespace ucx {
 struct WireHeader {
   uint64_t token;  // the receiving end's connection
   uint64_t seq;    // data: the message's index on its connection; credit: receives posted so far
-  uint64_t info;   // data: the message's info word
+  NetInfo info;    // data: the message's info (net.h)
 };
 
 constexpr unsigned kAmData = 1;
@@ -129,8 +129,8 @@ class Conn {
   // NetComm's calls (each takes the worker's mu).
   bool CloseInOrder();
   void Abort();
-  Status Post(char* data, size_t bytes, uint64_t info, NetMemory* mem, NetRequest** request);
-  Status Test(NetRequest* request, bool* done, size_t* bytes, uint64_t* info);
+  Status Post(char* data, size_t bytes, const NetInfo& info, NetMemory* mem, NetRequest** request);
+  Status Test(NetRequest* request, bool* done, size_t* bytes, NetInfo* info);
   Status Poll();
   StatusOr<NetMemory*> RegMr(void* data, size_t bytes, NetMemoryType type);
   Status DeregMr(NetMemory* mem);

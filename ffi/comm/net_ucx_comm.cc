@@ -184,7 +184,8 @@ void Conn::Abort() {
   Detach(true);
 }
 
-Status Conn::Post(char* data, size_t bytes, uint64_t info, NetMemory* mem, NetRequest** request) {
+Status Conn::Post(char* data, size_t bytes, const NetInfo& info, NetMemory* mem,
+                  NetRequest** request) {
   std::lock_guard<std::mutex> lock(w_->mu);
   *request = nullptr;
   JR_REQUIRE(!detached_, Code::kInternal, "jax_rccl: a request on a closed connection");
@@ -219,7 +220,7 @@ Status Conn::Post(char* data, size_t bytes, uint64_t info, NetMemory* mem, NetRe
   return Status::Ok();
 }
 
-Status Conn::Test(NetRequest* request, bool* done, size_t* bytes, uint64_t* info) {
+Status Conn::Test(NetRequest* request, bool* done, size_t* bytes, NetInfo* info) {
   std::lock_guard<std::mutex> lock(w_->mu);
   JR_REQUIRE(!detached_, Code::kInternal, "jax_rccl: test on a closed connection");
   *done = false;
@@ -440,7 +441,7 @@ void Conn::AnnounceCredits() {
   // Half a window at a time, or at once when the sender holds less than half (a credit per
   // receive would cost a message per step each way).
   if (pending == 0 || (pending < half && inFlight >= half)) return;
-  const WireHeader h{peerToken_, posted_, 0};
+  const WireHeader h{peerToken_, posted_, {}};
   ucp_request_param_t p;
   std::memset(&p, 0, sizeof(p));
   p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK;

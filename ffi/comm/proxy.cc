@@ -1,6 +1,7 @@
 // The network proxy's thread (proxy.h).
 #include "ffi/comm/proxy.h"
 
+#include <poll.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -65,6 +66,11 @@ NetProxy::NetProxy(std::unique_ptr<Net> net, uint64_t group,
 
 NetProxy::~NetProxy() {
   Stop();
+}
+
+void NetProxy::SetHooks(ProxyHooks hooks) {
+  hooks_ = std::move(hooks);
+  netWakes_ = hooks_.wakeFd >= 0 && net_->SetProgressFd(hooks_.wakeFd);
 }
 
 Status NetProxy::Connect(Clock::time_point deadline) {
@@ -272,6 +278,7 @@ std::vector<uint64_t> NetProxy::StepsMoved() const {
 
 // Fails the proxy with `what` about link `lk`; false (for the progress functions to return).
 bool NetProxy::FailLink(const Link& lk, const std::string& what) {
+  if (!failed_.load()) failedRemote_.store(lk.c.remote);
   Fail(detail::StrCat(what, " (network proxy, channel ", lk.c.channel, ", rank ", lk.c.local,
                       lk.c.send ? " to " : " from ", lk.peer, ")"));
   return false;
@@ -300,8 +307,13 @@ bool NetProxy::ProgressSend(Link& lk, Clock::time_point now) {
                                          " with protocol ", p, " and ", bytes,
                                          " bytes, which its FIFO cannot hold"));
     }
+    NetInfo ni;
+    ni.word = info;
+    if (c.fifo.tags != nullptr) {
+      std::memcpy(ni.tag, c.fifo.tags + size_t(slot) * kProxyTagBytes, kProxyTagBytes);
+    }
     NetRequest* r = nullptr;
-    Status s = lk.comm->Isend(c.fifo.slots + int64_t(slot) * c.fifo.slotBytes, size_t(bytes), info,
+    Status s = lk.comm->Isend(c.fifo.slots + int64_t(slot) * c.fifo.slotBytes, size_t(bytes), ni,
                               lk.mem, &r);
     if (!s.ok()) return FailLink(lk, s.message());
     if (r == nullptr) break;
@@ -324,6 +336,7 @@ bool NetProxy::ProgressSend(Link& lk, Clock::time_point now) {
     sent_ += int64_t(bytes);
     lk.moved.store(lk.done);
     StoreRelease(c.fifo.head, lk.done);
+    if (hooks_.ring) hooks_.ring(c.local);
     progressed = true;
   }
   if (lk.done < lk.posted && std::chrono::duration<double>(now - lk.since).count() > timeout_) {
@@ -362,10 +375,11 @@ bool NetProxy::ProgressRecv(Link& lk) {
   while (lk.done < lk.posted) {
     bool complete = false;
     size_t bytes = 0;
-    uint64_t info = 0;
-    Status s = lk.comm->Test(lk.requests[lk.done % kSteps], &complete, &bytes, &info);
+    NetInfo ni;
+    Status s = lk.comm->Test(lk.requests[lk.done % kSteps], &complete, &bytes, &ni);
     if (!s.ok()) return FailLink(lk, s.message());
     if (!complete) break;
+    const uint64_t info = ni.word;
     const int p = ProxyStepProtocol(info);
     if (p >= kProxyProtocols || ProxyStepBytes(info) != bytes ||
         bytes > uint64_t(c.fifo.slotBytes)) {
@@ -375,9 +389,20 @@ bool NetProxy::ProgressRecv(Link& lk) {
                                          "processes run the same build and buffer sizes?)"));
     }
     Trace(lk, kLanded, lk.done);
-    if (c.fifo.info != nullptr) StoreRelease(&c.fifo.info[lk.done % kSteps], info);
+    const size_t slot = size_t(lk.done % kSteps);
+    if (c.fifo.info != nullptr) StoreRelease(&c.fifo.info[slot], info);
+    if (c.fifo.tags != nullptr)
+      std::memcpy(c.fifo.tags + slot * kProxyTagBytes, ni.tag, kProxyTagBytes);
+    if (hooks_.check) {
+      const std::string wrong = hooks_.check(c, lk.done, ni);
+      if (!wrong.empty()) {
+        Fail(wrong);
+        return false;
+      }
+    }
     ++lk.done;
     StoreRelease(c.fifo.tail, lk.done);
+    if (hooks_.ring) hooks_.ring(c.local);
     bytesMoved_.fetch_add(int64_t(bytes));
     received_ += int64_t(bytes);
     lk.moved.store(lk.done);
@@ -420,7 +445,7 @@ void NetProxy::Loop() {
     NetProxy* p;
     ~Flush() { p->FlushStats(); }
   } flush{this};
-  while (!failed_.load()) {
+  while (true) {
     const Clock::time_point now = Clock::now();
     if (stop_.load() && (SendsDrained() || now > drainUntil_)) return;
     // The time since the last round goes to each link's state as that round left it.
@@ -448,16 +473,44 @@ void NetProxy::Loop() {
       }
     }
     if (failed_.load()) {
-      // Every connection reset at once: the peers fail naming this rank instead of waiting.
+      // Every connection reset at once (a failure of the proxy's own, or Abort from outside while
+      // the thread slept): the peers fail naming this rank instead of waiting.
       for (auto& lk : links_) lk->comm->Abort();
       return;
     }
-    // Idle (no step and no byte moved): spin, then sleep up to 20 us at a time.
+    // Idle (no step and no byte moved): spin, then sleep up to 20 us at a time (or on the
+    // hooks' eventfd).
     if (progressed) {
       idle = 0;
     } else if (++idle > 64) {
-      std::this_thread::sleep_for(std::chrono::microseconds(std::min(20, (idle - 64) * 2)));
+      if (hooks_.wakeFd >= 0) {
+        WaitIdle(idle - 64);
+      } else {
+        std::this_thread::sleep_for(std::chrono::microseconds(std::min(20, (idle - 64) * 2)));
+      }
     }
+  }
+}
+
+void NetProxy::WaitIdle(int idle) {
+  if (hooks_.arm) hooks_.arm(true);
+  // A post between the last round and the arming rang nobody: look at the counters once more.
+  bool posted = stop_.load();
+  for (const auto& lk : links_) {
+    posted = posted || (lk->c.send ? LoadAcquire(lk->c.fifo.tail) != lk->tail
+                                   : LoadAcquire(lk->c.fifo.head) != lk->head);
+  }
+  if (!posted) {
+    // With the network's wake-ups the sleep ends on any event (the 10 ms checks go on); without,
+    // its arrivals are looked for after at most 20 us, then 1 ms once idle for long.
+    const int64_t us = netWakes_ ? 10000 : (idle < 2000 ? 20 : 1000);
+    const struct timespec ts{time_t(us / 1000000), long(us % 1000000) * 1000};
+    struct pollfd p{hooks_.wakeFd, POLLIN, 0};
+    (void)ppoll(&p, 1, &ts, nullptr);
+  }
+  if (hooks_.arm) hooks_.arm(false);
+  uint64_t drain;
+  while (read(hooks_.wakeFd, &drain, sizeof(drain)) > 0) {
   }
 }
 

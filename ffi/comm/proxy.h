@@ -74,7 +74,12 @@ struct ProxyFifo {
   uint64_t* info = nullptr;
   char* slots = nullptr;
   int64_t slotBytes = 0;
+  // Optional: kSteps tags of kProxyTagBytes, one per slot, that travel with the steps (NetInfo's
+  // tag: the CPU runtime's StepTag): send side, read when the step goes; receive side, written
+  // before tail.
+  char* tags = nullptr;
 };
+constexpr size_t kProxyTagBytes = sizeof(NetInfo::tag);
 
 // One connection between a local rank and a rank on another host, on one channel.
 struct ProxyConnection {
@@ -83,6 +88,22 @@ struct ProxyConnection {
   int remote = 0;
   bool send = false;  // local -> remote (else remote -> local)
   ProxyFifo fifo;
+};
+
+// What a communicator whose ranks are host threads adds to its proxy (the CPU runtime:
+// ffi/cpu/net_links.h). Every member is optional.
+struct ProxyHooks {
+  // After the proxy posts a connection's head (send side: a slot is free again) or tail (receive
+  // side: a step landed): wakes local rank `local`.
+  std::function<void(int local)> ring;
+  // Before a step that landed is posted (tail), after its info and tag are in place: a text fails
+  // the proxy with it (a step of another call than the one the local rank runs).
+  std::function<std::string(const ProxyConnection& c, uint64_t step, const NetInfo& info)> check;
+  // An eventfd the idle proxy sleeps on instead of short sleeps: `arm(true)` before it sleeps (the
+  // local ranks write the fd when they post while armed), `arm(false)` after. The network writes
+  // it too where it can (Net::SetProgressFd); else the sleeps stay short.
+  int wakeFd = -1;
+  std::function<void(bool)> arm;
 };
 
 class NetProxy {
@@ -96,11 +117,15 @@ class NetProxy {
   NetProxy(const NetProxy&) = delete;
   NetProxy& operator=(const NetProxy&) = delete;
 
+  // Before Connect: the hooks of a communicator whose ranks are host threads.
+  void SetHooks(ProxyHooks hooks);
   // Opens both ends of every connection (until `deadline`) and starts the thread. On an error the
   // proxy is failed and the connections made so far are reset.
   Status Connect(Clock::time_point deadline);
   // Whether the proxy failed; *reason says why.
   bool Failed(std::string* reason) const;
+  // The remote rank of the connection whose failure failed the proxy (-1: none, or another cause).
+  int FailedRemote() const { return failedRemote_.load(); }
   // Fails the proxy from outside (its communicator failed): every connection is reset, so the
   // peers fail at once naming this rank. onFailure runs as for a failure of the proxy's own.
   void Abort(const std::string& reason) { Fail(reason); }
@@ -142,6 +167,8 @@ class NetProxy {
   Status Register(Link& link);              // its slots with the network (RegMr)
   void Release(Link& link);                 // its registration, then its end
   void Loop();
+  // Idle: sleeps on the hooks' wakeFd until a rank or the network writes it (or a while passes).
+  void WaitIdle(int idle);
   bool ProgressSend(Link& link, Clock::time_point now);
   bool ProgressRecv(Link& link);
   bool FailLink(const Link& link, const std::string& what);
@@ -162,12 +189,15 @@ class NetProxy {
   std::function<std::string(int)> rankString_;
   double timeout_;
   std::function<void(const std::string&)> onFailure_;
+  ProxyHooks hooks_;
+  bool netWakes_ = false;  // the network writes hooks_.wakeFd on progress
   std::vector<std::unique_ptr<Link>> links_;
   std::thread thread_;
   std::atomic<bool> stop_{false};
   Clock::time_point drainUntil_;  // written before stop_
   static constexpr double kStopDrainSeconds = 10.0;
   std::atomic<bool> failed_{false};
+  std::atomic<int> failedRemote_{-1};
   mutable std::mutex mu_;
   std::string reason_;
   std::atomic<int64_t> bytesMoved_{0};

@@ -26,6 +26,8 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -90,6 +92,21 @@ int TakeParkedTo(uint64_t group, int channel, int hi, int* lo);
 Status ClientHandshake(int fd, const LinkKey& key, int process, const std::string& session,
                        Clock::time_point deadline, const std::string& peer, bool* closed = nullptr);
 
+// Channels the listener answers itself instead of parking their connections: once the handshake
+// of (group, channel, lo, hi) checks out, it writes `answer(lo, hi)` (at most kAnswerBytes, after
+// its length as 4 bytes) and closes the connection. The answer comes from the acceptor thread, so
+// a process whose own threads are blocked still answers (the CPU runtime's status queries,
+// ffi/cpu/net_links.h). The registration lasts as long as the returned handle; destroying it waits
+// for an answer in progress.
+using ListenerAnswer = std::function<std::string(int lo, int hi)>;
+constexpr size_t kAnswerBytes = 16 << 10;
+std::shared_ptr<void> AnswerOnListener(uint64_t group, int channel, ListenerAnswer answer);
+// Dials `endpoint`'s listener for `key` (DialListener, until `deadline`) and reads its answer.
+// *refused (when given) says the last connection was refused: no process listens there any more.
+StatusOr<std::string> AskListener(const std::string& endpoint, const LinkKey& key, int process,
+                                  const std::string& session, Clock::time_point deadline,
+                                  const std::string& peer, bool* refused = nullptr);
+
 // Readies a connected stream for a progress loop: TCP_NODELAY, non-blocking.
 Status PrepareStream(int fd);
 
@@ -99,9 +116,11 @@ Status PrepareStream(int fd);
 // Errors: kInvalidArgument (not "host:port"), kSystem (the host does not resolve), the
 // handshake's, and kTimeout whose message is the last connection error ("no connection to its
 // listener at <endpoint>: <errno>"), which callers word into their own.
+// *lastErrno (when given): the last connection attempt's error (0 when one connected).
 StatusOr<int> DialListener(const std::string& endpoint, const LinkKey& key, int process,
                            const std::string& session, Clock::time_point deadline,
-                           const std::atomic<bool>* aborted, const std::string& peer);
+                           const std::atomic<bool>* aborted, const std::string& peer,
+                           int* lastErrno = nullptr);
 
 }  // namespace comm
 }  // namespace jax_rccl

@@ -12,7 +12,7 @@
 #include "ffi/comm/shm.h"
 #include "ffi/core/stats.h"
 #include "ffi/cpu/comm_stall.h"
-#include "ffi/cpu/socket.h"
+#include "ffi/cpu/net_links.h"
 #include "ffi/host/transport_host.h"
 
 namespace jax_rccl {
@@ -104,7 +104,7 @@ Communicator::Communicator(std::vector<int64_t> devices, TopologyView topo,
 
 Communicator::Communicator(std::vector<int64_t> devices, TopologyView topo,
                            std::unique_ptr<HostTransport> transport, GroupPlacement placement,
-                           std::unique_ptr<ShmGroup> shm, std::unique_ptr<SocketLinks> links)
+                           std::unique_ptr<ShmGroup> shm, std::unique_ptr<NetLinks> links)
     : Communicator(std::move(devices), topo, std::move(transport)) {
   placement_ = std::move(placement);
   shm_ = std::move(shm);
@@ -400,7 +400,7 @@ Status Communicator::Connect(Clock::time_point deadline, double timeout, const s
     shmTransport_->AttachRegion(r, region);
   }
   if (links_) {
-    Status s = links_->Connect(deadline, &failed_, name, timeout);
+    Status s = links_->Connect(deadline, name, timeout);
     if (!s.ok()) {
       if (s.code() == Code::kTimeout) Stats().rendezvousTimeouts.fetch_add(1);
       JR_STATUS_FRAME_(s);
@@ -467,7 +467,7 @@ std::string Communicator::Culprits(int rank, uint64_t seq) {
     const std::string who = RankString(q);
     uint64_t entered = 0;
     bool known = false;
-    if (links_ && links_->socketRank(q)) {
+    if (links_ && links_->netRank(q)) {
       uint64_t call = 0;
       std::string theirs;
       const int st = links_->PeerStatus(q, &entered, &call, &theirs);

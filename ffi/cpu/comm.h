@@ -135,7 +135,7 @@ struct Arrival {
 };
 
 struct Execution;
-class SocketLinks;
+class NetLinks;
 
 class Communicator {
  public:
@@ -148,7 +148,7 @@ class Communicator {
   // is the shared FIFO transport over both.
   Communicator(std::vector<int64_t> devices, TopologyView topo,
                std::unique_ptr<HostTransport> transport, GroupPlacement placement,
-               std::unique_ptr<ShmGroup> shm, std::unique_ptr<SocketLinks> links);
+               std::unique_ptr<ShmGroup> shm, std::unique_ptr<NetLinks> links);
   ~Communicator();
 
   int nRanks() const { return static_cast<int>(devices_.size()); }
@@ -164,7 +164,7 @@ class Communicator {
   // Whether received FIFO steps are checked against the call (JAX_RCCL_CHECK_CALLS; senders
   // always tag them).
   void SetCheckSteps(bool on) { checkSteps_ = on; }
-  const SocketLinks* links() const { return links_.get(); }
+  const NetLinks* links() const { return links_.get(); }
 
   // Runs one rank's part of the execution `key`: posts `arrival`, waits for every rank of the
   // group (until `timeout` seconds from now), checks that the ranks agree on the call, waits for
@@ -246,7 +246,7 @@ class Communicator {
   GroupPlacement placement_;
   int nLocal_ = 0;
   std::unique_ptr<ShmGroup> shm_;
-  std::unique_ptr<SocketLinks> links_;
+  std::unique_ptr<NetLinks> links_;
   HostFifoTransport* shmTransport_ = nullptr;
   std::mutex connectMu_;
   bool connected_ = false;

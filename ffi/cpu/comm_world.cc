@@ -6,8 +6,8 @@
 
 #include "ffi/comm/shm.h"
 #include "ffi/cpu/comm.h"
+#include "ffi/cpu/net_links.h"
 #include "ffi/cpu/shm_region.h"
-#include "ffi/cpu/socket.h"
 #include "ffi/host/transport_host.h"
 
 namespace jax_rccl {
@@ -92,7 +92,7 @@ static StatusOr<std::unique_ptr<Communicator>> CrossProcessCommunicator(
         HostRegionLayout(transport->geometry()), onHost);
     JR_CHECK(shm->CreateLocal());
   }
-  std::unique_ptr<SocketLinks> links;
+  std::unique_ptr<NetLinks> links;
   if (anySocket) {
     // Regions this process keeps privately: the socket ranks' proxies, and its own ranks' when
     // no other process shares the host.
@@ -107,8 +107,16 @@ static StatusOr<std::unique_ptr<Communicator>> CrossProcessCommunicator(
       return detail::StrCat("rank ", r, " (device ", devs[size_t(r)], ", process ",
                             pl.process[size_t(r)], ", host '", pl.host[size_t(r)], "')");
     };
-    links = std::make_unique<SocketLinks>(placement.session, h, placement, socketRank, own,
-                                          placement.endpoint, transport.get(), rankString);
+    comm::NetOptions net;
+    net.backend = params.net;
+    net.session = placement.session;
+    net.process = placement.thisProcess;
+    // One helper thread moves the bytes (and wakes the proxy), or none: the proxy's own thread.
+    net.threads = params.net_threads > 0 ? 1 : 0;
+    net.streams = int(params.net_streams);
+    net.info = params.debug == "INFO" || params.debug == "TRACE";
+    links = std::make_unique<NetLinks>(h, placement, socketRank, own, placement.endpoint,
+                                       transport.get(), rankString, std::move(net));
     JR_CHECK(links->AllocateRegions());
   }
   return std::make_unique<Communicator>(devices, topo, std::move(transport), placement,

@@ -75,7 +75,7 @@ Status GpuComm::ExchangeRecords(int rank, const std::string& who, Clock::time_po
     if (!c.ok())
       return c.status().code() == Code::kTimeout ? timedOut(p.rank, c.status()) : c.status();
     p.send = c.take();
-    JR_CHECK(p.send->Isend(&mine, sizeof(mine), 0, nullptr, &p.sent));
+    JR_CHECK(p.send->Isend(&mine, sizeof(mine), comm::NetInfo{}, nullptr, &p.sent));
     JR_REQUIRE(p.sent != nullptr, Code::kInternal,
                "jax_rccl: a fresh network connection took no send");
   }
@@ -95,8 +95,7 @@ Status GpuComm::ExchangeRecords(int rank, const std::string& who, Clock::time_po
       size_t bytes = 0;
       if (!p.sendDone) JR_CHECK(p.send->Test(p.sent, &p.sendDone, &bytes, nullptr));
       if (!p.recvDone) {
-        uint64_t info = 0;
-        JR_CHECK(p.recv->Test(p.got, &p.recvDone, &bytes, &info));
+        JR_CHECK(p.recv->Test(p.got, &p.recvDone, &bytes, nullptr));
         JR_REQUIRE(!p.recvDone || bytes == sizeof(GpuRecord), Code::kInvalidArgument, "jax_rccl '",
                    who, "': ", RankText(p.rank), " sent a record of ", bytes, " bytes, not ",
                    sizeof(GpuRecord), " (do the processes run the same build?)");

@@ -77,7 +77,8 @@ nb::dict RunNetProxy(const std::string& session, int process, uint64_t group,
                      const nb::list& program, const std::vector<int64_t>& step_bytes,
                      double timeout_s, int64_t stop_after, bool verify, int net_threads,
                      bool drain_wait, int64_t recv_delay_us, int net_streams, int hold_channel,
-                     const std::string& trace_dir, int64_t trace_events, const std::string& net) {
+                     const std::string& trace_dir, int64_t trace_events, const std::string& net,
+                     bool abort_at_stop) {
   Check(step_bytes.size() == size_t(kProxyProtocols), "step_bytes: 3 sizes");
   Check(nb::len(program) == local_ranks.size(), "program: one list per local rank");
   const std::vector<std::pair<const char*, int64_t>> statsBefore = StatsSnapshot();
@@ -267,7 +268,12 @@ nb::dict RunNetProxy(const std::string& session, int process, uint64_t group,
   }
   const double seconds = std::chrono::duration<double>(Clock::now() - started).count();
   if (abandoned.load()) {
-    // A fault test: this process stops here with its connections open (it exits or sleeps).
+    // A fault test: this process stops here with its connections open (it exits or sleeps), or
+    // with its proxy aborted from outside once its thread idles (`abort_at_stop`).
+    if (abort_at_stop) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      proxy->Abort("the stand-in aborted its proxy");
+    }
     (void)proxy.release();
     (void)new decltype(conns)(std::move(conns));  // the FIFOs it serves stay too
     return nb::dict();
@@ -384,6 +390,7 @@ void BindProxy(nb::module_& m) {
       nb::arg("verify") = true, nb::arg("net_threads") = 2, nb::arg("drain_wait") = true,
       nb::arg("recv_delay_us") = 0, nb::arg("net_streams") = 0, nb::arg("hold_channel") = -1,
       nb::arg("trace_dir") = "", nb::arg("trace_events") = 0, nb::arg("net") = "",
+      nb::arg("abort_at_stop") = false,
       "Runs the network proxy for this process's ranks `local_ranks` with a host-memory "
       "stand-in for their kernels: `program[i]` lists local rank i's proxy ops (the planner's "
       "dicts: channel, protocol, nsteps, recv_peers, send_peers); every send step carries "
@@ -406,7 +413,9 @@ void BindProxy(nb::module_& m) {
       "its rank is done (a channel whose receiver lags behind the others); `trace_dir`: the "
       "proxy writes its timeline there when it stops (JAX_RCCL_NET_TRACE), its last `trace_events` "
       "events (0: the runtime's count); `net`: the network (auto, socket, ucx; empty: "
-      "JAX_RCCL_NET's). The result's 'transports' says how each connection moved its bytes.");
+      "JAX_RCCL_NET's); `abort_at_stop`: with `stop_after`, the stand-in then aborts its proxy "
+      "from outside once the proxy idles (its connections must reset). The result's "
+      "'transports' says how each connection moved its bytes.");
   m.def(
       "send_failure_notices",
       [](uint64_t group, int process, const std::string& session,

@@ -208,7 +208,7 @@ def test_every_collective_over_sockets(nprocs, local):
     )
     _no_segments(res)
     if os.path.isdir("/proc/self/task"):  # the transport's threads are named (top -H, ps -L)
-        assert {"jrccl socket", "jrccl accept"} <= set(res[0]["threads"]), res[0]
+        assert {"jrccl proxy", "jrccl accept"} <= set(res[0]["threads"]), res[0]
 
 
 def _planned_nodes(proc) -> set[int]:

@@ -142,6 +142,7 @@ def worker(args: dict) -> dict:
                 trace_dir=args.get("trace_dir", ""),
                 trace_events=args.get("trace_events", 0),
                 net=args.get("net_of", {}).get(str(p), ""),
+                abort_at_stop=p == args.get("faulty", -1) and args.get("fault") == "abort",
             )
             out["rounds"].append([list(c) for c in res.get("conns", [])])
             out.setdefault("transports", []).append(list(res.get("transports", [])))
@@ -157,8 +158,9 @@ def worker(args: dict) -> dict:
             out["nofile"] = list(resource.getrlimit(resource.RLIMIT_NOFILE))
         out["counts"] = native.socket_listener_counts()
         if p == args.get("faulty", -1):
-            if args["fault"] == "stop":
-                time.sleep(args["timeout"] + 5)  # stopped: connections open, nothing moves
+            if args["fault"] in ("stop", "abort"):
+                # Stopped (connections open, nothing moves), or its proxy aborted from outside.
+                time.sleep(args["timeout"] + 5)
             # Its proxy still runs: leave without running the interpreter's teardown (the
             # connections close with the process).
             print(json.dumps(out), flush=True)
@@ -608,6 +610,35 @@ def _random_round(rng: random.Random, nchannels: int) -> dict:
         rng.shuffle(keys)
         ops[:] = [queues[k].pop(0) for k in keys]
     return {"programs": progs, "step_bytes": step_bytes}
+
+
+@pytest.mark.parametrize("net", NETS)
+def test_a_proxy_aborted_while_idle_resets_its_connections(net):
+    """Process 1 (ranks 2 and 3, host 1) stops after a few steps and, once its proxy idles, aborts
+    the proxy from outside (its communicator failed): its connections reset at once, so process 0
+    fails naming a rank of host 1 well before its own timeout, with the process still alive."""
+    from jax_rccl.planner import Task
+
+    topo = _topology(4, 2)
+    programs = _plan_programs(
+        [Task("all_reduce", 1 << 23, "float32")], topo, algorithm="ring", protocol="simple"
+    )
+    timeout = 6.0
+    results = _run(
+        topo,
+        programs,
+        [0, 0, 1, 1],
+        timeout=timeout,
+        faulty=1,
+        fault="abort",
+        stop_after=5,
+        net=net,
+    )
+    r0 = results[0]
+    assert "error" in r0, r0
+    assert "rank 2 (host 1)" in r0["error"] or "rank 3 (host 1)" in r0["error"], r0["error"]
+    assert "took no network data" not in r0["error"], r0["error"]
+    assert r0["seconds"] < timeout / 2, r0
 
 
 @pytest.mark.parametrize(
