@@ -143,28 +143,22 @@ JR_INLINE Prim CollPrim(Coll coll, Pattern pattern, const WorkElemColl& e, int r
       }
       break;
     }
-    case Pattern::kPipelineFrom: {  // broadcast from the root along the ring
-      const int64_t chunkCount = int64_t(e.chunkCount);
-      const int64_t elemOffset = i * chunkCount;
-      p.srcOff = p.dstOff = gridOffset + elemOffset;
-      p.n = ProgMin(chunkCount, workCount - elemOffset);
-      const int root = int(e.root);
-      if (r == root) {
-        p.flags = kSrcIn | kDst | kSend;
-      } else if (next == root) {
-        p.flags = kRecv | kDst;
-      } else {
-        p.flags = kRecv | kDst | kSend;
-      }
-      break;
-    }
+    case Pattern::kPipelineFrom:  // broadcast from the root along the ring
     case Pattern::kPipelineTo: {  // reduce to the root along the ring
       const int64_t chunkCount = int64_t(e.chunkCount);
       const int64_t elemOffset = i * chunkCount;
       p.srcOff = p.dstOff = gridOffset + elemOffset;
       p.n = ProgMin(chunkCount, workCount - elemOffset);
       const int root = int(e.root);
-      if (prev == root) {
+      if (pattern == Pattern::kPipelineFrom) {
+        if (r == root) {
+          p.flags = kSrcIn | kDst | kSend;
+        } else if (next == root) {
+          p.flags = kRecv | kDst;
+        } else {
+          p.flags = kRecv | kDst | kSend;
+        }
+      } else if (prev == root) {
         p.flags = kSrcIn | kSend;
       } else if (r == root) {
         p.flags = kRecv | kSrcIn | kDst | kPostOp;
