@@ -32,6 +32,19 @@ TopologyView ChunkTopology(int nRanks, int nNodes, const std::string& arch,
   return t;
 }
 
+// What chunking plans with, as rank 0: a topology, a default cost model, tuning and parameters.
+// `ctx` refers to the other members: the struct stays where it was made.
+struct ChunkContext {
+  explicit ChunkContext(const TopologyView& topo) : t(topo) {}
+  ChunkContext(const ChunkContext&) = delete;
+  ChunkContext& operator=(const ChunkContext&) = delete;
+  TopologyView t;
+  CostModel model;
+  Tuning tuning;
+  PlannerParams params;
+  PlanContext ctx{t, model, tuning, params, 0, 0};
+};
+
 std::vector<uint32_t> Padded(const std::vector<uint32_t>& v, const char* what) {
   if (v.size() > size_t(kMaxChannels)) {
     throw nb::value_error((std::string(what) + ": at most 128 channels").c_str());
@@ -105,16 +118,12 @@ void BindCollInternals(nb::module_& m) {
       "calc_align_count",
       [](const std::string& protocol, const std::string& dtype, int nThreads,
          const std::string& arch) {
-        TopologyView t = ChunkTopology(8, 1, arch, {262144, 458752, 4194304});
-        CostModel model;
-        Tuning tuning;
-        PlannerParams params;
-        PlanContext ctx{t, model, tuning, params, 0, 0};
+        const ChunkContext c(ChunkTopology(8, 1, arch, {262144, 458752, 4194304}));
         CollInfo info;
         info.proto = ValueOrThrow(ParseProto(protocol));
         info.dtype = ValueOrThrow(ParseDataType(dtype));
         info.nThreads = nThreads;
-        return ComputeAlignCount(ctx, info);
+        return ComputeAlignCount(c.ctx, info);
       },
       nb::arg("protocol"), nb::arg("dtype"), nb::arg("nthreads") = 256, nb::arg("arch") = "gfx942",
       "computeCollAlignCount: elements each part is aligned to.");
@@ -125,12 +134,9 @@ void BindCollInternals(nb::module_& m) {
          const std::string& dtype, int64_t nBytes, int nChannels, int nRanks, int nNodes,
          const std::string& arch, const std::vector<int64_t>& buffSizes, int treeDepth,
          int chunkSteps, int sliceSteps, uint64_t workCount) {
-        TopologyView t = ChunkTopology(nRanks, nNodes, arch, buffSizes);
-        CostModel model;
-        model.treeDepth = treeDepth;
-        Tuning tuning;
-        PlannerParams params;
-        PlanContext ctx{t, model, tuning, params, 0, 0};
+        ChunkContext c(ChunkTopology(nRanks, nNodes, arch, buffSizes));
+        c.model.treeDepth = treeDepth;
+        const PlanContext& ctx = c.ctx;
         CollInfo info;
         info.coll = ValueOrThrow(ParseColl(coll));
         info.algo = ValueOrThrow(ParseAlgo(algorithm));

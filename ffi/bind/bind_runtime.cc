@@ -58,31 +58,6 @@ nb::object GetWorld() {
   return d;
 }
 
-// A topology as the dict Python's planner.Topology.from_native reads.
-nb::dict TopologyDict(const TopologyView& t) {
-  nb::dict d;
-  d["nRanks"] = t.nRanks;
-  d["nNodes"] = t.nNodes;
-  d["arch"] = ArchName(t.arch);
-  d["intraLink"] = LinkName(t.intraLink);
-  d["interLink"] = LinkName(t.interLink);
-  d["bwIntra"] = t.bwIntra;
-  d["bwInter"] = t.bwInter;
-  d["nChannels"] = t.nChannels;
-  d["p2pnChannels"] = t.p2pnChannels;
-  d["p2pnChannelsPerPeer"] = t.p2pnChannelsPerPeer;
-  nb::list sizes;
-  for (int p = 0; p < kNumProtos; ++p) sizes.append(t.buffSizes[p]);
-  d["buffSizes"] = sizes;
-  d["p2pChunkSize"] = t.p2pChunkSize;
-  d["ll128Enabled"] = t.ll128Enabled;
-  d["treeDefined"] = t.treeDefined;
-  d["pivotA2ANumBiRings"] = t.pivotA2ANumBiRings;
-  d["workFifoDepth"] = t.workFifoDepth;
-  d["directPeers"] = t.directPeers;
-  return d;
-}
-
 nb::bytes DigestBytes(const comm::Digest& d) {
   return nb::bytes(d.data(), d.size());
 }

@@ -180,22 +180,28 @@ void BindSelectInternals(nb::module_& internal) {
   internal.def("dev_func_id_p2p", &DevFuncIdP2p);
   internal.def("num_dev_funcs", &NumDevFuncs);
 
-  internal.def(
-      "parse_algo_mask",
-      [](const std::string& spec, const std::string& what) {
-        return ValueOrThrow(ParseAlgoMask(spec, what));
-      },
-      nb::arg("spec"), nb::arg("what") = "JAX_RCCL_ALGO",
-      "NCCL_ALGO syntax ('Ring', 'Tree,Ring', '^Tree') to a bit mask (bit 0 tree, bit 1 ring, bit "
-      "2 direct).");
-  internal.def(
-      "parse_proto_mask",
-      [](const std::string& spec, const std::string& what) {
-        return ValueOrThrow(ParseProtoMask(spec, what));
-      },
-      nb::arg("spec"), nb::arg("what") = "JAX_RCCL_PROTO",
-      "NCCL_PROTO syntax ('LL', 'LL,Simple', '^LL128') to a bit mask (bit 0 ll, 1 ll128, 2 "
-      "simple).");
+  // The two mask parsers: name, parser, the setting they read by default, doc.
+  struct MaskParser {
+    const char* name;
+    StatusOr<uint32_t> (*parse)(const std::string&, const std::string&);
+    const char* what;
+    const char* doc;
+  };
+  for (const MaskParser& p : {
+           MaskParser{"parse_algo_mask", ParseAlgoMask, "JAX_RCCL_ALGO",
+                      "NCCL_ALGO syntax ('Ring', 'Tree,Ring', '^Tree') to a bit mask (bit 0 tree, "
+                      "bit 1 ring, bit 2 direct)."},
+           MaskParser{"parse_proto_mask", ParseProtoMask, "JAX_RCCL_PROTO",
+                      "NCCL_PROTO syntax ('LL', 'LL,Simple', '^LL128') to a bit mask (bit 0 ll, 1 "
+                      "ll128, 2 simple)."},
+       }) {
+    internal.def(
+        p.name,
+        [parse = p.parse](const std::string& spec, const std::string& what) {
+          return ValueOrThrow(parse(spec, what));
+        },
+        nb::arg("spec"), nb::arg("what") = p.what, p.doc);
+  }
 }
 
 }  // namespace jax_rccl

@@ -41,9 +41,11 @@ namespace jax_rccl {
 struct TopologyView;
 // A topology from a dict keyed by TopologyView's field names (nRanks, nNodes, arch, intraLink,
 // interLink, bwIntra, bwInter, nChannels, p2pnChannels, p2pnChannelsPerPeer, buffSizes,
-// p2pChunkSize, ll128Enabled, treeDefined, pivotA2ANumBiRings, workFifoDepth); missing keys keep
-// their defaults, unknown keys are an error.
+// p2pChunkSize, ll128Enabled, treeDefined, pivotA2ANumBiRings, workFifoDepth, directPeers);
+// missing keys keep their defaults, unknown keys are an error.
 TopologyView TopologyFromDict(const nanobind::dict& d);
+// A topology as that dict, every field (what Python's planner.Topology.from_native reads).
+nanobind::dict TopologyDict(const TopologyView& t);
 // A Python tuner fn(coll, nbytes, num_pipe_ops) -> None | (algorithm|None, protocol|None,
 // nchannels) as the planner's tuner hook; a Python exception or a malformed answer becomes an
 // error status of the planner.

@@ -52,56 +52,92 @@ T Get(const nb::handle& v, const char* key) {
   }
 }
 
+namespace {
+
+// TopologyView's fields, in the order of a topology dict (its keys are the field names).
+#define JR_TOPOLOGY_FIELDS(X) \
+  X(nRanks)                   \
+  X(nNodes)                   \
+  X(arch)                     \
+  X(intraLink)                \
+  X(interLink)                \
+  X(bwIntra)                  \
+  X(bwInter)                  \
+  X(nChannels)                \
+  X(p2pnChannels)             \
+  X(p2pnChannelsPerPeer)      \
+  X(buffSizes)                \
+  X(p2pChunkSize)             \
+  X(ll128Enabled)             \
+  X(treeDefined)              \
+  X(pivotA2ANumBiRings)       \
+  X(workFifoDepth)            \
+  X(directPeers)
+
+// A field from its Python value (`key` names it in errors): numbers and flags as they are, the
+// architecture and links by name, buffSizes as a list of one size per protocol.
+template <typename T>
+void FieldFromPy(const nb::handle& v, const char* key, T* out) {
+  *out = Get<T>(v, key);
+}
+void FieldFromPy(const nb::handle& v, const char* key, Arch* out) {
+  *out = ValueOrThrow(ParseArch(Get<std::string>(v, key)));
+}
+void FieldFromPy(const nb::handle& v, const char* key, LinkKind* out) {
+  *out = ValueOrThrow(ParseLink(Get<std::string>(v, key)));
+}
+void FieldFromPy(const nb::handle& v, const char* key, int64_t (*out)[kNumProtos]) {
+  auto sizes = Get<std::vector<int64_t>>(v, key);
+  if (sizes.size() != kNumProtos)
+    throw nb::value_error("topology.buffSizes: 3 sizes (ll, ll128, simple)");
+  for (int p = 0; p < kNumProtos; ++p) (*out)[p] = sizes[p];
+}
+
+// A field as its Python value: the reverse of FieldFromPy.
+template <typename T>
+nb::object FieldToPy(const T& x) {
+  return nb::cast(x);
+}
+nb::object FieldToPy(Arch a) {
+  return nb::str(ArchName(a));
+}
+nb::object FieldToPy(LinkKind l) {
+  return nb::str(LinkName(l));
+}
+nb::object FieldToPy(const int64_t (&sizes)[kNumProtos]) {
+  nb::list out;
+  for (int p = 0; p < kNumProtos; ++p) out.append(sizes[p]);
+  return out;
+}
+
+}  // namespace
+
 TopologyView TopologyFromDict(const nb::dict& d) {
   TopologyView t;
   for (auto [k, v] : d) {
-    std::string key = nb::cast<std::string>(k);
-    if (key == "nRanks")
-      t.nRanks = Get<int>(v, "nRanks");
-    else if (key == "nNodes")
-      t.nNodes = Get<int>(v, "nNodes");
-    else if (key == "arch")
-      t.arch = ValueOrThrow(ParseArch(Get<std::string>(v, "arch")));
-    else if (key == "intraLink")
-      t.intraLink = ValueOrThrow(ParseLink(Get<std::string>(v, "intraLink")));
-    else if (key == "interLink")
-      t.interLink = ValueOrThrow(ParseLink(Get<std::string>(v, "interLink")));
-    else if (key == "bwIntra")
-      t.bwIntra = Get<float>(v, "bwIntra");
-    else if (key == "bwInter")
-      t.bwInter = Get<float>(v, "bwInter");
-    else if (key == "nChannels")
-      t.nChannels = Get<int>(v, "nChannels");
-    else if (key == "p2pnChannels")
-      t.p2pnChannels = Get<int>(v, "p2pnChannels");
-    else if (key == "p2pnChannelsPerPeer")
-      t.p2pnChannelsPerPeer = Get<int>(v, "p2pnChannelsPerPeer");
-    else if (key == "buffSizes") {
-      auto sizes = Get<std::vector<int64_t>>(v, "buffSizes");
-      if (sizes.size() != kNumProtos)
-        throw nb::value_error("topology.buffSizes: 3 sizes (ll, ll128, simple)");
-      for (int p = 0; p < kNumProtos; ++p) t.buffSizes[p] = sizes[p];
-    } else if (key == "p2pChunkSize")
-      t.p2pChunkSize = Get<int64_t>(v, "p2pChunkSize");
-    else if (key == "ll128Enabled")
-      t.ll128Enabled = Get<bool>(v, "ll128Enabled");
-    else if (key == "treeDefined")
-      t.treeDefined = Get<bool>(v, "treeDefined");
-    else if (key == "pivotA2ANumBiRings")
-      t.pivotA2ANumBiRings = Get<int>(v, "pivotA2ANumBiRings");
-    else if (key == "workFifoDepth")
-      t.workFifoDepth = Get<int>(v, "workFifoDepth");
-    else if (key == "directPeers")
-      t.directPeers = Get<bool>(v, "directPeers");
-    else
-      throw nb::value_error(("topology: unknown field '" + key +
-                             "'; allowed: nRanks, nNodes, arch, intraLink, interLink, bwIntra, "
-                             "bwInter, nChannels, p2pnChannels, p2pnChannelsPerPeer, buffSizes, "
-                             "p2pChunkSize, ll128Enabled, treeDefined, pivotA2ANumBiRings, "
-                             "workFifoDepth, directPeers")
-                                .c_str());
+    const std::string key = nb::cast<std::string>(k);
+#define JR_FIELD_FROM_PY(f)   \
+  if (key == #f) {            \
+    FieldFromPy(v, #f, &t.f); \
+    continue;                 \
+  }
+    JR_TOPOLOGY_FIELDS(JR_FIELD_FROM_PY)
+#undef JR_FIELD_FROM_PY
+#define JR_FIELD_NAME(f) ", " #f
+    // The names after the first ", ".
+    const char* allowed = JR_TOPOLOGY_FIELDS(JR_FIELD_NAME) + 2;
+#undef JR_FIELD_NAME
+    throw nb::value_error(("topology: unknown field '" + key + "'; allowed: " + allowed).c_str());
   }
   return t;
+}
+
+nb::dict TopologyDict(const TopologyView& t) {
+  nb::dict d;
+#define JR_FIELD_TO_PY(f) d[#f] = FieldToPy(t.f);
+  JR_TOPOLOGY_FIELDS(JR_FIELD_TO_PY)
+#undef JR_FIELD_TO_PY
+  return d;
 }
 
 // Wraps a Python tuner (declared in ffi/bind/bindings.h): fn(coll, nbytes, num_pipe_ops) -> None |

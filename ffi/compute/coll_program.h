@@ -143,28 +143,22 @@ JR_INLINE Prim CollPrim(Coll coll, Pattern pattern, const WorkElemColl& e, int r
       }
       break;
     }
-    case Pattern::kPipelineFrom: {  // broadcast from the root along the ring
-      const int64_t chunkCount = int64_t(e.chunkCount);
-      const int64_t elemOffset = i * chunkCount;
-      p.srcOff = p.dstOff = gridOffset + elemOffset;
-      p.n = ProgMin(chunkCount, workCount - elemOffset);
-      const int root = int(e.root);
-      if (r == root) {
-        p.flags = kSrcIn | kDst | kSend;
-      } else if (next == root) {
-        p.flags = kRecv | kDst;
-      } else {
-        p.flags = kRecv | kDst | kSend;
-      }
-      break;
-    }
+    case Pattern::kPipelineFrom:  // broadcast from the root along the ring
     case Pattern::kPipelineTo: {  // reduce to the root along the ring
       const int64_t chunkCount = int64_t(e.chunkCount);
       const int64_t elemOffset = i * chunkCount;
       p.srcOff = p.dstOff = gridOffset + elemOffset;
       p.n = ProgMin(chunkCount, workCount - elemOffset);
       const int root = int(e.root);
-      if (prev == root) {
+      if (pattern == Pattern::kPipelineFrom) {
+        if (r == root) {
+          p.flags = kSrcIn | kDst | kSend;
+        } else if (next == root) {
+          p.flags = kRecv | kDst;
+        } else {
+          p.flags = kRecv | kDst | kSend;
+        }
+      } else if (prev == root) {
         p.flags = kSrcIn | kSend;
       } else if (r == root) {
         p.flags = kRecv | kSrcIn | kDst | kPostOp;
@@ -183,27 +177,17 @@ JR_INLINE Prim CollPrim(Coll coll, Pattern pattern, const WorkElemColl& e, int r
       p.n = ProgMin(chunkCount, workCount - elemOffset);
       const int up = r - 1;
       const int down = r + 1 < n ? r + 1 : -1;
-      if (upPhase) {
-        if (up < 0) {
-          p.flags = kRecv | kSrcIn | kDst | kPostOp;
-        } else if (down < 0) {
-          p.flags = kSrcIn | kSend;
-        } else {
-          p.flags = kRecv | kSrcIn | kSend;
-        }
-        p.recvPeer = down;
-        p.sendPeer = up;
+      // Up: reduce from the leaf to the root (the root keeps the result); down: the root's
+      // result back to the leaf.
+      if (up < 0) {  // the root
+        p.flags = upPhase ? kRecv | kSrcIn | kDst | kPostOp : kSrcOut | kSend;
+      } else if (down < 0) {  // the leaf
+        p.flags = upPhase ? kSrcIn | kSend : kRecv | kDst;
       } else {
-        if (up < 0) {
-          p.flags = kSrcOut | kSend;
-        } else if (down < 0) {
-          p.flags = kRecv | kDst;
-        } else {
-          p.flags = kRecv | kDst | kSend;
-        }
-        p.recvPeer = up;
-        p.sendPeer = down;
+        p.flags = upPhase ? kRecv | kSrcIn | kSend : kRecv | kDst | kSend;
       }
+      p.recvPeer = upPhase ? down : up;
+      p.sendPeer = upPhase ? up : down;
       return p;
     }
     default:

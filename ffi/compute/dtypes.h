@@ -38,22 +38,24 @@ struct Fp8E5M2 {  // float8_e5m2: bias 15, IEEE-like infinities and NaNs, max 57
   uint8_t bits;
 };
 
-JR_INLINE uint32_t FloatAsBits(float f) {
+// The bytes of `from` read as a To through a union: all of them when the two are of one size,
+// the low ones (little-endian) when To is smaller.
+template <typename To, typename From>
+JR_INLINE To UnionCast(From from) {
   union {
-    float f;
-    uint32_t u;
+    From from;
+    To to;
   } v;
-  v.f = f;
-  return v.u;
+  v.from = from;
+  return v.to;
+}
+
+JR_INLINE uint32_t FloatAsBits(float f) {
+  return UnionCast<uint32_t>(f);
 }
 
 JR_INLINE float BitsAsFloat(uint32_t u) {
-  union {
-    float f;
-    uint32_t u;
-  } v;
-  v.u = u;
-  return v.f;
+  return UnionCast<float>(u);
 }
 
 // ---- float16 ----

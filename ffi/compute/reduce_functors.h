@@ -36,33 +36,22 @@ namespace jax_rccl {
 
 // `Step` rounds the result of one arithmetic step (an add or a multiply) to the precision the
 // type reduces in; Load/Store convert to and from the accumulator.
-template <typename T>
-struct ElemTraits {
+// Types that accumulate in themselves, with exact steps: the integers, float and double.
+template <typename T, bool kIsFloat>
+struct SelfTraits {
   using Acc = T;
-  static constexpr bool kFloat = false;
+  static constexpr bool kFloat = kIsFloat;
   static constexpr bool kHalfSteps = false;
   JR_INLINE static Acc Load(T x) { return x; }
   JR_INLINE static T Store(Acc x) { return x; }
   JR_INLINE static Acc Step(Acc x) { return x; }
 };
+template <typename T>
+struct ElemTraits : SelfTraits<T, false> {};
 template <>
-struct ElemTraits<float> {
-  using Acc = float;
-  static constexpr bool kFloat = true;
-  static constexpr bool kHalfSteps = false;
-  JR_INLINE static Acc Load(float x) { return x; }
-  JR_INLINE static float Store(Acc x) { return x; }
-  JR_INLINE static Acc Step(Acc x) { return x; }
-};
+struct ElemTraits<float> : SelfTraits<float, true> {};
 template <>
-struct ElemTraits<double> {
-  using Acc = double;
-  static constexpr bool kFloat = true;
-  static constexpr bool kHalfSteps = false;
-  JR_INLINE static Acc Load(double x) { return x; }
-  JR_INLINE static double Store(Acc x) { return x; }
-  JR_INLINE static Acc Step(Acc x) { return x; }
-};
+struct ElemTraits<double> : SelfTraits<double, true> {};
 
 // Narrow floats accumulate in float; `kHalfSteps` rounds every step to float16 (see the top).
 template <typename T, bool kHalf>
@@ -100,12 +89,7 @@ struct WrapOf<uint64_t> {
 // Reads a scalar of type T from the low bytes of a 64-bit argument (the element's bits).
 template <typename T>
 JR_INLINE T ScalarFromBits(uint64_t bits) {
-  union {
-    uint64_t u;
-    T t;
-  } v;
-  v.u = bits;
-  return v.t;
+  return UnionCast<T>(bits);
 }
 
 template <typename T, bool kFloat = ElemTraits<T>::kFloat>

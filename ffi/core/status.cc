@@ -1,6 +1,7 @@
 #include "ffi/core/status.h"
 
 #include <cstring>
+#include <iterator>
 
 namespace jax_rccl {
 
@@ -9,23 +10,13 @@ std::string ErrnoText(int e) {
 }
 
 const char* CodeName(Code code) {
-  switch (code) {
-    case Code::kOk:
-      return "ok";
-    case Code::kInvalidArgument:
-      return "invalid argument";
-    case Code::kInvalidUsage:
-      return "invalid usage";
-    case Code::kUnsupported:
-      return "unsupported";
-    case Code::kInternal:
-      return "internal error";
-    case Code::kTimeout:
-      return "timeout";
-    case Code::kSystem:
-      return "system error";
-  }
-  return "unknown";
+  // In Code's order, from kOk = 0.
+  static constexpr const char* kNames[] = {"ok",          "invalid argument", "invalid usage",
+                                           "unsupported", "internal error",   "timeout",
+                                           "system error"};
+  static_assert(std::size(kNames) == static_cast<size_t>(Code::kSystem) + 1, "a name per code");
+  const int i = static_cast<int>(code);
+  return i >= 0 && i < static_cast<int>(std::size(kNames)) ? kNames[i] : "unknown";
 }
 
 Status& Status::AddFrame(const char* file, int line) {

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #if defined(__SSE2__)
@@ -215,27 +216,21 @@ JR_INLINE void FusedBlock(typename F::Acc* acc, typename F::Elem* out,
   }
 }
 
+// FusedBlock of K = k inputs, K from 1 to 8 (8 for any other k): a table of the eight.
+template <typename F, bool kFinal, int... Ks>
+void FusedGroupOf(std::integer_sequence<int, Ks...>, typename F::Acc* acc, typename F::Elem* out,
+                  const typename F::Elem* const* srcs, const F* fns, int k, int64_t m, bool first) {
+  using Block = void (*)(typename F::Acc*, typename F::Elem*, const typename F::Elem* const*,
+                         const F*, int64_t, bool);
+  static constexpr Block kBlocks[] = {&FusedBlock<F, Ks + 1, kFinal>...};
+  constexpr int kMax = int(sizeof...(Ks));
+  kBlocks[(k >= 1 && k < kMax ? k : kMax) - 1](acc, out, srcs, fns, m, first);
+}
+
 template <typename F, bool kFinal>
 void FusedGroup(typename F::Acc* acc, typename F::Elem* out, const typename F::Elem* const* srcs,
                 const F* fns, int k, int64_t m, bool first) {
-  switch (k) {
-    case 1:
-      return FusedBlock<F, 1, kFinal>(acc, out, srcs, fns, m, first);
-    case 2:
-      return FusedBlock<F, 2, kFinal>(acc, out, srcs, fns, m, first);
-    case 3:
-      return FusedBlock<F, 3, kFinal>(acc, out, srcs, fns, m, first);
-    case 4:
-      return FusedBlock<F, 4, kFinal>(acc, out, srcs, fns, m, first);
-    case 5:
-      return FusedBlock<F, 5, kFinal>(acc, out, srcs, fns, m, first);
-    case 6:
-      return FusedBlock<F, 6, kFinal>(acc, out, srcs, fns, m, first);
-    case 7:
-      return FusedBlock<F, 7, kFinal>(acc, out, srcs, fns, m, first);
-    default:
-      return FusedBlock<F, 8, kFinal>(acc, out, srcs, fns, m, first);
-  }
+  FusedGroupOf<F, kFinal>(std::make_integer_sequence<int, 8>(), acc, out, srcs, fns, k, m, first);
 }
 
 // Direct: reduces `nsrc` inputs of `n` elements (input k through the PreOp of opArgs[k], its

@@ -30,6 +30,15 @@
 namespace jax_rccl {
 namespace {
 
+// The bytes of `from` as a To of the same size (std::bit_cast of C++20).
+template <typename To, typename From>
+To BitCast(const From& from) {
+  static_assert(sizeof(To) == sizeof(From), "a bit cast keeps the size");
+  To to;
+  std::memcpy(&to, &from, sizeof(To));
+  return to;
+}
+
 bool ValidDataType(DataType t) {
   int v = static_cast<int>(t);
   return v >= 0 && v < kNumDataTypes;
@@ -96,8 +105,7 @@ uint64_t IeeeBits(float f, int expBits, int manBits, uint64_t quietNan) {
   const uint64_t infCode = ((uint64_t(1) << expBits) - 1) << manBits;
   if (std::isnan(f)) {
     // Keep the float's top mantissa bits, as a quiet NaN.
-    uint32_t u;
-    std::memcpy(&u, &f, 4);
+    const uint32_t u = BitCast<uint32_t>(f);
     uint64_t top = (u & 0x7fffff) >> (23 - manBits);
     return sign | infCode | quietNan | top;
   }
@@ -143,8 +151,7 @@ double E4M3FnFromBits(uint64_t bits) {
 // bit (round to nearest even) unless the exponent is all ones; a NaN whose kept mantissa bits
 // would all be zero gets the lowest one set so it stays a NaN.
 uint64_t Bfloat16Bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
+  uint32_t u = BitCast<uint32_t>(f);
   if ((~u & 0x7f800000u) != 0) {
     u += 0x7fffu + ((u >> 16) & 1);
   } else if ((u & 0xffffu) != 0) {
@@ -341,17 +348,10 @@ uint64_t ScalarBits(double value, DataType dtype) {
 
 uint64_t FloatBits(double value, DataType dtype) {
   switch (dtype) {
-    case DataType::kFloat64: {
-      uint64_t u;
-      std::memcpy(&u, &value, 8);
-      return u;
-    }
-    case DataType::kFloat32: {
-      float f = static_cast<float>(value);
-      uint32_t u;
-      std::memcpy(&u, &f, 4);
-      return u;
-    }
+    case DataType::kFloat64:
+      return BitCast<uint64_t>(value);
+    case DataType::kFloat32:
+      return BitCast<uint32_t>(static_cast<float>(value));
     // The narrow types go through float, as RCCL does (__float2half(float(x)) and friends). With
     // float's 24-bit significand the double rounding gives the same result as rounding once.
     case DataType::kFloat16:
@@ -371,25 +371,14 @@ double FloatFromBits(uint64_t bits, DataType dtype) {
   const int nbits = 8 * static_cast<int>(DataTypeSize(dtype));
   if (nbits > 0 && nbits < 64) bits &= (uint64_t(1) << nbits) - 1;
   switch (dtype) {
-    case DataType::kFloat64: {
-      double d;
-      std::memcpy(&d, &bits, 8);
-      return d;
-    }
-    case DataType::kFloat32: {
-      uint32_t u = static_cast<uint32_t>(bits);
-      float f;
-      std::memcpy(&f, &u, 4);
-      return f;
-    }
+    case DataType::kFloat64:
+      return BitCast<double>(bits);
+    case DataType::kFloat32:
+      return BitCast<float>(static_cast<uint32_t>(bits));
     case DataType::kFloat16:
       return IeeeFromBits(bits, 5, 10);
-    case DataType::kBfloat16: {
-      uint32_t u = static_cast<uint32_t>(bits) << 16;
-      float f;
-      std::memcpy(&f, &u, 4);
-      return f;
-    }
+    case DataType::kBfloat16:
+      return BitCast<float>(static_cast<uint32_t>(bits) << 16);
     case DataType::kFp8E4M3:
       return E4M3FnFromBits(bits);
     case DataType::kFp8E5M2:

@@ -24,6 +24,8 @@
 //    instead of a spin (it cannot happen with a schedule that covers every rank).
 #include <algorithm>
 #include <cstring>
+#include <deque>
+#include <vector>
 
 #include "ffi/planner/internal.h"
 
@@ -305,48 +307,46 @@ Status ScheduleP2pTasks(const PlanContext& ctx, GroupState* g, KernelPlan* kp, i
       const int recvIdx =
           ctx.params.p2pNet && recvBytes > ctx.params.p2pNetThreshold ? kConnIdxP2pNet : 1;
 
+      // Places the next piece of one side (its task `t`, first in queues[peer]) unless the side
+      // is done; *full when the kernel has no work element left for it.
+      auto placePiece = [&](P2pInfo* t, std::vector<std::deque<int>>& queues, int peer,
+                            int64_t* bytes, int64_t* offset, int64_t chunkBytesMax, int connIdx,
+                            bool* fuseOk, bool* full) -> Status {
+        int64_t chunkBytes = std::min(*bytes, chunkBytesMax);  // keeps -1
+        if (chunkBytes == 0) return Status::Ok();
+        if (chunkBytes == -1) chunkBytes = 0;
+        if (*nWorkBudget < 1) {
+          *full = true;
+          return Status::Ok();
+        }
+        JR_CHECK(AddP2pToPlan(ctx, kp, kernelIndex, nWorkBudget, t, *offset, chunkBytes, connIdx,
+                              *fuseOk));
+        placed = true;
+        *fuseOk = true;
+        *offset += chunkBytes;
+        *bytes -= chunkBytes;
+        t->chunk += 1;
+        t->offset = *offset;
+        t->channelsUsed = chunksUsed(*t);
+        if (*bytes <= 0) {
+          *bytes = 0;
+          queues[peer].pop_front();
+          g->nTasksP2p -= 1;
+        }
+        return Status::Ok();
+      };
+
       do {
         // Only the recv and the send of one round may share a fresh work (RCCL: the round
         // index modulo kMaxWorkElementsP2p/2 = 1 is always 0).
         bool fuseOk = false;
-        int64_t recvChunkBytes = std::min(recvBytes, recvChunkBytesMax);  // keeps -1
-        int64_t sendChunkBytes = std::min(sendBytes, sendChunkBytesMax);
-        if (recvChunkBytes != 0) {
-          if (recvChunkBytes == -1) recvChunkBytes = 0;
-          if (*nWorkBudget < 1) return Status::Ok();  // the caller starts a new kernel
-          JR_CHECK(AddP2pToPlan(ctx, kp, kernelIndex, nWorkBudget, recv, recvOffset, recvChunkBytes,
-                                recvIdx, fuseOk));
-          placed = true;
-          fuseOk = true;
-          recvOffset += recvChunkBytes;
-          recvBytes -= recvChunkBytes;
-          recv->chunk += 1;
-          recv->offset = recvOffset;
-          recv->channelsUsed = chunksUsed(*recv);
-          if (recvBytes <= 0) {
-            recvBytes = 0;
-            g->recvQueue[recvPeer].pop_front();
-            g->nTasksP2p -= 1;
-          }
-        }
-        if (sendChunkBytes != 0) {
-          if (sendChunkBytes == -1) sendChunkBytes = 0;
-          if (*nWorkBudget < 1) return Status::Ok();
-          JR_CHECK(AddP2pToPlan(ctx, kp, kernelIndex, nWorkBudget, send, sendOffset, sendChunkBytes,
-                                sendIdx, fuseOk));
-          placed = true;
-          fuseOk = true;
-          sendOffset += sendChunkBytes;
-          sendBytes -= sendChunkBytes;
-          send->chunk += 1;
-          send->offset = sendOffset;
-          send->channelsUsed = chunksUsed(*send);
-          if (sendBytes <= 0) {
-            sendBytes = 0;
-            g->sendQueue[sendPeer].pop_front();
-            g->nTasksP2p -= 1;
-          }
-        }
+        bool full = false;
+        JR_CHECK(placePiece(recv, g->recvQueue, recvPeer, &recvBytes, &recvOffset,
+                            recvChunkBytesMax, recvIdx, &fuseOk, &full));
+        if (full) return Status::Ok();  // the caller starts a new kernel
+        JR_CHECK(placePiece(send, g->sendQueue, sendPeer, &sendBytes, &sendOffset,
+                            sendChunkBytesMax, sendIdx, &fuseOk, &full));
+        if (full) return Status::Ok();
       } while (sendBytes != 0 || recvBytes != 0);
     }
     JR_REQUIRE(placed || g->nTasksP2p == 0, Code::kInternal, g->nTasksP2p, " p2p tasks of rank ",

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <iterator>
 #include <sstream>
 #include <vector>
 
@@ -36,6 +37,15 @@ StatusOr<E> ParseName(const std::string& s, const char* what, int n, const char*
   }
   return Status(Code::kInvalidArgument,
                 detail::StrCat(what, ": unknown value '", s, "'; allowed: ", allowed));
+}
+
+// The name of enumerator `e` in a table of one name per value from 0 (the enum's order, kCount
+// values); "?" for a value outside it.
+template <int kCount, typename E, size_t N>
+const char* NameOf(const char* const (&names)[N], E e) {
+  static_assert(N == kCount, "one name per enumerator");
+  const int i = static_cast<int>(e);
+  return i >= 0 && i < int(N) ? names[i] : "?";
 }
 
 }  // namespace
@@ -85,182 +95,57 @@ bool IsSignedInteger(DataType t) {
 }
 
 const char* CollName(Coll c) {
-  switch (c) {
-    case Coll::kBroadcast:
-      return "broadcast";
-    case Coll::kReduce:
-      return "reduce";
-    case Coll::kAllGather:
-      return "all_gather";
-    case Coll::kReduceScatter:
-      return "reduce_scatter";
-    case Coll::kAllReduce:
-      return "all_reduce";
-    case Coll::kSendRecv:
-      return "send_recv";
-    case Coll::kSend:
-      return "send";
-    case Coll::kRecv:
-      return "recv";
-  }
-  return "?";
+  static constexpr const char* kNames[] = {"broadcast",      "reduce",     "all_gather",
+                                           "reduce_scatter", "all_reduce", "send_recv",
+                                           "send",           "recv"};
+  return NameOf<kNumColls>(kNames, c);
 }
 
 const char* DataTypeName(DataType t) {
-  switch (t) {
-    case DataType::kInt8:
-      return "int8";
-    case DataType::kUint8:
-      return "uint8";
-    case DataType::kInt32:
-      return "int32";
-    case DataType::kUint32:
-      return "uint32";
-    case DataType::kInt64:
-      return "int64";
-    case DataType::kUint64:
-      return "uint64";
-    case DataType::kFloat16:
-      return "float16";
-    case DataType::kFloat32:
-      return "float32";
-    case DataType::kFloat64:
-      return "float64";
-    case DataType::kBfloat16:
-      return "bfloat16";
-    case DataType::kFp8E4M3:
-      return "float8_e4m3fn";
-    case DataType::kFp8E5M2:
-      return "float8_e5m2";
-    case DataType::kInt16:
-      return "int16";
-    case DataType::kUint16:
-      return "uint16";
-    case DataType::kBool:
-      return "bool";
-  }
-  return "?";
+  static constexpr const char* kNames[] = {"int8",    "uint8",    "int32",         "uint32",
+                                           "int64",   "uint64",   "float16",       "float32",
+                                           "float64", "bfloat16", "float8_e4m3fn", "float8_e5m2",
+                                           "int16",   "uint16",   "bool"};
+  return NameOf<kNumDataTypes>(kNames, t);
 }
 
 const char* RedOpName(int32_t op) {
-  switch (op) {
-    case kSum:
-      return "sum";
-    case kProd:
-      return "prod";
-    case kMax:
-      return "max";
-    case kMin:
-      return "min";
-    case kAvg:
-      return "avg";
-    default:
-      return "user";
-  }
+  static constexpr const char* kNames[] = {"sum", "prod", "max", "min", "avg"};
+  static_assert(std::size(kNames) == kNumRedOps, "one name per op");
+  return op >= 0 && op < kNumRedOps ? kNames[op] : "user";
 }
 
 const char* DevRedOpName(DevRedOp op) {
-  switch (op) {
-    case DevRedOp::kSum:
-      return "sum";
-    case DevRedOp::kProd:
-      return "prod";
-    case DevRedOp::kMinMax:
-      return "minmax";
-    case DevRedOp::kPreMulSum:
-      return "premulsum";
-    case DevRedOp::kSumPostDiv:
-      return "sumpostdiv";
-  }
-  return "?";
+  static constexpr const char* kNames[] = {"sum", "prod", "minmax", "premulsum", "sumpostdiv"};
+  return NameOf<kNumDevRedOps>(kNames, op);
 }
 
 const char* AlgoName(Algo a) {
-  switch (a) {
-    case Algo::kTree:
-      return "tree";
-    case Algo::kRing:
-      return "ring";
-    case Algo::kDirect:
-      return "direct";
-    case Algo::kUndef:
-      return "undef";
-  }
-  return "?";
+  static constexpr const char* kNames[] = {"tree", "ring", "direct"};
+  return a == Algo::kUndef ? "undef" : NameOf<kNumAlgos>(kNames, a);
 }
 
 const char* ProtoName(Proto p) {
-  switch (p) {
-    case Proto::kLL:
-      return "ll";
-    case Proto::kLL128:
-      return "ll128";
-    case Proto::kSimple:
-      return "simple";
-    case Proto::kUndef:
-      return "undef";
-  }
-  return "?";
+  static constexpr const char* kNames[] = {"ll", "ll128", "simple"};
+  return p == Proto::kUndef ? "undef" : NameOf<kNumProtos>(kNames, p);
 }
 
 const char* PatternName(Pattern p) {
-  switch (p) {
-    case Pattern::kRing:
-      return "ring";
-    case Pattern::kRingTwice:
-      return "ring_twice";
-    case Pattern::kPipelineFrom:
-      return "pipeline_from";
-    case Pattern::kPipelineTo:
-      return "pipeline_to";
-    case Pattern::kTreeUp:
-      return "tree_up";
-    case Pattern::kTreeDown:
-      return "tree_down";
-    case Pattern::kTreeUpDown:
-      return "tree_up_down";
-    case Pattern::kP2p:
-      return "p2p";
-    case Pattern::kDirect:
-      return "direct";
-  }
-  return "?";
+  static constexpr const char* kNames[] = {"ring",         "ring_twice", "pipeline_from",
+                                           "pipeline_to",  "tree_up",    "tree_down",
+                                           "tree_up_down", "p2p",        "direct"};
+  return NameOf<kNumPatterns>(kNames, p);
 }
 
 const char* ArchName(Arch a) {
-  switch (a) {
-    case Arch::kCpu:
-      return "cpu";
-    case Arch::kGfx90a:
-      return "gfx90a";
-    case Arch::kGfx942:
-      return "gfx942";
-    case Arch::kSm80:
-      return "sm80";
-    case Arch::kSm90:
-      return "sm90";
-  }
-  return "?";
+  static constexpr const char* kNames[] = {"cpu", "gfx90a", "gfx942", "sm80", "sm90"};
+  return NameOf<kNumArchs>(kNames, a);
 }
 
 const char* LinkName(LinkKind l) {
-  switch (l) {
-    case LinkKind::kLoopback:
-      return "loopback";
-    case LinkKind::kShm:
-      return "shm";
-    case LinkKind::kPcie:
-      return "pcie";
-    case LinkKind::kXgmi:
-      return "xgmi";
-    case LinkKind::kNvlink:
-      return "nvlink";
-    case LinkKind::kNet:
-      return "net";
-    case LinkKind::kSocket:
-      return "socket";
-  }
-  return "?";
+  static constexpr const char* kNames[] = {"loopback", "shm", "pcie",  "xgmi",
+                                           "nvlink",   "net", "socket"};
+  return NameOf<kNumLinkKinds>(kNames, l);
 }
 
 int ArchWarpSize(Arch a) {

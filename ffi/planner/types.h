@@ -106,6 +106,7 @@ enum class Pattern : int8_t {
   kP2p,     // send/recv
   kDirect,  // ranks read and write each other's buffers in place
 };
+constexpr int kNumPatterns = 9;
 
 enum class Arch : int8_t {
   kCpu = 0,

@@ -146,6 +146,49 @@ struct RunResult {
   double seconds = 0;
 };
 
+// inputs[k], the input bytes of the nt tasks of the k-th rank run.
+nb::list RankInputs(const nb::list& inputs, size_t k, size_t nt) {
+  const nb::list mine = nb::cast<nb::list>(inputs[k]);
+  if (mine.size() != nt) {
+    throw nb::value_error(
+        detail::StrCat("inputs[", k, "] must hold one bytes per task (", nt, "), got ", mine.size())
+            .c_str());
+  }
+  return mine;
+}
+
+// The first error of the threads that run ranks.
+struct FirstError {
+  void Keep(const Status& s) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (status.ok()) status = s;
+  }
+  std::mutex mu;
+  Status status;
+};
+
+// Per rank run (outBufs[k]: its tasks' output buffers, slots[k]: where they ran), each task's
+// output bytes: from its slot's receive buffer, or its output buffer where it has none (a send).
+// descOf(k, i) is the TaskDesc of task i of rank k; n, the group's size.
+template <typename DescOf>
+RunResult Outputs(double seconds, int n, DescOf descOf,
+                  const std::vector<std::vector<host::SlotBuffers>>& slots,
+                  const std::vector<std::vector<std::vector<char>>>& outBufs) {
+  RunResult res;
+  res.seconds = seconds;
+  res.outputs.resize(outBufs.size());
+  for (size_t k = 0; k < outBufs.size(); ++k) {
+    for (size_t i = 0; i < outBufs[k].size(); ++i) {
+      size_t inB, outB;
+      TaskBytes(descOf(k, i), n, &inB, &outB);
+      const char* p = static_cast<const char*>(slots[k][i].recv);
+      if (p == nullptr) p = outBufs[k][i].data();
+      res.outputs[k].push_back(nb::bytes(p, outB));
+    }
+  }
+  return res;
+}
+
 RunResult RunPlanThreads(const nb::dict& topology, const nb::list& taskList, const nb::list& inputs,
                          double timeoutS, const std::string& algorithm, const std::string& protocol,
                          bool persistent, bool inPlace, bool forceDirect,
@@ -217,12 +260,7 @@ RunResult RunPlanThreads(const nb::dict& topology, const nb::list& taskList, con
       }
     }
 
-    const nb::list mine = nb::cast<nb::list>(inputs[r]);
-    if (mine.size() != nt) {
-      throw nb::value_error(detail::StrCat("inputs[", r, "] must hold one bytes per task (", nt,
-                                           "), got ", mine.size())
-                                .c_str());
-    }
+    const nb::list mine = RankInputs(inputs, size_t(r), nt);
     inBufs[r].resize(nt);
     outBufs[r].resize(nt);
     for (size_t i = 0; i < nt; ++i) {
@@ -269,8 +307,7 @@ RunResult RunPlanThreads(const nb::dict& topology, const nb::list& taskList, con
   std::unique_ptr<host::HostTransport> transport = ValueOrThrow(host::MakeHostTransport(topo));
   std::atomic<bool> aborted{false};
   TestBarrier barrier(n, &aborted);
-  std::mutex errMu;
-  Status firstError;
+  FirstError firstError;
   double seconds = 0;
   {
     nb::gil_scoped_release release;
@@ -301,8 +338,7 @@ RunResult RunPlanThreads(const nb::dict& topology, const nb::list& taskList, con
           seconds = std::chrono::duration<double>(Clock::now() - t0).count() / repeat;
         }
         if (!s.ok()) {
-          std::lock_guard<std::mutex> lock(errMu);
-          if (firstError.ok()) firstError = s;
+          firstError.Keep(s);
           aborted.store(true);
           transport->WakeAll();
           barrier.WakeAll();
@@ -311,21 +347,8 @@ RunResult RunPlanThreads(const nb::dict& topology, const nb::list& taskList, con
     }
     for (std::thread& t : threads) t.join();
   }
-  ThrowIfError(firstError);
-
-  RunResult res;
-  res.seconds = seconds;
-  res.outputs.resize(n);
-  for (int r = 0; r < n; ++r) {
-    for (size_t i = 0; i < tasks[r].size(); ++i) {
-      size_t inB, outB;
-      TaskBytes(tasks[r][i].desc, n, &inB, &outB);
-      const char* p = static_cast<const char*>(peers[r][i].recv);
-      if (p == nullptr) p = outBufs[r][i].data();
-      res.outputs[r].push_back(nb::bytes(p, outB));
-    }
-  }
-  return res;
+  ThrowIfError(firstError.status);
+  return Outputs(seconds, n, [&](size_t r, size_t i) { return tasks[r][i].desc; }, peers, outBufs);
 }
 
 std::atomic<int64_t> g_processInstance{1 << 30};
@@ -377,13 +400,8 @@ RunResult RunPlanProcess(const std::vector<int64_t>& groupDevices,
     descs[li] = req.tasks;
     plans.push_back(ValueOrThrow(MakePlan(req)));
     fps[li] = comm::FingerprintPlan(plans.back(), 0);
-    const nb::list mine = nb::cast<nb::list>(inputs[li]);
     const size_t nt = descs[li].size();
-    if (mine.size() != nt) {
-      throw nb::value_error(detail::StrCat("inputs[", li, "] must hold one bytes per task (", nt,
-                                           "), got ", mine.size())
-                                .c_str());
-    }
+    const nb::list mine = RankInputs(inputs, li, nt);
     inBufs[li].resize(nt);
     outBufs[li].resize(nt);
     slots[li].resize(nt);
@@ -405,8 +423,7 @@ RunResult RunPlanProcess(const std::vector<int64_t>& groupDevices,
   }
 
   const int64_t instance = g_processInstance.fetch_add(1);
-  std::mutex errMu;
-  Status firstError;
+  FirstError firstError;
   double seconds = 0;
   {
     nb::gil_scoped_release release;
@@ -433,26 +450,13 @@ RunResult RunPlanProcess(const std::vector<int64_t>& groupDevices,
         if (s.ok() && li == 0) {
           seconds = std::chrono::duration<double>(Clock::now() - t0).count() / repeat;
         }
-        if (!s.ok()) {
-          std::lock_guard<std::mutex> lock(errMu);
-          if (firstError.ok()) firstError = s;
-        }
+        if (!s.ok()) firstError.Keep(s);
       });
     }
     for (std::thread& t : threads) t.join();
   }
-  ThrowIfError(firstError);
-  RunResult res;
-  res.seconds = seconds;
-  res.outputs.resize(nl);
-  for (size_t li = 0; li < nl; ++li) {
-    for (size_t i = 0; i < descs[li].size(); ++i) {
-      size_t inB, outB;
-      TaskBytes(descs[li][i], n, &inB, &outB);
-      res.outputs[li].push_back(nb::bytes(outBufs[li][i].data(), outB));
-    }
-  }
-  return res;
+  ThrowIfError(firstError.status);
+  return Outputs(seconds, n, [&](size_t li, size_t i) { return descs[li][i]; }, slots, outBufs);
 }
 
 }  // namespace

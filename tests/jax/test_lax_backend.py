@@ -213,35 +213,32 @@ def test_2d_mesh(axes):
     both(smap(body, mesh, spec, (spec,) * 4, check_vma=False), x)
 
 
-def test_axis_index_groups():
-    mesh = mesh_1d()
-    x = _x((8, 3))
+def _interleaved_groups(v):
     groups = [[0, 2, 4, 6], [1, 3, 5, 7]]
-
-    def body(v):
-        return (
-            lax.psum(v, "i", axis_index_groups=groups),
-            lax.pmax(v, "i", axis_index_groups=[[0, 1], [2, 3], [4, 5], [6, 7]]),
-            lax.psum_scatter(jnp.tile(v, (4, 1)), "i", axis_index_groups=groups, tiled=True),
-        )
-
-    both(smap(body, mesh, P("i"), (P("i"),) * 3, check_vma=False), x)
+    return (
+        lax.psum(v, "i", axis_index_groups=groups),
+        lax.pmax(v, "i", axis_index_groups=[[0, 1], [2, 3], [4, 5], [6, 7]]),
+        lax.psum_scatter(jnp.tile(v, (4, 1)), "i", axis_index_groups=groups, tiled=True),
+    )
 
 
-def test_groups_and_scalars():
-    mesh = mesh_1d()
-    x = _x((8, 4))
+def _groups_and_scalars(v):
     groups = [[0, 1, 2, 3], [4, 5, 6, 7]]
+    return (
+        lax.all_to_all(jnp.tile(v, (4, 1)), "i", 0, 0, tiled=True, axis_index_groups=groups),
+        lax.pmin(v, "i", axis_index_groups=groups),
+        lax.all_gather(v[0, 0], "i"),
+        lax.psum(v[0, 0], "i", axis_index_groups=groups)[None],
+    )
 
-    def body(v):
-        return (
-            lax.all_to_all(jnp.tile(v, (4, 1)), "i", 0, 0, tiled=True, axis_index_groups=groups),
-            lax.pmin(v, "i", axis_index_groups=groups),
-            lax.all_gather(v[0, 0], "i"),
-            lax.psum(v[0, 0], "i", axis_index_groups=groups)[None],
-        )
 
-    both(smap(body, mesh, P("i"), (P("i"),) * 4, check_vma=False), x)
+@pytest.mark.parametrize(
+    "body, shape, nout",
+    [(_interleaved_groups, (8, 3), 3), (_groups_and_scalars, (8, 4), 4)],
+    ids=["axis_index_groups", "groups_and_scalars"],
+)
+def test_axis_index_groups(body, shape, nout):
+    both(smap(body, mesh_1d(), P("i"), (P("i"),) * nout, check_vma=False), _x(shape))
 
 
 def test_pmap():

@@ -18,6 +18,22 @@ def brief(writes):
     return out
 
 
+def writes_2013(slot0, head):
+    """brief() of the works of channels 0, 2, 3 holding 2, 1, 3 works, laid out from ring slot
+    `slot0` with the FIFO's head at `head` (work_next is relative to the head, done_acks is not):
+      ch 0: slot0 -> next at slot0 + 3 (workNext 3); slot0 + 3 last, acks head + 4
+      ch 2: slot0 + 1 last, acks head + 2
+      ch 3: slot0 + 2 -> + 4; + 4 -> + 5; slot0 + 5 last, acks head + 6"""
+    return [
+        (slot0, 0, 0, 3),
+        (slot0 + 1, 2, 0, ("acks", head + 2)),
+        (slot0 + 2, 3, 0, 4),
+        (slot0 + 3, 0, 1, ("acks", head + 4)),
+        (slot0 + 4, 3, 1, 5),
+        (slot0 + 5, 3, 2, ("acks", head + 6)),
+    ]
+
+
 def test_persistent_layout():
     # Channels 0, 2, 3 hold 2, 1, 3 works: channelCount 3, first works at 0, 1, 2 (one per
     # channel with work, in channel order); later works from slot 3 on, channel by channel.
@@ -25,14 +41,7 @@ def test_persistent_layout():
     #   ch 2: slot 1 last, acks 2
     #   ch 3: slot 2 -> 4; slot 4 -> 5; slot 5 last, acks 6
     works = internal.layout_persistent([2, 0, 1, 3])
-    assert brief(works) == [
-        (0, 0, 0, 3),
-        (1, 2, 0, ("acks", 2)),
-        (2, 3, 0, 4),
-        (3, 0, 1, ("acks", 4)),
-        (4, 3, 1, 5),
-        (5, 3, 2, ("acks", 6)),
-    ]
+    assert brief(works) == writes_2013(0, 0)
     assert not any(w["in_fifo"] for w in works)
 
 
@@ -42,14 +51,7 @@ def test_fifo_layout_no_wrap():
     #   ch 3: 12 -> 14 (4) -> 15 (5), 15 last (acks 16). sent becomes 16.
     d = internal.layout_fifo([2, 0, 1, 3], 256, 10)
     assert (d["ix_head"], d["wait_acked"], d["sent"], d["placed"]) == (10, 16, 16, True)
-    assert brief(d["writes"]) == [
-        (10, 0, 0, 3),
-        (11, 2, 0, ("acks", 12)),
-        (12, 3, 0, 4),
-        (13, 0, 1, ("acks", 14)),
-        (14, 3, 1, 5),
-        (15, 3, 2, ("acks", 16)),
-    ]
+    assert brief(d["writes"]) == writes_2013(10, 10)
     assert all(w["in_fifo"] for w in d["writes"] if w["is_last"])
     assert d["channel_sent"][:4] == [14, 10, 12, 16]  # channel 1 untouched
 
@@ -61,14 +63,7 @@ def test_fifo_first_works_never_straddle_the_end():
     #   ch 3: 2 -> 4 -> 5 (acks 262). wait_acked = 256 + 6.
     d = internal.layout_fifo([2, 0, 1, 3], 256, 254)
     assert (d["ix_head"], d["wait_acked"], d["sent"]) == (256, 262, 262)
-    assert brief(d["writes"]) == [
-        (0, 0, 0, 3),
-        (1, 2, 0, ("acks", 258)),
-        (2, 3, 0, 4),
-        (3, 0, 1, ("acks", 260)),
-        (4, 3, 1, 5),
-        (5, 3, 2, ("acks", 262)),
-    ]
+    assert brief(d["writes"]) == writes_2013(0, 256)
     # The skipped slots count as consumed: every channel quiesced at 254 (done == sent), so a
     # poll with sent = 256 moves the acked minimum (and the quiesced channels) to 256.
     p = internal.fifo_poll(256, 256, 254, [254] * 128, [254] * 128)
