@@ -205,14 +205,15 @@ def _listen(all_on_this_host: bool) -> str:
 
 def _prepare_network(hosts: list[str]) -> None:
     """Makes UCX loadable (jax_rccl/_ucx.py: a system UCX first, else the libucx wheel's) when
-    this process's GPU groups may cross hosts on it (JAX_RCCL_NET auto or ucx, a build with the
-    UCX backend): the runtime loads it when it first makes such a group's network."""
-    if len(set(hosts)) <= 1 or (_param("net") or "auto") == "socket":
+    this process's groups may reach other processes on it (a build with the UCX backend, and
+    JAX_RCCL_NET=ucx, or auto with processes on several hosts): the runtime loads it when it
+    first makes such a group's network. On one host, auto stays on our TCP (the processes of a
+    host meet over shared memory unless JAX_RCCL_TRANSPORT=socket asks for the network)."""
+    net = _param("net") or "auto"
+    if net == "socket" or (net == "auto" and len(set(hosts)) <= 1):
         return
     if not _jax_rccl.net_ucx_info()["built"]:
         return
-    if all(d.platform == "cpu" for d in jax.local_devices()):
-        return  # CPU groups across hosts run on the socket transport (ffi/cpu/socket.cc)
     from jax_rccl import _ucx
 
     _ucx.load()

@@ -12,12 +12,19 @@ import time
 
 import pytest
 from launcher import launch, shm_entries
+from nets import BACKENDS, NEEDS_UCX
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker_calls.py")
 TIMEOUT = 5.0  # JAX_RCCL_TIMEOUT in the processes
 SLOW_TIMEOUT = 30.0  # where a test tells an error found at once from one found at the deadline
 SOCKET = {"JAX_RCCL_TRANSPORT": "socket"}
-TRANSPORTS = {"shm": {}, "socket": SOCKET}
+# Shared memory, and the network between every pair of processes: our TCP, or UCX over its TCP.
+TRANSPORTS = {
+    "shm": {},
+    "socket": {**SOCKET, **BACKENDS["socket"]},
+    "ucx": {**SOCKET, **BACKENDS["ucx_tcp"]},
+}
+TRANSPORT_CASES = ["shm", "socket", pytest.param("ucx", marks=NEEDS_UCX)]
 CULPRIT = re.compile(
     r"rank (\d+) \(device (\d+), process (\d+), host '([^']*)'\) "
     r"(exited|is stopped|never arrived|did not answer)"
@@ -48,7 +55,7 @@ def _run(program, nprocs, *args, env=None, timeout=90):
     )
 
 
-@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize("transport", TRANSPORT_CASES)
 @pytest.mark.parametrize("mode", ["extra_lower", "order"])
 def test_identity_does_not_count_lowerings(mode, transport):
     """Process 0 alone lowers one more function, or the processes lower f and g in different
@@ -58,7 +65,7 @@ def test_identity_does_not_count_lowerings(mode, transport):
 
 
 @pytest.mark.parametrize("nprocs", [2, 4])
-@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize("transport", TRANSPORT_CASES)
 def test_swapped_executables_are_an_error_on_every_process(nprocs, transport):
     res = _results(_run("swap", nprocs, env=TRANSPORTS[transport]))
     for r in res:
@@ -71,7 +78,7 @@ def test_swapped_executables_are_an_error_on_every_process(nprocs, transport):
         assert "psum" in r["error"] or "all_reduce" in r["error"], r["error"]
 
 
-@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize("transport", TRANSPORT_CASES)
 def test_more_than_256_call_sites_still_checked(transport):
     res = _results(_run("swap", 2, "--sites=257", "--swap=op", env=TRANSPORTS[transport]))
     for r in res:
@@ -80,7 +87,7 @@ def test_more_than_256_call_sites_still_checked(transport):
         assert " sum;" in r["error"] or " minmax;" in r["error"], r["error"]
 
 
-@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize("transport", TRANSPORT_CASES)
 def test_mismatch_that_sends_nothing_names_both_calls(transport):
     """Rank 0 waits to receive from rank 1 in one ppermute, rank 1 from rank 0 in another: no
     step arrives to tell the calls apart. The wait ends in an error naming both calls (over
@@ -99,7 +106,7 @@ def _culprits(error):
     return {(int(m.group(1)), m.group(5)) for m in CULPRIT.finditer(error)}
 
 
-@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize("transport", TRANSPORT_CASES)
 @pytest.mark.parametrize(
     "mode,what",
     [

@@ -11,6 +11,7 @@ import time
 
 import pytest
 from launcher import launch, shm_entries
+from nets import BACKENDS, NETS
 
 TIMEOUT = 5.0  # JAX_RCCL_TIMEOUT in the processes
 
@@ -248,8 +249,68 @@ def test_fake_hosts_mix_shm_and_sockets(hosts, nodes):
 
 
 @pytest.mark.needs_world
-def test_killed_process_over_sockets_is_an_error_not_a_hang():
-    res = _survivors_of_a_kill(SOCKET)
+@pytest.mark.parametrize("net", NETS)
+def test_every_collective_across_fake_hosts_on_each_network(net):
+    """Two faked hosts of two processes (shared memory within a host): the groups across the
+    hosts move their steps on our TCP or on UCX (over its TCP or its shared-memory transports),
+    every collective right, and the connections say they ran on UCX where it was asked for."""
+    procs = launch(
+        "collectives",
+        4,
+        1,
+        args=("--chain", "--sizes=64,40000"),
+        env={"JAX_RCCL_DEBUG": "INFO", **BACKENDS[net]},
+        env_of=lambda i: {"JAX_RCCL_HOSTNAME": f"host{'AABB'[i]}"},
+        timeout=90,
+        jax_rccl_timeout=TIMEOUT,
+    )
+    res = _ok(procs)
+    _no_segments(res)
+    ucx = re.findall(r"jax_rccl INFO net: channel \d+, .*: UCX \S+ over", procs[0].stderr)
+    if net == "socket":
+        assert ucx == [], ucx
+    else:
+        assert ucx, procs[0].describe()
+
+
+@pytest.mark.needs_world
+def test_tcp_runs_where_ucx_cannot_be_loaded(tmp_path):
+    """A process where UCX cannot be loaded (its `libucx` does not import, no system libucp):
+    JAX_RCCL_NET=auto and socket run the group across faked hosts on our TCP; ucx fails naming
+    the variable and what to do."""
+    (tmp_path / "libucx.py").write_text("raise ImportError('no UCX here')\n")
+    no_ucx = {"PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    for net in ("auto", "socket"):
+        procs = launch(
+            "collectives",
+            2,
+            1,
+            args=("--sizes=64",),
+            env={"JAX_RCCL_NET": net, **no_ucx},
+            env_of=lambda i: {"JAX_RCCL_HOSTNAME": f"host{i}"},
+            timeout=90,
+            jax_rccl_timeout=TIMEOUT,
+        )
+        _ok(procs)
+    procs = launch(
+        "collectives",
+        2,
+        1,
+        args=("--sizes=64",),
+        env={"JAX_RCCL_NET": "ucx", **no_ucx},
+        env_of=lambda i: {"JAX_RCCL_HOSTNAME": f"host{i}"},
+        timeout=90,
+        jax_rccl_timeout=TIMEOUT,
+    )
+    for p in procs:
+        text = p.stdout + p.stderr
+        assert "JAX_RCCL_NET=ucx" in text and "UCX could not be loaded" in text, p.describe()
+
+
+@pytest.mark.needs_world
+@pytest.mark.parametrize("net", NETS)
+def test_killed_process_over_sockets_is_an_error_not_a_hang(net):
+    res = _survivors_of_a_kill({**SOCKET, **BACKENDS[net]})
     for r in res:
         assert r["raised"], r
         assert r["seconds"] < TIMEOUT, r  # the closed sockets stop the survivors early

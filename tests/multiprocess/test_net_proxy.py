@@ -23,35 +23,12 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from launcher import run_python  # noqa: E402
+from nets import BACKENDS, NEEDS_UCX, NETS, UCX_NETS  # noqa: E402
 from test_shm_transport import load_native, publish, spawn, wait_file, world_of  # noqa: E402
 from worker import runtime_threads  # noqa: E402
 
 HERE = os.path.abspath(__file__)
 STEPS = 8  # kSteps: slots per connection
-
-#: The networks the proxy runs on (JAX_RCCL_NET): our TCP, and UCX over its TCP and over its
-#: shared-memory transports (the faked hosts share this machine, so UCX may use them).
-BACKENDS = {
-    "socket": {"JAX_RCCL_NET": "socket"},
-    "ucx_tcp": {"JAX_RCCL_NET": "ucx", "UCX_TLS": "tcp"},
-    "ucx_sm": {"JAX_RCCL_NET": "ucx", "UCX_TLS": "sm,self"},
-}
-
-
-def _ucx_absent() -> str | None:
-    """Why UCX is not here (None when it is): neither the libucx wheel nor a system libucp. A
-    build without the UCX backend where UCX is here is a broken build, and fails the tests."""
-    import ctypes.util
-    import importlib.util
-
-    if importlib.util.find_spec("libucx") is not None or ctypes.util.find_library("ucp"):
-        return None
-    return "no UCX on this machine (pip install jax_rccl[ucx]); the UCX backend is optional"
-
-
-NEEDS_UCX = pytest.mark.skipif(_ucx_absent() is not None, reason=str(_ucx_absent()))
-NETS = ["socket", pytest.param("ucx_tcp", marks=NEEDS_UCX), pytest.param("ucx_sm", marks=NEEDS_UCX)]
-UCX_NETS = [pytest.param("ucx_tcp", marks=NEEDS_UCX), pytest.param("ucx_sm", marks=NEEDS_UCX)]
 
 
 # ---- the worker (one process: the ranks of some hosts) ----
