@@ -99,7 +99,7 @@ def iterations(size: int, iters: int, iter_bytes: int) -> int:
 
 
 # The classes of a process's threads the CPU columns count apart (ffi/core/thread_name.h).
-THREAD_CLASSES = {"jrccl net": "net", "jrccl socket": "net", "jrccl proxy": "proxy"}
+THREAD_CLASSES = {"jrccl net": "net", "jrccl proxy": "proxy"}
 
 
 def cpu_sample() -> dict:

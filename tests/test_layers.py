@@ -34,7 +34,7 @@ def test_the_tree_keeps_its_layers():
         ("ffi/core/status.cc", "ffi/planner/types.h"),  # core is the bottom layer
         ("ffi/cpu/comm.cc", "ffi/handlers/collective.h"),  # the communicator knows no handler
         ("ffi/comm/shm.cc", "ffi/host/transport_host.h"),  # the shared layer knows no executor
-        ("ffi/comm/proxy.cc", "ffi/cpu/socket.h"),  # nor the CPU runtime above it
+        ("ffi/comm/proxy.cc", "ffi/cpu/net_links.h"),  # nor the CPU runtime above it
         ("ffi/gpu/comm.cc", "ffi/host/executor.h"),  # the GPU runtime knows no host executor
         ("ffi/host/executor.cc", "hip/portability.h"),  # the host executor knows no device code
         ("hip/runtime.hip", "ffi/comm/shm.h"),  # device code knows no transport

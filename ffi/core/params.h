@@ -40,10 +40,11 @@ namespace jax_rccl {
     "this many bytes (all_reduce's counted 4 times) runs one-shot: the last rank to arrive runs "  \
     "every rank's part (one wake-up per call)")                                                    \
   X(transport, "JAX_RCCL_TRANSPORT", String, "auto", "auto, shm, socket",                          \
-    "Between processes: auto (shared memory on one host, TCP sockets between hosts), shm, or "     \
-    "socket (TCP between all processes, also on one host)")                                        \
+    "Between processes: auto (shared memory on one host, the network between hosts: "              \
+    "JAX_RCCL_NET), shm, or socket (the network between all processes, also on one host)")         \
   X(net, "JAX_RCCL_NET", String, "auto", "auto, socket, ucx",                                      \
-    "Network between hosts for GPU groups: auto (UCX per connection where it offers a transport "  \
+    "Network between hosts for CPU and GPU groups: auto (UCX per connection where it offers a "    \
+    "transport "                                                                                   \
     "faster than TCP between the two hosts, such as verbs or shared memory; else our TCP), "       \
     "socket (our TCP) or ucx (UCX on every connection: an error when UCX cannot be loaded); "      \
     "every process sets the same")                                                                 \
@@ -61,12 +62,13 @@ namespace jax_rccl {
     "(exclude), '=eth0' (exact); the first match's address")                                       \
   X(net_threads, "JAX_RCCL_NET_THREADS", Int, 32, "an integer 0..64 (0: the proxy's own thread)",  \
     "Helper threads per GPU communicator across hosts that move its TCP connections' bytes "       \
-    "(NCCL_SOCKET_NTHREADS); 0: the network proxy's thread moves them itself")                     \
+    "(NCCL_SOCKET_NTHREADS; a CPU communicator takes one); 0: the network proxy's thread moves "   \
+    "them itself")                                                                                 \
   X(net_nchannels, "JAX_RCCL_NET_NCHANNELS", Int, 32, "an integer 0..64 (0: no cap)",              \
     "Channels of a GPU group whose ranks span hosts, at most (each channel is a TCP connection "   \
     "each way between two ranks of different hosts); 0: as many as within a host")                 \
   X(net_streams, "JAX_RCCL_NET_STREAMS", Int, 0, "an integer 0..64 (0: a stream per channel)",     \
-    "TCP streams each way between two ranks of different hosts that carry a GPU group's "          \
+    "TCP streams each way between two ranks of different hosts that carry a group's "              \
     "channels (channel c on stream c % S; a step goes only into a receive its receiver posted, "   \
     "so channels sharing a stream never hold each other up); 0: a stream per channel; every "      \
     "process of a group sets the same; JAX_RCCL_NET=socket only (auto's TCP connections have a "   \

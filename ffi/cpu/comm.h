@@ -7,22 +7,23 @@
 // process's ranks only: its topology has shm links and no direct peers (the planner picks Ring,
 // Tree or p2p), and each pair of ranks talks through FIFOs chosen per pair of processes: in
 // shared-memory segments (shm.h, one per rank, mapped on the first execution) when both
-// processes share a host, through TCP sockets and a progress thread (socket.h) otherwise, or
-// between all processes when JAX_RCCL_TRANSPORT=socket. A group across hosts plans with one node
-// per host (one per process when sockets are forced) and network links between them. Local ranks
-// meet at the rendezvous as below; ranks in other processes are synchronized by the FIFOs
-// themselves: every FIFO step carries the call's identity and number (StepTag), which the
-// receiver checks before it reads the step, so ranks that run different calls (or the same calls
-// in different orders) fail with an error naming both calls instead of mixing their data. A call's
-// identity is the lowering's `call_site` (a hash of what is called: kind, group, shapes, dtypes,
-// op, root, perm, settings and the call's position in its module) mixed with the plan's
-// fingerprint; its number is its ticket below, the same in every process of the group.
+// processes share a host, through the network proxy and interface of GPU groups (net_links.h: our
+// TCP or UCX) otherwise, or between all processes when JAX_RCCL_TRANSPORT=socket. A group across
+// hosts plans with one node per host (one per process when sockets are forced) and network links
+// between them. Local ranks meet at the rendezvous as below; ranks in other processes are
+// synchronized by the FIFOs themselves: every FIFO step carries the call's identity and number
+// (StepTag), which the receiver checks before it reads the step, so ranks that run different calls
+// (or the same calls in different orders) fail with an error naming both calls instead of mixing
+// their data. A call's identity is the lowering's `call_site` (a hash of what is called: kind,
+// group, shapes, dtypes, op, root, perm, settings and the call's position in its module) mixed with
+// the plan's fingerprint; its number is its ticket below, the same in every process of the group.
 //
 // Failures across processes: a process whose communicator fails posts the reason in every mapped
-// segment and sends it on every socket before closing them, so every peer reports the first
-// failure. A rank that times out names the ranks that did not come: a peer process that exited or
-// is stopped (same host: its pid), or that never started the call (the count of calls each rank
-// started, in its segment or answered by its progress thread).
+// segment and sends it as a failure notice to every process it reaches over the network before
+// resetting those connections, so every peer reports the first failure. A rank that times out names
+// the ranks that did not come: a peer process that exited or is stopped (same host: its pid), or
+// that never started the call (the count of calls each rank started, in its segment or answered by
+// its process's listener: net_links.h).
 //
 // An execution is one call of one call site: its n invocations (one per device of the group) run
 // on n threads of the CPU client's pool and meet under the key (instance, call site, run id).

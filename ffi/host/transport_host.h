@@ -161,10 +161,10 @@ class HostFifoTransport final : public HostTransport {
   // Sleeps until rank's doorbell moves past `seen` or `timeoutNs` passes.
   void Wait(int rank, uint32_t seen, int64_t timeoutNs);
 
-  // A rank reached over a socket (socket.h): its doorbell lives in this process's proxy region
-  // and wakes the progress thread through the eventfd `fd` instead of a futex.
+  // A rank reached over the network (ffi/cpu/net_links.h): its doorbell lives in this process's
+  // proxy region and wakes the network proxy through the eventfd `fd` instead of a futex.
   void SetWakeFd(int rank, int fd) { wakeFds_[size_t(rank)] = fd; }
-  // The progress thread announces (+1) and ends (-1) its sleep on rank's proxy doorbell.
+  // The network proxy announces (+1) and ends (-1) its sleep on rank's proxy doorbell.
   void AddProxyWaiter(int rank, int delta);
 
  private:

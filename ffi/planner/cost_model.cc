@@ -169,9 +169,9 @@ constexpr float kNetOverheadIntelHost = 1.0f;
 constexpr float kCpuHandoffUs = 10.0f;           // one thread hand-off, us per ring/tree step
 constexpr float kCpuFifoBandwidthFactor = 0.5f;  // two copies per hop instead of one
 
-// The host runtime's network row: between nodes (hosts) a step crosses a TCP socket through the
-// progress threads of both processes (ffi/cpu/socket.h). Per inter-node step: the two progress
-// threads' hand-offs plus the kernel's socket path (about 60 us measured over loopback with 4
+// The host runtime's network row: between nodes (hosts) a step crosses the network through the
+// network proxies of both processes (ffi/cpu/net_links.h). Per inter-node step: the two proxies'
+// hand-offs plus the kernel's socket path (about 60 us measured over loopback with 4
 // processes on 2 cores; benchmarks/multiprocess.py). Bandwidth: the topology's bwInter (the CPU
 // runtime sets it from the same measurement); the socket, not the memory, bounds a ring or tree
 // that crosses nodes, so the model takes the lower of bwIntra and bwInter there.
