@@ -1,5 +1,5 @@
-"""All-reduce across JAX processes on one host: jax_rccl (shared memory, and TCP sockets over
-loopback with JAX_RCCL_TRANSPORT=socket) next to jax.lax.psum (JAX's CPU collectives, gloo) in
+"""All-reduce across JAX processes on one host: jax_rccl (shared memory, and the network between
+the processes with JAX_RCCL_TRANSPORT=socket: our TCP over loopback, and UCX) next to jax.lax.psum (JAX's CPU collectives, gloo) in
 the same run, and MPI (mpi4py Allreduce, mpi4jax) where it is installed.
 
     .venv/bin/python -P benchmarks/multiprocess.py [--nprocs 4] [--max-mb 64] [--no-mpi]
@@ -261,7 +261,8 @@ def run_jax_jobs(args, results, jax_libs) -> None:
         run_jax(args, results, ",".join(jax_libs))
     # jax_rccl again, as a job of its own under one setting each
     for label, env in (
-        ("jax_rccl_socket", {"JAX_RCCL_TRANSPORT": "socket"}),
+        ("jax_rccl_socket", {"JAX_RCCL_TRANSPORT": "socket", "JAX_RCCL_NET": "socket"}),
+        ("jax_rccl_ucx", {"JAX_RCCL_TRANSPORT": "socket", "JAX_RCCL_NET": "ucx"}),
         ("jax_rccl_nocheck", {"JAX_RCCL_CHECK_CALLS": "0"}),
     ):
         if label in args.libs.split(","):
@@ -339,7 +340,8 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--libs",
         default="jax_rccl,jax_rccl_nocheck,jax_rccl_donated,jax_rccl_socket,lax_gloo,jax_local",
-        help="JAX libraries to time (jax_rccl_socket: jax_rccl with JAX_RCCL_TRANSPORT=socket; "
+        help="JAX libraries to time (jax_rccl_socket: jax_rccl with JAX_RCCL_TRANSPORT=socket "
+        "on our TCP; jax_rccl_ucx: the same on UCX (JAX_RCCL_NET=ucx); "
         "jax_rccl_donated: jax_rccl with --donate, in the same run; jax_rccl_nocheck: jax_rccl "
         "with JAX_RCCL_CHECK_CALLS=0; jax_local: the same program "
         "with v * 1.0 instead of a collective, JAX's own floor)",
@@ -368,7 +370,7 @@ def main(argv=None) -> int:
 
     results: dict = {}
     t0 = time.monotonic()
-    extra_jobs = ("jax_rccl_socket", "jax_rccl_donated", "jax_rccl_nocheck")
+    extra_jobs = ("jax_rccl_socket", "jax_rccl_ucx", "jax_rccl_donated", "jax_rccl_nocheck")
     jax_libs = [lib for lib in args.libs.split(",") if lib not in extra_jobs]
     for _ in range(max(1, args.job_repeats)):
         run_jax_jobs(args, results, jax_libs)

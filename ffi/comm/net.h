@@ -21,11 +21,14 @@
 // ends, else TCP; docs/multiprocess.md says more. The planner and the kernels do not change.
 #pragma once
 
+#include <poll.h>
+
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "ffi/comm/socket_listen.h"
 #include "ffi/core/status.h"
@@ -128,6 +131,17 @@ class Net {
     (void)fd;
     return false;
   }
+  // Before the first Connect or Accept, for a caller that moves the bytes itself (no helper
+  // threads): it will sleep on the sockets PollFds gives and call PumpFds with what poll() found,
+  // so Test need not touch the sockets. False: this backend cannot (Test must be polled).
+  virtual bool SleepOnFds() { return false; }
+  // Appends the sockets to poll() for, with their events (after SleepOnFds).
+  virtual bool PollFds(std::vector<struct pollfd>* fds) {
+    (void)fds;
+    return false;
+  }
+  // After that poll(): moves what the ready sockets among `fds` take or hold.
+  virtual void PumpFds(const std::vector<struct pollfd>& fds) { (void)fds; }
 };
 
 // The TCP backend (net_socket.cc). `session` and `process` as the socket transport's handshake

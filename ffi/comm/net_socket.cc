@@ -102,6 +102,41 @@ class SocketNet final : public Net {
   SocketNet(std::string session, int process, int threads, int streams)
       : session_(std::move(session)), process_(process), threads_(threads), streams_(streams) {}
   const char* name() const override { return "socket"; }
+  bool SleepOnFds() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    callerPolls_ = threads_ <= 0 && streams_by_key_.empty();
+    return callerPolls_;
+  }
+  // Without helpers Test pumps: the caller sleeps on the streams' sockets.
+  bool PollFds(std::vector<struct pollfd>* fds) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!callerPolls_) return false;
+    for (auto& [id, weak] : streams_by_key_) {
+      std::shared_ptr<Stream> s = weak.lock();
+      if (s == nullptr) continue;
+      int fd = -1;
+      const short events = s->Wants(&fd);
+      if (events != 0 && fd >= 0) fds->push_back(pollfd{fd, events, 0});
+    }
+    return true;
+  }
+  void PumpFds(const std::vector<struct pollfd>& fds) override {
+    std::vector<std::pair<std::shared_ptr<Stream>, bool>> ready;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (auto& [id, weak] : streams_by_key_) {
+        std::shared_ptr<Stream> s = weak.lock();
+        if (s == nullptr) continue;
+        const int fd = s->Fd();
+        for (const struct pollfd& p : fds) {
+          if (p.fd == fd && p.revents != 0) {
+            ready.emplace_back(s, (p.revents & (POLLIN | POLLERR | POLLHUP)) != 0);
+          }
+        }
+      }
+    }
+    for (auto& [s, readable] : ready) s->Pump(readable);
+  }
   // Only the helpers pump in the background; without them Test does (and must be polled).
   bool SetProgressFd(int fd) override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -177,6 +212,7 @@ class SocketNet final : public Net {
       }
       stream = std::make_shared<Stream>(fd, send, peer, helper, index < 0 ? 0 : streams_,
                                         index < 0 ? key.channel : index);
+      if (callerPolls_) stream->SetCallerPolls();
       streams_by_key_[id] = stream;
     }
     auto comm = std::make_unique<SocketComm>(stream);
@@ -191,7 +227,8 @@ class SocketNet final : public Net {
   int streams_;
   std::mutex mu_;  // guards what follows
   std::vector<std::shared_ptr<Helper>> helpers_;
-  int progressFd_ = -1;  // SetProgressFd's, given to the helpers
+  int progressFd_ = -1;       // SetProgressFd's, given to the helpers
+  bool callerPolls_ = false;  // SleepOnFds: the caller polls the sockets and pumps them
   size_t next_ = 0;
   std::map<std::tuple<uint64_t, int, bool, int, int, bool>, std::weak_ptr<Stream>> streams_by_key_;
 };

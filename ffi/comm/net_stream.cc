@@ -177,12 +177,16 @@ Status Stream::Post(Lane* lane, char* data, size_t bytes, const NetInfo& info,
     const bool writable = send_ ? lane->credits > 0 : CreditDueLocked(*lane);
     if (!writable || polledOut_) return Status::Ok();
   }
-  if (helper_ != nullptr) helper_->Wake();
+  if (helper_ != nullptr) {
+    helper_->Wake();
+  } else if (callerPolls_) {
+    Pump(false);  // the write; what comes in, the caller's poll() finds
+  }
   return Status::Ok();
 }
 
 Status Stream::Test(Lane* lane, NetRequest* request, bool* done, size_t* bytes, NetInfo* info) {
-  if (helper_ == nullptr) Pump();
+  if (helper_ == nullptr && !callerPolls_) Pump();
   std::lock_guard<std::mutex> lock(mu_);
   *done = false;
   for (auto it = lane->queue.begin(); it != lane->queue.end(); ++it) {

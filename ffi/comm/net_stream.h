@@ -145,12 +145,21 @@ class Stream {
 
   bool sending() const { return send_; }
 
+  // Without a helper, the caller sleeps on the sockets (Net::PollFds) and pumps those poll()
+  // finds ready (Pump): Post then writes at once what it makes writable, and Test only looks.
+  void SetCallerPolls() { callerPolls_ = true; }
+
   // A channel's end on this stream (mu_ not held), taking over what the peer's frames for it
   // left (credits, a close). Null: the channel was opened on this end before.
   Lane* Attach(int channel, std::atomic<uint64_t>* moved);
 
   // What the helper polls this stream's socket for (0: nothing), and the socket.
   short Wants(int* fd);
+  // The socket (-1 once closed).
+  int Fd() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return fd_;
+  }
 
   // The helper's turn once poll() said the socket is ready (or Test's, without helpers): moves
   // what the socket takes or holds. The socket calls run under io_ only, so the proxy's posts
@@ -230,7 +239,8 @@ class Stream {
   int fd_;
   bool send_;
   std::string peer_;
-  std::shared_ptr<Helper> helper_;              // null: Test pumps
+  std::shared_ptr<Helper> helper_;  // null: Test pumps (or the caller: callerPolls_)
+  bool callerPolls_ = false;
   int streams_, index_;                         // the channels it carries (the constructor's)
   std::map<int, std::unique_ptr<Lane>> lanes_;  // by channel
   Status failed_;

@@ -71,6 +71,7 @@ NetProxy::~NetProxy() {
 void NetProxy::SetHooks(ProxyHooks hooks) {
   hooks_ = std::move(hooks);
   netWakes_ = hooks_.wakeFd >= 0 && net_->SetProgressFd(hooks_.wakeFd);
+  netPolls_ = hooks_.wakeFd >= 0 && !netWakes_ && net_->SleepOnFds();
 }
 
 Status NetProxy::Connect(Clock::time_point deadline) {
@@ -460,16 +461,19 @@ void NetProxy::Loop() {
       progressed = progressed || lk->comm->bytesMoved() != before;
     }
     // Every 10 ms, every connection is checked for a peer that reset it (its proxy failed), also
-    // one with nothing in flight.
+    // one with nothing in flight; every round where the thread sleeps on the sockets (PollFds):
+    // Poll pumps them, so what a socket holds for a connection without a request in flight (a
     if (!failed_.load() && now - lastPoll > std::chrono::milliseconds(10)) {
-      lastPoll = now;
       FlushStats();
+      lastPoll = now;
       for (auto& lk : links_) {
+        const uint64_t before = lk->comm->bytesMoved();
         Status s = lk->comm->Poll();
         if (!s.ok()) {
           FailLink(*lk, s.message());
           break;
         }
+        progressed = progressed || lk->comm->bytesMoved() != before;
       }
     }
     if (failed_.load()) {
@@ -478,16 +482,14 @@ void NetProxy::Loop() {
       for (auto& lk : links_) lk->comm->Abort();
       return;
     }
-    // Idle (no step and no byte moved): spin, then sleep up to 20 us at a time (or on the
-    // hooks' eventfd).
+    // Idle (no step and no byte moved): spin, then sleep up to 20 us at a time; or, with the
+    // hooks' eventfd, sleep on it after a round or two (the ranks share the cores with it).
     if (progressed) {
       idle = 0;
-    } else if (++idle > 64) {
-      if (hooks_.wakeFd >= 0) {
-        WaitIdle(idle - 64);
-      } else {
-        std::this_thread::sleep_for(std::chrono::microseconds(std::min(20, (idle - 64) * 2)));
-      }
+    } else if (hooks_.wakeFd >= 0) {
+      WaitIdle(++idle);
+    } else if (hooks_.wakeFd < 0 && ++idle > 64) {
+      std::this_thread::sleep_for(std::chrono::microseconds(std::min(20, (idle - 64) * 2)));
     }
   }
 }
@@ -501,12 +503,17 @@ void NetProxy::WaitIdle(int idle) {
                                    : LoadAcquire(lk->c.fifo.head) != lk->head);
   }
   if (!posted) {
-    // With the network's wake-ups the sleep ends on any event (the 10 ms checks go on); without,
-    // its arrivals are looked for after at most 20 us, then 1 ms once idle for long.
-    const int64_t us = netWakes_ ? 10000 : (idle < 2000 ? 20 : 1000);
+    // With the network's wake-ups, or its sockets polled too, the sleep ends on any event (the
+    // 10 ms checks go on); without, its arrivals are looked for after at most 20 us, then 1 ms
+    // once idle for long.
+    pollFds_.assign(1, pollfd{hooks_.wakeFd, POLLIN, 0});
+    const bool events = netWakes_ || (netPolls_ && net_->PollFds(&pollFds_));
+    const int64_t us = events ? 10000 : (idle < 2000 ? 20 : 1000);
     const struct timespec ts{time_t(us / 1000000), long(us % 1000000) * 1000};
-    struct pollfd p{hooks_.wakeFd, POLLIN, 0};
-    (void)ppoll(&p, 1, &ts, nullptr);
+    const int ready = ppoll(pollFds_.data(), nfds_t(pollFds_.size()), &ts, nullptr);
+    // The sockets that are ready are pumped now (what they hold for a connection without a
+    // request in flight, a credit, is read: the next sleep does not wake for it again).
+    if (ready > 0 && netPolls_) net_->PumpFds(pollFds_);
   }
   if (hooks_.arm) hooks_.arm(false);
   uint64_t drain;

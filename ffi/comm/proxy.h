@@ -190,7 +190,9 @@ class NetProxy {
   double timeout_;
   std::function<void(const std::string&)> onFailure_;
   ProxyHooks hooks_;
-  bool netWakes_ = false;  // the network writes hooks_.wakeFd on progress
+  bool netWakes_ = false;               // the network writes hooks_.wakeFd on progress
+  bool netPolls_ = false;               // the network's sockets can be polled (PollFds) instead
+  std::vector<struct pollfd> pollFds_;  // WaitIdle's
   std::vector<std::unique_ptr<Link>> links_;
   std::thread thread_;
   std::atomic<bool> stop_{false};

@@ -111,8 +111,9 @@ static StatusOr<std::unique_ptr<Communicator>> CrossProcessCommunicator(
     net.backend = params.net;
     net.session = placement.session;
     net.process = placement.thisProcess;
-    // One helper thread moves the bytes (and wakes the proxy), or none: the proxy's own thread.
-    net.threads = params.net_threads > 0 ? 1 : 0;
+    // The proxy's own thread moves the TCP bytes (a step hands over between two threads of a
+    // process, not four), sleeping on the sockets and the ranks' doorbells at once.
+    net.threads = 0;
     net.streams = int(params.net_streams);
     net.info = params.debug == "INFO" || params.debug == "TRACE";
     links = std::make_unique<NetLinks>(h, placement, socketRank, own, placement.endpoint,
