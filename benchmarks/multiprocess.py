@@ -1,6 +1,7 @@
 """All-reduce across JAX processes on one host: jax_rccl (shared memory, and the network between
-the processes with JAX_RCCL_TRANSPORT=socket: our TCP over loopback, and UCX) next to jax.lax.psum (JAX's CPU collectives, gloo) in
-the same run, and MPI (mpi4py Allreduce, mpi4jax) where it is installed.
+the processes with JAX_RCCL_TRANSPORT=socket: our TCP over loopback, and UCX) next to
+jax.lax.psum (JAX's CPU collectives, gloo) in the same run, and MPI (mpi4py Allreduce, mpi4jax)
+where it is installed.
 
     .venv/bin/python -P benchmarks/multiprocess.py [--nprocs 4] [--max-mb 64] [--no-mpi]
         [--donate] [--heap-buffers]
