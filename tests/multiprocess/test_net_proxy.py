@@ -484,6 +484,21 @@ def test_runtime_stats_tell_where_the_steps_waited(net):
     assert full[20000] > 0.3 and full[20000] > full[0], full
 
 
+def _host_1_faulty(fault: str, timeout: float, **kw) -> dict:
+    """A ring all_reduce of 32 MiB over two hosts of two ranks (process 0: ranks 0 and 1, process
+    1: ranks 2 and 3), process 1 faulty (`fault`) after 5 steps: process 0's result."""
+    from jax_rccl.planner import Task
+
+    topo = _topology(4, 2)
+    programs = _plan_programs(
+        [Task("all_reduce", 1 << 23, "float32")], topo, algorithm="ring", protocol="simple"
+    )
+    results = _run(
+        topo, programs, [0, 0, 1, 1], timeout=timeout, faulty=1, fault=fault, stop_after=5, **kw
+    )
+    return results[0]
+
+
 @pytest.mark.parametrize(
     "net,net_streams",
     [
@@ -499,25 +514,8 @@ def test_a_dead_or_stopped_peer_is_an_error_naming_it(fault, net, net_streams):
     close) or stays with its connections open and moves nothing. Process 0 must fail naming a
     rank of host 1: an exit at once, a stop when its proxy's timeout passes with its sends stuck
     (the transfer outgrows what the stopped side's buffers take in)."""
-    from jax_rccl.planner import Task
-
-    topo = _topology(4, 2)
-    programs = _plan_programs(
-        [Task("all_reduce", 1 << 23, "float32")], topo, algorithm="ring", protocol="simple"
-    )
     timeout = 4.0
-    results = _run(
-        topo,
-        programs,
-        [0, 0, 1, 1],
-        timeout=timeout,
-        faulty=1,
-        fault=fault,
-        stop_after=5,
-        net=net,
-        net_streams=net_streams,
-    )
-    r0 = results[0]
+    r0 = _host_1_faulty(fault, timeout, net=net, net_streams=net_streams)
     assert "error" in r0, r0
     assert "rank 2 (host 1)" in r0["error"] or "rank 3 (host 1)" in r0["error"], r0["error"]
     if fault == "exit":
@@ -594,24 +592,8 @@ def test_a_proxy_aborted_while_idle_resets_its_connections(net):
     """Process 1 (ranks 2 and 3, host 1) stops after a few steps and, once its proxy idles, aborts
     the proxy from outside (its communicator failed): its connections reset at once, so process 0
     fails naming a rank of host 1 well before its own timeout, with the process still alive."""
-    from jax_rccl.planner import Task
-
-    topo = _topology(4, 2)
-    programs = _plan_programs(
-        [Task("all_reduce", 1 << 23, "float32")], topo, algorithm="ring", protocol="simple"
-    )
     timeout = 6.0
-    results = _run(
-        topo,
-        programs,
-        [0, 0, 1, 1],
-        timeout=timeout,
-        faulty=1,
-        fault="abort",
-        stop_after=5,
-        net=net,
-    )
-    r0 = results[0]
+    r0 = _host_1_faulty("abort", timeout, net=net)
     assert "error" in r0, r0
     assert "rank 2 (host 1)" in r0["error"] or "rank 3 (host 1)" in r0["error"], r0["error"]
     assert "took no network data" not in r0["error"], r0["error"]
