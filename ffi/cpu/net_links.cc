@@ -68,7 +68,10 @@ NetLinks::NetLinks(uint64_t group, const comm::GroupPlacement& placement,
 NetLinks::~NetLinks() {
   answering_.reset();  // no answer runs past here
   if (proxy_ != nullptr) {
-    if (failed_.load()) proxy_->Abort("the communicator went away");
+    // A failure was told when it happened; going away tells nothing more.
+    const bool failed = failed_.load();
+    shut_.store(true);
+    if (failed) proxy_->Abort("the communicator went away");
     proxy_->Stop();
     proxy_.reset();
   }
