@@ -73,34 +73,61 @@ int SendNotices(uint64_t group, int process, const std::string& session,
                 Clock::time_point deadline) {
   const std::string text = failure.message().substr(0, kNoticeBytes);
   const int32_t code = int32_t(failure.code());
-  std::atomic<size_t> next{0};
   std::atomic<int> took{0};
-  auto work = [&]() {
-    for (size_t i = next.fetch_add(1); i < peers.size(); i = next.fetch_add(1)) {
-      if (SendOne(group, process, session, peers[i], text, code, primary, deadline)) {
-        took.fetch_add(1);
-      }
+  RunAtOnce(peers.size(), [&](size_t i) {
+    if (SendOne(group, process, session, peers[i], text, code, primary, deadline)) {
+      took.fetch_add(1);
     }
+  });
+  return took.load();
+}
+
+void RunAtOnce(size_t n, const std::function<void(size_t)>& fn) {
+  std::atomic<size_t> next{0};
+  auto work = [&]() {
+    for (size_t i = next.fetch_add(1); i < n; i = next.fetch_add(1)) fn(i);
   };
   std::vector<std::thread> threads;
-  const size_t n = std::min<size_t>(peers.size(), kNoticeThreads);
-  for (size_t t = 1; t < n; ++t) {
+  for (size_t t = 1; t < std::min<size_t>(n, kNoticeThreads); ++t) {
     try {
       threads.emplace_back(work);
     } catch (const std::system_error&) {
-      break;  // no thread to be had: the ones started and this one serve every peer
+      break;  // no thread to be had: the ones started and this one do every item
     }
   }
   work();
   for (std::thread& t : threads) t.join();
-  return took.load();
 }
 
-Status TakeNotice(uint64_t group, int process, double readSeconds) {
+std::vector<NoticePeer> NoticePeersOf(const GroupPlacement& placement,
+                                      const std::vector<uint8_t>& reach) {
+  std::vector<NoticePeer> peers;
+  for (size_t r = 0; r < reach.size(); ++r) {
+    if (!reach[r]) continue;
+    const int p = placement.process[r];
+    bool seen = false;
+    for (const NoticePeer& q : peers) seen = seen || q.process == p;
+    if (!seen) peers.push_back(NoticePeer{p, placement.endpoint[r]});
+  }
+  return peers;
+}
+
+Status AwaitNotice(uint64_t group, int process, int ms, std::vector<int>* senders) {
+  const auto until = Clock::now() + std::chrono::milliseconds(ms);
+  Status notice = TakeNotice(group, process, 0.5, senders);
+  while (notice.ok() && Clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    notice = TakeNotice(group, process, 0.5, senders);
+  }
+  return notice;
+}
+
+Status TakeNotice(uint64_t group, int process, double readSeconds, std::vector<int>* senders) {
   Status first;
   int from = 0;
   for (int fd = TakeParkedTo(group, kNoticeChannel, process, &from); fd >= 0;
        fd = TakeParkedTo(group, kNoticeChannel, process, &from)) {
+    if (senders != nullptr) senders->push_back(from);
     bool primary = false;
     Status s = ReadNotice(fd, from, readSeconds, &primary);
     if (primary) return s;

@@ -15,10 +15,12 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "ffi/comm/socket_listen.h"
+#include "ffi/comm/world.h"
 #include "ffi/core/status.h"
 
 namespace jax_rccl {
@@ -44,12 +46,25 @@ int SendNotices(uint64_t group, int process, const std::string& session,
                 const std::vector<NoticePeer>& peers, const Status& failure, bool primary,
                 Clock::time_point deadline);
 constexpr int kNoticeThreads = 16;
+// Runs fn(0) .. fn(n - 1) on at most kNoticeThreads threads at once (this one among them), as the
+// notices go out and the CPU runtime's status questions are asked; returns once all are done.
+void RunAtOnce(size_t n, const std::function<void(size_t)>& fn);
+
+// The processes a notice goes to: those of the ranks r with reach[r] set (once each).
+std::vector<NoticePeer> NoticePeersOf(const GroupPlacement& placement,
+                                      const std::vector<uint8_t>& reach);
+
+// TakeNotice, looked at until one comes or `ms` milliseconds pass (a peer whose connection reset
+// has that long for its reason to arrive).
+Status AwaitNotice(uint64_t group, int process, int ms, std::vector<int>* senders = nullptr);
 
 // The notices parked for process `process` of `group`, taken without waiting for one to arrive
 // (each one's text is read within `readSeconds`): the failure a primary one carries, else the
 // first other one's (its text prefixed with the sending process), or Ok when none came. The
 // notices taken are closed: a failed communicator calls it to drop those that keep coming.
-Status TakeNotice(uint64_t group, int process, double readSeconds = 0.5);
+// *senders (when given) gets the process of every notice taken.
+Status TakeNotice(uint64_t group, int process, double readSeconds = 0.5,
+                  std::vector<int>* senders = nullptr);
 
 }  // namespace comm
 }  // namespace jax_rccl

@@ -471,7 +471,8 @@ std::string Communicator::Culprits(int rank, uint64_t seq) {
       uint64_t call = 0;
       std::string theirs;
       const int st = links_->PeerStatus(q, &entered, &call, &theirs);
-      if (st > 0 && entered == seq + 1 && call != calls_[size_t(rank)].load()) {
+      if (st == 2) continue;  // it failed on its own and said so: not a missing rank
+      if (st == 1 && entered == seq + 1 && call != calls_[size_t(rank)].load()) {
         out.push_back(detail::StrCat(
             "mismatched calls: ", who, " runs its ",
             theirs.empty() ? detail::StrCat("call #", seq, " (not known)") : theirs, " where ",

@@ -35,7 +35,7 @@ struct StatusAnswer {
 };
 
 // How long a peer whose connection failed gets for its failure notice to arrive.
-constexpr auto kNoticeGrace = std::chrono::milliseconds(300);
+constexpr int kNoticeGraceMs = 300;
 
 static_assert(sizeof(StepTag) == comm::kProxyTagBytes, "a step's tag travels as NetInfo's tag");
 static_assert(sizeof(std::atomic<uint64_t>) == sizeof(uint64_t) &&
@@ -109,18 +109,6 @@ std::string NetLinks::Answer(int rank) const {
                  calls_ != nullptr ? calls_[rank].load(std::memory_order_acquire) : 0};
   std::string out(reinterpret_cast<const char*>(&a), sizeof(a));
   if (callText_ && a.entered > 0) out += callText_(rank);
-  return out;
-}
-
-std::vector<comm::NoticePeer> NetLinks::PeerProcesses() const {
-  std::vector<comm::NoticePeer> out;
-  for (int r = 0; r < geo_.nRanks; ++r) {
-    if (!netRank_[size_t(r)]) continue;
-    const int p = placement_.process[size_t(r)];
-    bool seen = false;
-    for (const comm::NoticePeer& q : out) seen = seen || q.process == p;
-    if (!seen) out.push_back(comm::NoticePeer{p, endpoints_[size_t(r)]});
-  }
   return out;
 }
 
@@ -218,22 +206,23 @@ void NetLinks::OnProxyFailure(const std::string& reason) {
     // This process's own finding (a step of another call, a step the network did not take):
     // the peers hear it before the connections reset.
     SetFailed(reason);
-    (void)comm::SendNotices(group_, placement_.thisProcess, placement_.session, PeerProcesses(),
+    (void)comm::SendNotices(group_, placement_.thisProcess, placement_.session,
+                            comm::NoticePeersOf(placement_, netRank_),
                             Status(Code::kTimeout, reason), true,
                             Clock::now() + std::chrono::milliseconds(500));
     return;
   }
   // A connection failed: its process failed (its notice comes) or exited (nothing listens).
-  const Clock::time_point until = Clock::now() + kNoticeGrace;
-  while (true) {
-    Status notice = comm::TakeNotice(group_, placement_.thisProcess);
-    if (!notice.ok()) {
-      SetFailed(detail::StrCat("a process of the group reported its communicator failed: ",
-                               notice.message()));
-      return;
-    }
-    if (Clock::now() >= until) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  std::vector<int> senders;
+  const Status notice = comm::AwaitNotice(group_, placement_.thisProcess, kNoticeGraceMs, &senders);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    noticeFrom_.insert(senders.begin(), senders.end());
+  }
+  if (!notice.ok()) {
+    SetFailed(detail::StrCat("a process of the group reported its communicator failed: ",
+                             notice.message()));
+    return;
   }
   bool refused = false;
   const std::string who = rankString_(remote);
@@ -290,7 +279,8 @@ void NetLinks::Shutdown(const std::string& reason) {
     }
   }
   if (tell) {
-    (void)comm::SendNotices(group_, placement_.thisProcess, placement_.session, PeerProcesses(),
+    (void)comm::SendNotices(group_, placement_.thisProcess, placement_.session,
+                            comm::NoticePeersOf(placement_, netRank_),
                             Status(Code::kTimeout, reason), true,
                             Clock::now() + std::chrono::milliseconds(500));
   }
@@ -313,43 +303,33 @@ void NetLinks::QueryPeers(std::chrono::milliseconds wait) {
   for (int r = 0; r < n; ++r) {
     if (netRank_[size_t(r)]) ask.push_back(r);
   }
-  std::atomic<size_t> next{0};
-  auto work = [&]() {
-    for (size_t i = next.fetch_add(1); i < ask.size(); i = next.fetch_add(1)) {
-      const int r = ask[i];
-      bool refused = false;
-      StatusOr<std::string> a = comm::AskListener(
-          endpoints_[size_t(r)], comm::LinkKey(group_, kStatusChannel, asker, r),
-          placement_.thisProcess, placement_.session, deadline, rankString_(r), &refused);
-      std::lock_guard<std::mutex> lock(mu_);
-      if (refused) {
-        answered_[size_t(r)] = -1;
-      } else if (a.ok() && a.value().size() >= sizeof(StatusAnswer)) {
-        StatusAnswer s;
-        std::memcpy(&s, a.value().data(), sizeof(s));
-        answered_[size_t(r)] = 1;
-        peerEntered_[size_t(r)] = s.entered;
-        peerCall_[size_t(r)] = s.call;
-        peerText_[size_t(r)] = a.value().substr(sizeof(s));
-      }
+  comm::RunAtOnce(ask.size(), [&](size_t i) {
+    const int r = ask[i];
+    bool refused = false;
+    StatusOr<std::string> a = comm::AskListener(
+        endpoints_[size_t(r)], comm::LinkKey(group_, kStatusChannel, asker, r),
+        placement_.thisProcess, placement_.session, deadline, rankString_(r), &refused);
+    std::lock_guard<std::mutex> lock(mu_);
+    if (refused) {
+      answered_[size_t(r)] = -1;
+    } else if (a.ok() && a.value().size() >= sizeof(StatusAnswer)) {
+      StatusAnswer s;
+      std::memcpy(&s, a.value().data(), sizeof(s));
+      answered_[size_t(r)] = 1;
+      peerEntered_[size_t(r)] = s.entered;
+      peerCall_[size_t(r)] = s.call;
+      peerText_[size_t(r)] = a.value().substr(sizeof(s));
     }
-  };
-  // At most kNoticeThreads questions at once (as many notices go out at once).
-  std::vector<std::thread> threads;
-  for (size_t t = 1; t < std::min<size_t>(ask.size(), comm::kNoticeThreads); ++t) {
-    try {
-      threads.emplace_back(work);
-    } catch (const std::system_error&) {
-      break;  // the threads started and this one ask every rank
-    }
-  }
-  work();
-  for (std::thread& t : threads) t.join();
+  });
 }
 
 int NetLinks::PeerStatus(int rank, uint64_t* entered, uint64_t* call, std::string* text) const {
   std::lock_guard<std::mutex> lock(mu_);
   if (size_t(rank) >= answered_.size()) return 0;
+  // Gone after its own failure notice: it failed (and said why), it did not vanish.
+  if (answered_[size_t(rank)] < 0 && noticeFrom_.count(placement_.process[size_t(rank)]) != 0) {
+    return 2;
+  }
   *entered = peerEntered_[size_t(rank)];
   *call = peerCall_[size_t(rank)];
   *text = peerText_[size_t(rank)];

@@ -36,6 +36,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -89,7 +90,8 @@ class NetLinks {
                         std::function<std::string(int)> callText);
   // Asks every network rank how many calls it has started and waits at most `wait` for the
   // answers. Then PeerStatus(r): 1 answered (*entered, *call and *text, the text of its call, set),
-  // 0 no answer, -1 its process exited (nothing listens at its endpoint any more).
+  // 0 no answer, -1 its process exited (nothing listens at its endpoint any more), 2 it exited
+  // after its failure notice reached this process (a failure of its own, not a missing rank).
   void QueryPeers(std::chrono::milliseconds wait);
   int PeerStatus(int rank, uint64_t* entered, uint64_t* call, std::string* text) const;
   // Waits until every step local rank `rank` put into its send FIFOs is on the wire (before an
@@ -106,7 +108,6 @@ class NetLinks {
   std::string CheckStep(const comm::ProxyConnection& c, const comm::NetInfo& info) const;
   void SetFailed(const std::string& reason);
   std::string Answer(int rank) const;
-  std::vector<comm::NoticePeer> PeerProcesses() const;
 
   const uint64_t group_;
   comm::GroupPlacement placement_;
@@ -134,6 +135,7 @@ class NetLinks {
   std::vector<uint64_t> peerEntered_;  // by rank: its answer
   std::vector<uint64_t> peerCall_;     // by rank: its answer's call identity
   std::vector<std::string> peerText_;  // by rank: its answer's call text
+  std::set<int> noticeFrom_;           // processes whose failure notice this process took
 };
 
 }  // namespace cpu

@@ -204,13 +204,7 @@ Status GpuComm::ConnectHosts(int rank, const std::string& who, Clock::time_point
 }
 
 void GpuComm::TellOtherHosts(const Status& s, bool primary) {
-  std::vector<comm::NoticePeer> peers;
-  for (int r = 0; r < nRanks(); ++r) {
-    if (!otherHost_[size_t(r)]) continue;
-    const int p = placement_.process[size_t(r)];
-    if (std::none_of(peers.begin(), peers.end(), [p](const auto& q) { return q.process == p; }))
-      peers.push_back(comm::NoticePeer{p, placement_.endpoint[size_t(r)]});
-  }
+  const std::vector<comm::NoticePeer> peers = comm::NoticePeersOf(placement_, otherHost_);
   const auto deadline = Clock::now() + std::chrono::milliseconds(kNoticeSendMs);
   (void)comm::SendNotices(netGroup_, placement_.thisProcess, placement_.session, peers, s, primary,
                           deadline);
@@ -224,13 +218,10 @@ Status GpuComm::NoticeFromOtherHosts() const {
 }
 
 Status GpuComm::AwaitNotice(int ms) const {
-  const auto until = Clock::now() + std::chrono::milliseconds(ms);
-  Status notice = NoticeFromOtherHosts();
-  while (notice.ok() && Clock::now() < until) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    notice = NoticeFromOtherHosts();
-  }
-  return notice;
+  Status s = comm::AwaitNotice(netGroup_, placement_.thisProcess, ms);
+  if (s.ok()) return s;
+  return Status(s.code(), detail::StrCat("jax_rccl: another process of GPU group ", groupText_,
+                                         " reported its communicator failed: ", s.message()));
 }
 
 void GpuComm::StopProxy() {
