@@ -137,13 +137,14 @@ constexpr int kCopyClass = 255;
 // receiving window's header, ProxyWindowLayout, direction 1's pad0[step % kSteps]). A receiver
 // compares the tag of every step with its own before it uses a byte of it.
 
-// The tag of call number `seq` of the call `call` (its identity): never 0 (0 is an untagged step).
+// The tag of call number `seq` of the call `call` (its identity, already a hash of the call
+// site and the plan): the identity's low word stepped by an odd constant per number, shifted up
+// over a set low bit, so that it is never 0 (0 is an untagged step), not even in the low 24 bits
+// that Simple steps and proxies carry, and two numbers of one call less than 2^23 apart never
+// share those 24 bits. One multiply-add: it lies on every launch's critical path.
 JR_REGION_FN uint32_t CallTag(uint64_t call, uint64_t seq) {
-  uint64_t h = call ^ (seq + 1) * 0x9e3779b97f4a7c15ull;
-  h ^= h >> 31;
-  h *= 0xbf58476d1ce4e5b9ull;
-  h ^= h >> 29;
-  return uint32_t(h) | 1u;
+  const uint32_t h = uint32_t(call) + uint32_t(seq + 1) * 0x9e3779b1u;
+  return (h << 1) | 1u;
 }
 JR_REGION_FN uint32_t StepWordTag(uint64_t word) {
   return uint32_t(word >> kProxyTagShift) & kStepTagMask;

@@ -122,7 +122,9 @@ Status AwaitNotice(uint64_t group, int process, int ms, std::vector<int>* sender
   return notice;
 }
 
-Status TakeNotice(uint64_t group, int process, double readSeconds, std::vector<int>* senders) {
+Status TakeNotice(uint64_t group, int process, double readSeconds, std::vector<int>* senders,
+                  int* primaryFrom) {
+  if (primaryFrom != nullptr) *primaryFrom = -1;
   Status first;
   int from = 0;
   for (int fd = TakeParkedTo(group, kNoticeChannel, process, &from); fd >= 0;
@@ -130,7 +132,10 @@ Status TakeNotice(uint64_t group, int process, double readSeconds, std::vector<i
     if (senders != nullptr) senders->push_back(from);
     bool primary = false;
     Status s = ReadNotice(fd, from, readSeconds, &primary);
-    if (primary) return s;
+    if (primary) {
+      if (primaryFrom != nullptr) *primaryFrom = from;
+      return s;
+    }
     if (first.ok()) first = std::move(s);
   }
   return first;

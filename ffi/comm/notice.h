@@ -62,9 +62,10 @@ Status AwaitNotice(uint64_t group, int process, int ms, std::vector<int>* sender
 // (each one's text is read within `readSeconds`): the failure a primary one carries, else the
 // first other one's (its text prefixed with the sending process), or Ok when none came. The
 // notices taken are closed: a failed communicator calls it to drop those that keep coming.
-// *senders (when given) gets the process of every notice taken.
+// *senders (when given) gets the process of every notice taken; *primaryFrom (when given) the
+// process whose primary notice is returned, or -1 (none came, or none was primary).
 Status TakeNotice(uint64_t group, int process, double readSeconds = 0.5,
-                  std::vector<int>* senders = nullptr);
+                  std::vector<int>* senders = nullptr, int* primaryFrom = nullptr);
 
 }  // namespace comm
 }  // namespace jax_rccl

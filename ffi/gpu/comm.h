@@ -218,7 +218,10 @@ class GpuComm {
   // every process of the group on another host (within a second), and the failure such a process
   // posted for this one (Ok: none), as this communicator's failure.
   void TellOtherHosts(const Status& s, bool primary);
-  Status NoticeFromOtherHosts() const;
+  // *primaryFrom: the process whose own finding the notice is (-1: it passes on another's).
+  Status NoticeFromOtherHosts(int* primaryFrom = nullptr) const;
+  // `s` to process `process` of another host only (not primary: an answer to its notice).
+  void AnswerNotice(int process, const Status& s);
   // The first notice from another host that comes within `ms` (Ok: none came).
   Status AwaitNotice(int ms) const;
   uint64_t netGroup_ = 0;           // the group's key on the network and its notices (SetShared)
@@ -239,6 +242,10 @@ class GpuComm {
   // The error of rank `rank`'s failed launch, whose status is `st` (`who`: the call that finds
   // it; empty: the call the status names).
   Status LaunchError(int rank, const DevStatus& st, const std::string& who) const;
+  // The calls this process's ranks run now, as "rank 1 (...) runs its call #3 'psum ...' (...)"
+  // (empty: none runs a checked launch): raises the abort word, and each running kernel records
+  // its call in its status (kDevAborted) within `ms` milliseconds.
+  std::string RunningCalls(int ms);
   void Watch();
   // Watch's part until the communicator fails; then Watch drops the notices that still come.
   void WatchUntilFailed();

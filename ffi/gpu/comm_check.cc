@@ -27,6 +27,8 @@ constexpr uint64_t kSeqReach = 8;
 // How long a rank that found a mismatch with a rank of another host waits for that rank's
 // notice (its own account of the call it runs); GpuComm::Check waits up to 500 ms for the watch.
 constexpr int kPeerNoticeMs = 300;
+// How long a process answering such a rank's notice waits for its kernels to record their calls.
+constexpr int kRunningCallMs = 50;
 
 }  // namespace
 
@@ -136,6 +138,30 @@ Status GpuComm::LaunchError(int rank, const DevStatus& st, const std::string& wh
                                      "; the communicator is unusable from now on"));
 }
 
+std::string GpuComm::RunningCalls(int ms) {
+  if (abort_.host == nullptr || status_.host == nullptr) return std::string();
+  *static_cast<volatile int32_t*>(abort_.host) = 1;
+  const volatile DevStatus* st = static_cast<const volatile DevStatus*>(status_.host);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+  for (;;) {
+    bool waiting = false;
+    for (int r = 0; r < nRanks(); ++r) {
+      waiting = waiting || (placement_.local[size_t(r)] && st[r].complete == 0);
+    }
+    if (!waiting || std::chrono::steady_clock::now() >= until) break;
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  std::string text;
+  for (int r = 0; r < nRanks(); ++r) {
+    if (!placement_.local[size_t(r)] || st[r].complete == 0) continue;
+    const DevStatus s = ReadStatus(st[r]);
+    if (s.mine == 0 && s.call == 0) continue;  // an unchecked launch: its call is not known
+    text += detail::StrCat(text.empty() ? "" : "; ", RankText(r), " runs its ",
+                           CallText(s.call, s.seq));
+  }
+  return text;
+}
+
 void GpuComm::StartWatch() {
   std::call_once(watchOnce_, [this]() {
     static std::once_flag atExit;
@@ -228,7 +254,19 @@ void GpuComm::WatchUntilFailed() {
       return;
     }
     if (crossHost_) {
-      Status notice = NoticeFromOtherHosts();
+      int from = -1;
+      Status notice = NoticeFromOtherHosts(&from);
+      if (!notice.ok() && from >= 0 && notice.code() == Code::kInvalidUsage) {
+        // A rank of another host found a mismatch with a call of this process: it names only
+        // its own call when it never ran this process's. This process answers with the calls
+        // its ranks run (the sender waits a moment for it), and its own error names them too.
+        const std::string mine = RunningCalls(kRunningCallMs);
+        if (!mine.empty()) {
+          AnswerNotice(from, Status(Code::kInvalidUsage, mine));
+          notice = Status(notice.code(),
+                          detail::StrCat(notice.message(), " [in this process, ", mine, "]"));
+        }
+      }
       if (!notice.ok()) {
         (void)Fail(std::move(notice), false);
         return;

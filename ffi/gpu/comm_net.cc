@@ -210,8 +210,16 @@ void GpuComm::TellOtherHosts(const Status& s, bool primary) {
                           deadline);
 }
 
-Status GpuComm::NoticeFromOtherHosts() const {
-  Status s = comm::TakeNotice(netGroup_, placement_.thisProcess);
+void GpuComm::AnswerNotice(int process, const Status& s) {
+  std::vector<uint8_t> reach(size_t(nRanks()), 0);
+  for (int r = 0; r < nRanks(); ++r) reach[size_t(r)] = placement_.process[size_t(r)] == process;
+  const auto deadline = Clock::now() + std::chrono::milliseconds(kNoticeSendMs);
+  (void)comm::SendNotices(netGroup_, placement_.thisProcess, placement_.session,
+                          comm::NoticePeersOf(placement_, reach), s, /*primary=*/false, deadline);
+}
+
+Status GpuComm::NoticeFromOtherHosts(int* primaryFrom) const {
+  Status s = comm::TakeNotice(netGroup_, placement_.thisProcess, 0.5, nullptr, primaryFrom);
   if (s.ok()) return s;
   return Status(s.code(), detail::StrCat("jax_rccl: another process of GPU group ", groupText_,
                                          " reported its communicator failed: ", s.message()));
