@@ -1,12 +1,13 @@
 """GPU groups across hosts: JAX processes sharing one GPU under MPS, split into two fake hosts.
 
 Processes [0, n/2) say they run on 'hostA', the rest on 'hostB' (JAX_RCCL_HOSTNAME): ranks of one
-host trade IPC handles, ranks of the other host are reached through the network proxy (TCP over
-loopback). 2 and 4 processes, XLA command buffers on and off: every collective under Ring and
-Tree, LL and Simple (and LL128 where the build has it) at 1, 1001, 65537 and 2^20 elements per
-rank against NumPy; the six-collective jitted step at 4 and 16 MB per rank with every
-connection's counters in step at the end; 1,000 steps checked on the device; a process of hostB
-that exits before its second step (the survivors raise, naming a rank, within the timeout).
+host trade IPC handles, ranks of the other host are reached through the network proxy over loopback:
+our TCP, and UCX where it is installed (the tests of the collectives, the step, the thousand steps
+and the fault run on both; tests/nets.py). 2 and 4 processes, XLA command buffers on and off: every
+collective under Ring and Tree, LL and Simple (and LL128 where the build has it) at 1, 1001, 65537
+and 2^20 elements per rank against NumPy; the six-collective jitted step at 4 and 16 MB per rank
+with every connection's counters in step at the end; 1,000 steps checked on the device; a process of
+hostB that exits before its second step (the survivors raise, naming a rank, within the timeout).
 Other layouts: 4 processes on hosts of unequal or separated runs of ranks, 6 on three hosts, 8 on
 two: every collective against NumPy and the plans' node count. Programs: worker_step_gpu.py and
 worker_loop_gpu.py (with --world), worker_collectives_cross_host_gpu.py,
@@ -24,6 +25,7 @@ from gpu_launch import (  # noqa: F401 - mps_env: the fixture, visible to pytest
     run_step_processes,
     worker,
 )
+from nets import GPU_BACKENDS, GPU_NETS
 
 pytestmark = pytest.mark.gpu
 
@@ -128,15 +130,16 @@ def _step_across_hosts(mps_env, nprocs: int, count: int, cb: bool, env=None) -> 
 # --- every collective against NumPy -----------------------------------------------------------
 
 
+@pytest.mark.parametrize("net", GPU_NETS)
 @pytest.mark.parametrize("cb", [False, True], ids=["plain", "command_buffers"])
 @pytest.mark.parametrize("nprocs", [2, 4])
-def test_every_collective_across_two_hosts(mps_env, nprocs, cb):  # noqa: F811
+def test_every_collective_across_two_hosts(mps_env, net, nprocs, cb):  # noqa: F811
     """psum, pmax (Ring and Tree), all_gather, psum_scatter, pbroadcast, ppermute and all_to_all
     (Ring) under every protocol at 1, 1001, 65537 and 2^20 float32 elements (4 MB) per rank,
     each result against NumPy; the connections end in step and some steps crossed hosts."""
     count = 1 << 20
     results = run_step_processes(
-        mps_env,
+        {**mps_env, **GPU_BACKENDS[net]},
         nprocs,
         count,
         1,
@@ -156,6 +159,7 @@ def test_every_collective_across_two_hosts(mps_env, nprocs, cb):  # noqa: F811
     _no_segments(results)
 
 
+@pytest.mark.parametrize("net", GPU_NETS)
 @pytest.mark.parametrize(
     "layout, nodes",
     [
@@ -165,7 +169,7 @@ def test_every_collective_across_two_hosts(mps_env, nprocs, cb):  # noqa: F811
         ("AAAABBBB", 2),  # 8 ranks on two hosts (16 channels)
     ],
 )
-def test_every_collective_on_other_layouts(mps_env, layout, nodes):  # noqa: F811
+def test_every_collective_on_other_layouts(mps_env, net, layout, nodes):  # noqa: F811
     """Process p on host `layout[p]`. The planner's nodes hold equal runs of consecutive ranks:
     a group laid out so plans a node per host; otherwise (hostA holding 3 ranks and hostB 1, or
     each host's ranks apart) every rank its own node, so that no hop that may cross hosts is
@@ -174,7 +178,7 @@ def test_every_collective_on_other_layouts(mps_env, layout, nodes):  # noqa: F81
     count."""
     n = len(layout)
     results = run_step_processes(
-        mps_env,
+        {**mps_env, **GPU_BACKENDS[net]},
         n,
         1 << 20,
         1,
@@ -200,6 +204,7 @@ def test_every_collective_on_other_layouts(mps_env, layout, nodes):  # noqa: F81
 # --- the six-collective step at large sizes ---------------------------------------------------
 
 
+@pytest.mark.parametrize("net", GPU_NETS)
 @pytest.mark.parametrize("cb", [False, True], ids=["plain", "command_buffers"])
 @pytest.mark.parametrize(
     "nprocs, count",
@@ -210,11 +215,11 @@ def test_every_collective_on_other_layouts(mps_env, layout, nodes):  # noqa: F81
         (4, 1 << 22),
     ],
 )
-def test_step_of_every_collective_across_two_hosts(mps_env, nprocs, count, cb):  # noqa: F811
+def test_step_of_every_collective_across_two_hosts(mps_env, net, nprocs, count, cb):  # noqa: F811
     """psum (int32, float32), all_gather, psum_scatter, ppermute and all_to_all in one jitted
     step (test_jax_gpu_mp's worker), three steps, every result against its closed form; at the
     end every connection's counters are in step, those across hosts included."""
-    moved = _step_across_hosts(mps_env, nprocs, count, cb)
+    moved = _step_across_hosts({**mps_env, **GPU_BACKENDS[net]}, nprocs, count, cb)
     assert moved["channels across hosts"], moved  # (test_net_nchannels_caps_... checks the cap)
 
 
@@ -318,15 +323,16 @@ def test_net_streams_that_differ_is_an_error_naming_it(mps_env):  # noqa: F811
 # --- a thousand steps --------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("net", GPU_NETS)
 @pytest.mark.parametrize("cb", [False, True], ids=["plain", "command_buffers"])
 @pytest.mark.parametrize("nprocs", [2, 4])
-def test_a_thousand_steps_across_two_hosts(mps_env, nprocs, cb):  # noqa: F811
+def test_a_thousand_steps_across_two_hosts(mps_env, net, nprocs, cb):  # noqa: F811
     """1,000 jitted steps of psum (int32, float32), all_gather, psum_scatter, ppermute and
     all_to_all on 2^16 int32 (256 KB) per rank (test_jax_gpu_mp's loop worker): every result of
     every step equals its closed form, compared on the device."""
     steps = 1000
     results = run_step_processes(
-        mps_env,
+        {**mps_env, **GPU_BACKENDS[net]},
         nprocs,
         1 << 16,
         steps,
@@ -349,18 +355,19 @@ def test_a_thousand_steps_across_two_hosts(mps_env, nprocs, cb):  # noqa: F811
 FAULT_TIMEOUT = 10  # JAX_RCCL_TIMEOUT of the fault test's processes
 
 
+@pytest.mark.parametrize("net", GPU_NETS)
 @pytest.mark.parametrize(
     "victim, cb",
     [(3, False), (2, False), (3, True)],
     ids=["last_of_hostB-plain", "first_of_hostB-plain", "last_of_hostB-command_buffers"],
 )
-def test_process_that_exits_is_an_error_not_a_hang(mps_env, victim, cb):  # noqa: F811
+def test_process_that_exits_is_an_error_not_a_hang(mps_env, net, victim, cb):  # noqa: F811
     """4 processes over two fake hosts; after one good step, process `victim` (on hostB) exits
     (os._exit) right before its second. Every survivor raises a Python exception that names a
     rank or another process, within JAX_RCCL_TIMEOUT (plus slack) of the step it was in."""
     nprocs, steps = 4, 6
     results = run_step_processes(
-        dict(mps_env, JAX_RCCL_TEST_VICTIM=str(victim)),
+        dict(mps_env, JAX_RCCL_TEST_VICTIM=str(victim), **GPU_BACKENDS[net]),
         nprocs,
         1 << 16,
         steps,

@@ -1,7 +1,7 @@
 """The networks that groups across processes run on in the tests (JAX_RCCL_NET): our TCP, and UCX
 over its TCP and over its shared-memory transports (the faked hosts share this machine, so UCX may
-use them). UCX is optional: its cases skip where neither the libucx wheel nor a system libucp is
-here."""
+use them); GPU groups: our TCP and UCX on the transports it picks itself. UCX is optional: its
+cases skip where neither the libucx wheel nor a system libucp is here."""
 
 from __future__ import annotations
 
@@ -28,3 +28,6 @@ def ucx_absent() -> str | None:
 NEEDS_UCX = pytest.mark.skipif(ucx_absent() is not None, reason=str(ucx_absent()))
 NETS = ["socket", pytest.param("ucx_tcp", marks=NEEDS_UCX), pytest.param("ucx_sm", marks=NEEDS_UCX)]
 UCX_NETS = [pytest.param("ucx_tcp", marks=NEEDS_UCX), pytest.param("ucx_sm", marks=NEEDS_UCX)]
+# GPU groups across faked hosts (tests/gpu): our TCP, and UCX with the transports it picks.
+GPU_BACKENDS = {"socket": {"JAX_RCCL_NET": "socket"}, "ucx": {"JAX_RCCL_NET": "ucx"}}
+GPU_NETS = ["socket", pytest.param("ucx", marks=NEEDS_UCX)]
