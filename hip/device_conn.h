@@ -126,15 +126,15 @@ constexpr int kCopyClass = 255;
 
 // ---- The call check (hip/kernel_check.h) ----
 //
-// Every rank of a group counts its calls on the communicator on the device: per channel a
-// counter in the rank's own region (CallSeqWord), which every launch reads and the call's last
-// launch advances on every channel, so that a graph replayed without the host counts like a
-// launch. A launch's tag is CallTag(call identity, call number): a sender folds it into what each
-// FIFO step already carries (LL: the second flag word of every line is the step's flag xor the
-// tag; LL128: the upper half of each line's flag word; Simple: the step's word in the receiver's
-// connection header, StepTagWord, written before tail; a peer of another host: the step's info
-// word, whose bits [kProxyTagShift, kProxyTagShift + 24) the network proxies carry to the
-// receiving window's header, ProxyWindowLayout, direction 1's pad0[step % kSteps]). A receiver
+// Every rank of a group counts its calls on the communicator on the device: nChannels counters in
+// the rank's own region (CallSeqWord), all equal between calls; block b of a launch reads the
+// b-th, and the call's last launch advances them all, so that a graph replayed without the host
+// counts like a launch. A launch's tag is CallTag(call identity, call number): a sender folds it
+// into what each FIFO step already carries (LL: the second flag word of every line is the step's
+// flag xor the tag; LL128: the upper half of each line's flag word; Simple: the step's word in the
+// receiver's connection header, StepTagWord, written before tail; a peer of another host: the
+// step's info word, whose bits [kProxyTagShift, kProxyTagShift + 24) the network proxies carry to
+// the receiving window's header, ProxyWindowLayout, direction 1's pad0[step % kSteps]). A receiver
 // compares the tag of every step with its own before it uses a byte of it.
 
 // The tag of call number `seq` of the call `call` (its identity, already a hash of the call
@@ -306,12 +306,11 @@ struct KernelArgs {
   int32_t nSlots;
   int32_t systemFence;  // peers on other devices or processes
   // The call check (hip/kernel_check.h): the call's identity, whether steps are tagged and
-  // checked (JAX_RCCL_CHECK_CALLS), whether this launch is the call's last (it advances the
-  // counters), and the channels this launch has no block for (block 0 advances theirs).
+  // checked (JAX_RCCL_CHECK_CALLS), and whether this launch is the call's last (it advances the
+  // counters).
   uint64_t callId;
   int32_t checkCalls;
   int32_t lastLaunch;
-  uint64_t otherChannels;
   RaggedDims ragged;  // a ragged_all_to_all plan's shapes (slices 0: none)
   // A program exported with jax.export whose first call was recorded into a command buffer: its
   // device check {magic, partition, device lowered there} (ffi/handlers/common.h), compared by

@@ -2,7 +2,8 @@
 // launch records a failure. Device code only.
 //
 // Each block keeps its call's number and tag in shared memory (gCallSeq, gCallTag), set by
-// CollKernelBody from its channel's counter before its first barrier. What a step carries:
+// CollKernelBody from its counter (one per block of a launch) before its first barrier. What a step
+// carries:
 //   LL       every line {lo, flag, hi, flag ^ tag}: a line is fresh when both flag words are the
 //            ones this rank expects; a line whose first flag word is this step's but whose second
 //            is not (and stays so) comes from a peer that runs another call;
@@ -72,31 +73,34 @@ __device__ void ReportMismatch(const KernelArgs& a, int ch, int peer, uint64_t s
 
 // ---- the call's number, kept on the device ----
 
-// Channel `ch`'s call counter in this rank's region.
-__device__ inline uint64_t* CallSeqWord(const KernelArgs& a, int ch) {
-  return &reinterpret_cast<ConnHeader*>(a.ownRegion + RegionLayout::HeaderOffset(a.geo, ch, a.rank))
+// Call counter `i` in this rank's region (one per channel's self header, i < nChannels).
+__device__ inline uint64_t* CallSeqWord(const KernelArgs& a, int i) {
+  return &reinterpret_cast<ConnHeader*>(a.ownRegion + RegionLayout::HeaderOffset(a.geo, i, a.rank))
               ->pad1[kCallSeqPad];
 }
-// Thread 0 at the block's start: the counter of its channel (issued early, used after the
-// block's first loads); then SetCall with it. A group of one rank has no region and no peer.
-__device__ inline uint64_t LoadCallSeq(const KernelArgs& a, int ch) {
-  return a.checkCalls && a.ownRegion != nullptr ? LoadVolatile64(CallSeqWord(a, ch)) : 0;
+// Thread 0 at the block's start: counter blockIdx.x (a launch runs at most one block per channel,
+// so every block has one of its own), an address of the launch's arguments alone, so the load is
+// issued with the kernel's first instructions, ahead of the block's first dependent loads; then
+// SetCall with it. A group of one rank has no region and no peer.
+__device__ inline uint64_t LoadCallSeq(const KernelArgs& a) {
+  return a.checkCalls && a.ownRegion != nullptr ? LoadVolatile64(CallSeqWord(a, int(blockIdx.x)))
+                                                : 0;
 }
 __device__ inline void SetCall(const KernelArgs& a, uint64_t seq) {
   gCallSeq = seq;
   gCallTag = a.checkCalls ? CallTag(a.callId, seq) : 0u;
 }
-// Every thread, once the block's thread 0 has read the counter (SetCall, before the block's
-// first barrier): the call's last launch advances its channel's counter, and block 0 those of the
-// channels no block of this launch runs (every counter then holds the number of calls made,
-// whichever channels they used). At the start rather than the end, so that no store waits at the
-// kernel's end: a launch runs one block per channel, so no block of this launch reads the counter
-// after it moves, and the next launch reads it only once this one is done (stream order).
-__device__ inline void AdvanceCall(const KernelArgs& a, int ch) {
+// Every thread, once the block's thread 0 has read its counter (SetCall, before the block's first
+// barrier): the call's last launch advances every counter, block b its own and block 0 those no
+// block of this launch reads (every counter then holds the number of calls made). At the start
+// rather than the end, so that no store waits at the kernel's end: no block of this launch reads
+// a counter after it moves, and the next launch reads them only once this one is done (stream
+// order).
+__device__ inline void AdvanceCall(const KernelArgs& a) {
   if (!a.checkCalls || !a.lastLaunch || a.ownRegion == nullptr) return;
   const int t = int(threadIdx.x);
-  if (t == 0) StoreVolatile64(CallSeqWord(a, ch), gCallSeq + 1);
-  if (blockIdx.x == 0 && t < a.geo.nChannels && t < 64 && ((a.otherChannels >> t) & 1) != 0) {
+  if (t == 0) StoreVolatile64(CallSeqWord(a, int(blockIdx.x)), gCallSeq + 1);
+  if (blockIdx.x == 0 && t >= int(gridDim.x) && t < a.geo.nChannels) {
     StoreVolatile64(CallSeqWord(a, t), gCallSeq + 1);
   }
 }

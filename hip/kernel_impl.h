@@ -283,10 +283,10 @@ __device__ void CollKernelBody(const KernelArgs& a) {
   const Work& work = *reinterpret_cast<const Work*>(workWords);
   const DevTask* tasks = reinterpret_cast<const DevTask*>(taskWords);
   const bool tasksShared = a.nSlots <= kSharedTasks;
+  // The call's number (hip/kernel_check.h), loaded first: its address needs no other load.
+  const uint64_t callSeq = threadIdx.x == 0 ? LoadCallSeq(a) : 0;
   const BlockInfo bi = a.blocks[blockIdx.x];
   const uint64_t deadline = NowNs() + a.timeoutNs;
-  // The call's number on this channel (hip/kernel_check.h), loaded beside the first work.
-  const uint64_t callSeq = threadIdx.x == 0 ? LoadCallSeq(a, bi.channel) : 0;
   if (threadIdx.x == 0) {
     sh.nConn = 0;
     sh.victim = 0;
@@ -314,7 +314,7 @@ __device__ void CollKernelBody(const KernelArgs& a) {
     // An exported program called on its devices in another order moves nothing
     // (hip/kernel_check.h).
     if (firstWork && a.deviceCheck != nullptr && orderOk == 0) return;
-    if (firstWork) AdvanceCall(a, bi.channel);
+    if (firstWork) AdvanceCall(a);
     firstWork = false;
     Trace(a, &sh, kTraceWork);
     bool ok = true;

@@ -116,10 +116,6 @@ struct RankLaunch {
   int64_t device = -1;
 };
 
-// The channels [0, geo.nChannels) as a mask.
-inline uint64_t AllChannels(const Geometry& geo) {
-  return geo.nChannels >= 64 ? ~uint64_t(0) : (uint64_t(1) << geo.nChannels) - 1;
-}
 // A call in which rank rl.rank launches no collective kernel (it moves nothing): its call
 // counters advance on rl's stream all the same, so that the ranks' counts stay equal.
 Status AdvanceCalls(const RankLaunch& rl, const Geometry& geo);

@@ -526,7 +526,6 @@ Status DevicePlan::Launch(const RankLaunch& rl, const std::vector<SlotPtrs>& slo
       const int at = index++;
       if (only >= 0 && at != only) continue;
       a.lastLaunch = at == lastLaunch ? 1 : 0;
-      a.otherChannels = AllChannels(geo_) & ~k.channels;
       CollKernelFn fn = KernelOfClass(cls);
       JR_REQUIRE(fn != nullptr, Code::kUnsupported, "no device kernel for class ", cls);
       hipLaunchKernelGGL(fn, k.nBlocks, k.nThreads, 0, stream, a);
