@@ -20,8 +20,9 @@ program's command buffer, where no launch or replay of its own comes between it 
 
 --check-cost measures what the per-call check costs (docs/multiprocess.md): two harnesses of the
 same ranks, one made with JAX_RCCL_CHECK_CALLS=1 (every step tagged and checked, the calls counted
-on the device) and one with 0, timed in turns in the same run (--turns rounds of on, off, on; the
-best of each): the time per launch, the collective among 20 in one graph, and the difference.
+on the device) and one with 0, timed in turns in the same run (--turns rounds of on, off, off,
+on; the best of each): the time per launch, the collective among 20 in one graph, and the
+difference.
 
     python benchmarks/gpu_collectives.py --check-cost [--ranks 2] [--max-bytes 256M]
 """
@@ -137,7 +138,7 @@ def check_cost(args, buff) -> None:
                     built[on] = h.buffers()
                     errors += check(h, coll, n, count, built[on])
                 for _ in range(args.turns):
-                    for on in (True, False, True):
+                    for on in (True, False, False, True):  # ABBA: each side as often, as late
                         h = hs[on]
                         t = h.time_launches(built[on], warmup=3, iters=iters)
                         g = h.time_graph(built[on], iters=10, reps=20) if total <= gmax else 0.0
@@ -173,7 +174,9 @@ def main(argv: list[str] | None = None) -> int:
         help="connection buffer bytes per protocol, LL,LL128,Simple (default: the JAX handlers')",
     )
     ap.add_argument("--check-cost", action="store_true", help="the check on against off")
-    ap.add_argument("--turns", type=int, default=3, help="--check-cost: rounds of on, off, on")
+    ap.add_argument(
+        "--turns", type=int, default=5, help="--check-cost: rounds of on, off, off, on (the best)"
+    )
     args = ap.parse_args(argv)
     buff = tuple(parse_size(x) for x in args.buff_sizes.split(",")) if args.buff_sizes else None
     if buff is not None and len(buff) != 3:
