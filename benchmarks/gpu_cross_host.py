@@ -218,6 +218,45 @@ def _mean_cores(samples: list[dict]) -> dict:
     return {k: statistics.mean(c.get(k, 0.0) for c in samples) if samples else 0.0 for k in keys}
 
 
+def open_raw_sockets(client, kv, p: int, n: int, cfg: dict, out: dict) -> RawSockets | None:
+    """Process `p`'s RawSockets to its peer when it is process 0 or n/2, else None; both ends
+    measure, or neither (an end whose sockets failed would leave the other waiting at every
+    row): None after a failure at either end, with out["raw_error"] saying why."""
+    if p not in (0, n // 2):
+        return None
+    raw = None
+    try:
+        raw = RawSockets(client, kv, p, n // 2 - p, cfg)
+    except Exception as e:  # noqa: BLE001 - the table says why the column is empty
+        out["raw_error"] = f"{type(e).__name__}: {e}"
+    kv.kv_set(client, f"bench/raw/ok/{p}", "1" if raw is not None else "0")
+    if kv.kv_get(client, f"bench/raw/ok/{n // 2 - p}", 180) != "1" and raw is not None:
+        raw.close()
+        raw = None
+        out["raw_error"] = f"the raw sockets of process {n // 2 - p} failed"
+    return raw
+
+
+def fill_block(idx, c: int):
+    """Rank r's block of `c` elements (the mesh's r-th, `idx` its index) holds r + 1 everywhere."""
+    import numpy as np
+
+    return np.full(c, (idx[0].start or 0) // c + 1, np.float32)
+
+
+def count_errors(coll: str, n: int, count: int, y) -> int:
+    """Elements of this process's block of `y` (the result of `coll` over n ranks of `count`
+    elements each, filled by `fill_block`) that differ from the closed form; -1: a wrong shape."""
+    import numpy as np
+
+    got = np.asarray(y.addressable_shards[0].data)
+    if coll == "all_reduce":
+        want = np.full(count, n * (n + 1) / 2, np.float32)
+    else:
+        want = np.repeat(np.arange(1, n + 1, dtype=np.float32), count)
+    return int(np.count_nonzero(got != want)) if got.shape == want.shape else -1
+
+
 def worker(cfg: dict) -> dict:
     import jax
 
@@ -254,19 +293,7 @@ def worker(cfg: dict) -> dict:
         "net": {},
         "cpu": {},
     }
-    raw = None
-    if cfg["raw"] and p in (0, n // 2):
-        try:
-            raw = RawSockets(client, kv, p, n // 2 - p, cfg)
-        except Exception as e:  # noqa: BLE001 - the table says why the column is empty
-            out["raw_error"] = f"{type(e).__name__}: {e}"
-        # Both ends measure, or neither: an end whose sockets failed would leave the other
-        # waiting at every row.
-        kv.kv_set(client, f"bench/raw/ok/{p}", "1" if raw is not None else "0")
-        if kv.kv_get(client, f"bench/raw/ok/{n // 2 - p}", 180) != "1" and raw is not None:
-            raw.close()
-            raw = None
-            out["raw_error"] = f"the raw sockets of process {n // 2 - p} failed"
+    raw = open_raw_sockets(client, kv, p, n, cfg, out) if cfg["raw"] else None
     if raw is not None and cfg["raw_when"] == "before":
         try:  # every row's bytes now, before any collective (no proxy alive yet)
             for b in cfg["raw_sizes"]:
@@ -283,14 +310,10 @@ def worker(cfg: dict) -> dict:
 
         return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P("x")))
 
-    def block(idx, c: int):
-        # Rank r's block (the mesh's r-th) holds r + 1 everywhere.
-        return np.full(c, (idx[0].start or 0) // c + 1, np.float32)
-
     def measure(coll: str, size: int) -> None:
         count = size // 4 if coll == "all_reduce" else size // 4 // n  # input per rank
         key = f"{coll}/{size}"
-        x = jax.make_array_from_callback((n * count,), spec, lambda idx: block(idx, count))
+        x = jax.make_array_from_callback((n * count,), spec, lambda idx: fill_block(idx, count))
         fn = make(coll)
         for _ in range(2):  # compiles, then one more
             y = fn(x)
@@ -330,12 +353,7 @@ def worker(cfg: dict) -> dict:
         out["times"][key] = statistics.median(times)
         out["net"][key] = net
         out["cpu"][key] = _mean_cores(cpus)
-        got = np.asarray(y.addressable_shards[0].data)
-        if coll == "all_reduce":
-            want = np.full(count, n * (n + 1) / 2, np.float32)
-        else:
-            want = np.repeat(np.arange(1, n + 1, dtype=np.float32), count)
-        out["errors"][key] = int(np.count_nonzero(got != want)) if got.shape == want.shape else -1
+        out["errors"][key] = count_errors(coll, n, count, y)
 
     def check_cost(coll: str, key: str, x, on) -> None:
         """`on` (compiled under JAX_RCCL_CHECK_CALLS=1) against the same collective compiled
@@ -387,7 +405,7 @@ def launch(args, path: str, mps_env: dict, live: list) -> tuple[list | None, str
     """One run of --nprocs processes; (every process's result, "") or (None, what went wrong)."""
     n = args.nprocs
     port = free_port()
-    procs = []
+    jobs: list[tuple[dict, dict]] = []
     for p in range(n):
         cfg = {
             "process": p,
@@ -421,13 +439,26 @@ def launch(args, path: str, mps_env: dict, live: list) -> tuple[list | None, str
             if args.command_buffers
             else "--xla_gpu_enable_command_buffer=",
         )
+        jobs.append((cfg, env))
+    return run_processes(os.path.abspath(__file__), jobs, args.timeout, live)
+
+
+def run_processes(
+    script: str, jobs: list[tuple[dict, dict]], timeout: float, live: list
+) -> tuple[list | None, str]:
+    """`python -P script --worker <cfg>` under `env` for each (cfg, env) of `jobs`, all at once,
+    for at most `timeout` seconds (then the processes still running are killed); each process
+    is in `live` while it runs. (every process's result, its last TAG line, "") or (None, what
+    went wrong)."""
+    procs = []
+    for cfg, env in jobs:
         # Files, not pipes: a chatty process never blocks on a full pipe while we wait on another.
         log = tempfile.TemporaryFile("w+")
-        cmd = [sys.executable, "-P", os.path.abspath(__file__), "--worker", json.dumps(cfg)]
+        cmd = [sys.executable, "-P", script, "--worker", json.dumps(cfg)]
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
         procs.append((proc, log))
         live.append(proc)
-    deadline = time.monotonic() + args.timeout
+    deadline = time.monotonic() + timeout
     timed_out = False
     for proc, _ in procs:
         try:
@@ -453,7 +484,7 @@ def launch(args, path: str, mps_env: dict, live: list) -> tuple[list | None, str
             continue
         results.append(json.loads(lines[-1][len(TAG) :]))
     if timed_out:
-        problems.insert(0, f"  the run did not finish within {args.timeout} s (killed)")
+        problems.insert(0, f"  the run did not finish within {timeout} s (killed)")
     return (None, "\n".join(problems)) if problems else (results, "")
 
 
