@@ -60,10 +60,10 @@ Status ReadNotice(int fd, int from, double readSeconds, bool* primary) {
     // The sender is in the group and proved the run's secret: it failed, though its reason did
     // not come whole.
     return Status(Code::kTimeout, detail::StrCat("process ", from,
-                                                 " (another host) reported a failure whose "
+                                                 " reported by network notice a failure whose "
                                                  "reason did not arrive whole"));
   }
-  return Status(Code(h.code), detail::StrCat("process ", from, " (another host): ", text));
+  return Status(Code(h.code), detail::StrCat("process ", from, " (by network notice): ", text));
 }
 
 }  // namespace

@@ -91,7 +91,7 @@ def test_a_peer_posts_its_failure_and_a_stranger_cannot():
     assert peer_took == 1 and second_took == 1
     code, text = res["got"]
     assert code == INVALID_USAGE
-    assert text == "process 4 (another host): " + TEXT
+    assert text == "process 4 (by network notice): " + TEXT
     assert res["again"] is None, "a notice was taken twice"
     assert res["other_group"] is None
 
