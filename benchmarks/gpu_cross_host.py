@@ -43,9 +43,9 @@ the rest) and over the best raw transfer of the same bytes.
 --check-cost: the cost of the per-call check (docs/multiprocess.md) in the same processes: each
 collective and size is compiled twice, once under JAX_RCCL_CHECK_CALLS=1 (every step tagged and
 checked, the calls counted on the device) and once under 0 (the variable is read when XLA
-instantiates the call), and their timed loops alternate (--repeat of each, the median); a table per
-path gives both times (the slowest process's) and the difference. The sizes may then start at 8
-bytes (--sizes 8,1K,...).
+instantiates the call), and their timed loops alternate (on, off, off, on, ...: --repeat of each,
+the median); a table per path gives both times (the slowest process's) and the difference. The sizes
+may then start at 8 bytes (--sizes 8,1K,...).
 Every child process is ended by this script: each run is bounded by --timeout seconds, after
 which the processes still running are killed.
 """
@@ -365,8 +365,9 @@ def worker(cfg: dict) -> dict:
         os.environ["JAX_RCCL_CHECK_CALLS"] = "1"
         iters = iterations(int(key.split("/")[1]), cfg["iters"], cfg["iter_bytes"])
         times: dict[str, list[float]] = {"on": [], "off": []}
-        for _ in range(cfg["repeat"]):
-            for name, fn in (("on", on), ("off", off)):
+        for i in range(cfg["repeat"]):
+            pair = (("on", on), ("off", off))
+            for name, fn in pair if i % 2 == 0 else pair[::-1]:  # on, off, off, on, ...
                 barrier()
                 t0 = time.perf_counter()
                 for _ in range(iters):
