@@ -22,6 +22,7 @@ import time
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: nets
 from launcher import run_python  # noqa: E402
 from nets import BACKENDS, NEEDS_UCX, NETS, UCX_NETS  # noqa: E402
 from test_shm_transport import load_native, publish, spawn, wait_file, world_of  # noqa: E402
