@@ -158,6 +158,9 @@ struct NetOptions {
   int threads = 0;    // TCP helper threads (MakeSocketNet's; auto's connections on TCP too)
   int streams = 0;    // TCP streams per pair of ranks (MakeSocketNet's; `socket` only)
   bool info = false;  // JAX_RCCL_DEBUG=INFO: a line per connection on stderr saying its backend
+  // The caller sleeps on the network's descriptors between rounds (SleepOnFds): UCX then asks for
+  // its wake-up event descriptor (a `ucx` network's SleepOnFds; `auto` keeps short sleeps).
+  bool sleeps = false;
 };
 
 // The network JAX_RCCL_NET names: `socket` MakeSocketNet's; `ucx` UCX's (an error when this build

@@ -120,6 +120,21 @@ class UcxNet final : public Net {
 
   const char* name() const override { return auto_ ? "auto" : "ucx"; }
 
+  // A `ucx` network whose worker has its event descriptor: the caller sleeps on it once armed
+  // (UCX's progress comes in Test, Post and here, under the worker's lock).
+  bool SleepOnFds() override { return !auto_ && w_ != nullptr && w_->efd >= 0; }
+  bool PollFds(std::vector<struct pollfd>* fds) override {
+    std::lock_guard<std::mutex> lock(w_->mu);
+    if (!w_->Arm()) return false;
+    fds->push_back(pollfd{w_->efd, POLLIN, 0});
+    return true;
+  }
+  void PumpFds(const std::vector<struct pollfd>& fds) override {
+    (void)fds;
+    std::lock_guard<std::mutex> lock(w_->mu);
+    w_->Progress();
+  }
+
   Status Listen(const NetKey& key) override {
     JR_REQUIRE(SocketListenerPort() > 0, Code::kInvalidUsage,
                "jax_rccl: this process carries network connections but has no socket listener "
@@ -405,7 +420,7 @@ StatusOr<std::unique_ptr<Net>> MakeUcxNet(const NetOptions& options, const ucx::
   tcp::RaiseOpenFileLimit();  // auto's connections on TCP, UCX's on its TCP transport too
   std::shared_ptr<Worker> w;
   if (api != nullptr) {
-    JR_ASSIGN_OR_RETURN(w, Worker::Create(api));
+    JR_ASSIGN_OR_RETURN(w, Worker::Create(api, options.sleeps && !autoMode));
   }
   JR_REQUIRE(w != nullptr || autoMode, Code::kInternal, "jax_rccl: a UCX network without UCX");
   return std::unique_ptr<Net>(std::make_unique<UcxNet>(options, std::move(w), autoMode));

@@ -82,7 +82,9 @@ struct Req final : NetRequest {
 // A UCP context and worker, and the connections on it (the network's; its ends hold it too).
 class Worker {
  public:
-  static StatusOr<std::shared_ptr<Worker>> Create(const Api* api);
+  // `wakeups`: with UCX's wake-up feature and its event descriptor (efd), for a caller that
+  // sleeps on it (Arm); without, or where UCX gives none, efd stays -1.
+  static StatusOr<std::shared_ptr<Worker>> Create(const Api* api, bool wakeups = false);
   ~Worker();
   Worker(const Worker&) = delete;
   Worker& operator=(const Worker&) = delete;
@@ -99,6 +101,9 @@ class Worker {
   // Closes `ep` (mu held): flushed, or at once (`force`); its end is left to Progress.
   void CloseEndpoint(ucp_ep_h ep, bool force);
   std::string MemoryTypes() const;  // "host, cuda"
+  // mu held, efd >= 0: progress, then arms the worker's event descriptor; false when events are
+  // pending (UCS_ERR_BUSY: progress again before sleeping) or arming failed.
+  bool Arm();
 
   const Api& api;
   std::mutex mu;  // guards the worker, every connection on it and what follows
@@ -111,6 +116,7 @@ class Worker {
   std::vector<std::unique_ptr<Req>> orphans;  // requests of connections gone, UCX still has
   std::vector<void*> closing;                 // endpoint closes in flight
   uint64_t dropped = 0;                       // messages whose token named no connection
+  int efd = -1;                               // the wake-up event descriptor (Create's wakeups)
 
  private:
   explicit Worker(const Api* a) : api(*a) {}

@@ -104,7 +104,7 @@ bool DeviceMemory(uint64_t mask) {
   return ((mask >> UCS_MEMORY_TYPE_CUDA) & 1) != 0 || ((mask >> UCS_MEMORY_TYPE_ROCM) & 1) != 0;
 }
 
-StatusOr<std::shared_ptr<Worker>> Worker::Create(const Api* api) {
+StatusOr<std::shared_ptr<Worker>> Worker::Create(const Api* api, bool wakeups) {
   gApi = api;
   std::shared_ptr<Worker> w(new Worker(api));
   ucp_config_t* config = nullptr;
@@ -115,7 +115,7 @@ StatusOr<std::shared_ptr<Worker>> Worker::Create(const Api* api) {
   ucp_params_t params;
   std::memset(&params, 0, sizeof(params));
   params.field_mask = UCP_PARAM_FIELD_FEATURES;
-  params.features = UCP_FEATURE_AM;
+  params.features = UCP_FEATURE_AM | (wakeups ? UCP_FEATURE_WAKEUP : 0);
   // The API version asked for: the headers', or the library's when older (ucp_init_version warns
   // about a request newer than the library).
   unsigned major = 0, minor = 0, release = 0;
@@ -145,6 +145,7 @@ StatusOr<std::shared_ptr<Worker>> Worker::Create(const Api* api) {
              "jax_rccl: UCX gave no worker address: ", StatusText(*api, s));
   w->address.assign(reinterpret_cast<const char*>(wa.address), wa.address_length);
   api->ucp_worker_release_address(w->worker, wa.address);
+  if (wakeups && api->ucp_worker_get_efd(w->worker, &w->efd) != UCS_OK) w->efd = -1;
   for (const auto& [id, cb] :
        {std::make_pair(kAmData, &OnDataMessage), std::make_pair(kAmCredit, &OnCreditMessage)}) {
     ucp_am_handler_param_t hp;
@@ -181,6 +182,12 @@ Worker::~Worker() {
   for (auto& r : orphans) (void)r.release();
   if (worker != nullptr) api.ucp_worker_destroy(worker);
   if (context != nullptr) api.ucp_cleanup(context);
+}
+
+bool Worker::Arm() {
+  if (efd < 0) return false;
+  Progress();
+  return api.ucp_worker_arm(worker) == UCS_OK;
 }
 
 void Worker::Progress() {

@@ -30,6 +30,8 @@ namespace ucx {
   X(ucp_worker_query)               \
   X(ucp_worker_release_address)     \
   X(ucp_worker_progress)            \
+  X(ucp_worker_get_efd)             \
+  X(ucp_worker_arm)                 \
   X(ucp_worker_set_am_recv_handler) \
   X(ucp_ep_create)                  \
   X(ucp_ep_close_nbx)               \

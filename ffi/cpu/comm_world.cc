@@ -114,6 +114,7 @@ static StatusOr<std::unique_ptr<Communicator>> CrossProcessCommunicator(
     // The proxy's own thread moves the TCP bytes (a step hands over between two threads of a
     // process, not four), sleeping on the sockets and the ranks' doorbells at once.
     net.threads = 0;
+    net.sleeps = true;
     net.streams = int(params.net_streams);
     net.info = params.debug == "INFO" || params.debug == "TRACE";
     links = std::make_unique<NetLinks>(h, placement, socketRank, own, placement.endpoint,
