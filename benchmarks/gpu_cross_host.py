@@ -244,6 +244,57 @@ def fill_block(idx, c: int):
     return np.full(c, (idx[0].start or 0) // c + 1, np.float32)
 
 
+def check_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The options this benchmark and gpu_net.py share, checked (ap.error names the one that is
+    wrong), and parsed into args.size_list, args.coll_list and args.raw_socket_counts."""
+    if args.nprocs < 2 or args.nprocs % 2:
+        ap.error("--nprocs: an even number, at least 2")
+    args.size_list = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
+    args.coll_list = [c for c in args.colls.split(",") if c]
+    args.raw_socket_counts = [int(k) for k in args.raw_sockets.split(",") if k.strip()]
+    for c in args.coll_list:
+        if c not in COLLS:
+            ap.error(f"--colls: {c!r} is not one of {COLLS}")
+    for s in args.size_list:
+        if s % (4 * args.nprocs):
+            ap.error(f"--sizes: {s} is not a multiple of 4 x {args.nprocs} bytes")
+    if args.iters < 1 or args.repeat < 1 or any(k < 1 for k in args.raw_socket_counts):
+        ap.error("--iters, --repeat and --raw-sockets must be >= 1")
+
+
+def timed_in_turns(fns: dict, x, iters: int, repeat: int, barrier) -> tuple[dict, dict]:
+    """`repeat` timed loops of each of `fns` (name: jitted function of `x`) in turns, the order
+    reversed every other round (a, b, b, a, ...), each loop `iters` calls back to back after a
+    barrier, then block: the seconds per call of every loop, and each function's last result."""
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    last: dict = {}
+    for i in range(repeat):
+        for name in list(fns)[:: 1 if i % 2 == 0 else -1]:
+            fn = fns[name]
+            barrier()
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                y = fn(x)
+            y.block_until_ready()
+            times[name].append((time.perf_counter() - t0) / iters)
+            last[name] = y
+    return times, last
+
+
+def collective(lib, coll: str, mesh):
+    """`coll` of `lib` (jax_rccl or jax.lax) over the mesh's axis "x", jitted under shard_map:
+    psum (all_reduce) or a tiled all_gather."""
+    import jax
+    from jax.sharding import PartitionSpec as P
+
+    def body(v):
+        if coll == "all_reduce":
+            return lib.psum(v, "x")
+        return lib.all_gather(v, "x", tiled=True)
+
+    return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P("x")))
+
+
 def count_errors(coll: str, n: int, count: int, y) -> int:
     """Elements of this process's block of `y` (the result of `coll` over n ranks of `count`
     elements each, filled by `fill_block`) that differ from the closed form; -1: a wrong shape."""
@@ -303,12 +354,7 @@ def worker(cfg: dict) -> dict:
     barrier()  # the raw sockets are open and warm before jax_rccl's first collective
 
     def make(coll: str):
-        def body(v):
-            if coll == "all_reduce":
-                return jax_rccl.psum(v, "x")
-            return jax_rccl.all_gather(v, "x", tiled=True)
-
-        return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P("x")))
+        return collective(jax_rccl, coll, mesh)
 
     def measure(coll: str, size: int) -> None:
         count = size // 4 if coll == "all_reduce" else size // 4 // n  # input per rank
@@ -364,16 +410,8 @@ def worker(cfg: dict) -> dict:
             off(x).block_until_ready()
         os.environ["JAX_RCCL_CHECK_CALLS"] = "1"
         iters = iterations(int(key.split("/")[1]), cfg["iters"], cfg["iter_bytes"])
-        times: dict[str, list[float]] = {"on": [], "off": []}
-        for i in range(cfg["repeat"]):
-            pair = (("on", on), ("off", off))
-            for name, fn in pair if i % 2 == 0 else pair[::-1]:  # on, off, off, on, ...
-                barrier()
-                t0 = time.perf_counter()
-                for _ in range(iters):
-                    y = fn(x)
-                y.block_until_ready()
-                times[name].append((time.perf_counter() - t0) / iters)
+        times, last = timed_in_turns({"on": on, "off": off}, x, iters, cfg["repeat"], barrier)
+        y = last["off"]
         out["times"][key] = statistics.median(times["on"])
         out.setdefault("times_off", {})[key] = statistics.median(times["off"])
         out["net"][key] = {}
@@ -691,23 +729,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-mps", action="store_true", help="do not start MPS (time-sliced)")
     ap.add_argument("--check-cost", action="store_true", help="JAX_RCCL_CHECK_CALLS 1 against 0")
     args = ap.parse_args(argv)
-    if args.nprocs < 2 or args.nprocs % 2:
-        ap.error("--nprocs: an even number, at least 2")
-    args.size_list = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
-    args.coll_list = [c for c in args.colls.split(",") if c]
+    check_args(ap, args)
     paths = [p for p in args.paths.split(",") if p]
-    args.raw_socket_counts = [int(k) for k in args.raw_sockets.split(",") if k.strip()]
-    for c in args.coll_list:
-        if c not in COLLS:
-            ap.error(f"--colls: {c!r} is not one of {COLLS}")
     for p in paths:
         if p not in PATHS:
             ap.error(f"--paths: {p!r} is not one of {PATHS}")
-    for s in args.size_list:
-        if s % (4 * args.nprocs):
-            ap.error(f"--sizes: {s} is not a multiple of 4 x {args.nprocs} bytes")
-    if args.iters < 1 or args.repeat < 1 or any(k < 1 for k in args.raw_socket_counts):
-        ap.error("--iters, --repeat and --raw-sockets must be >= 1")
 
     mps = Mps()
     live: list[subprocess.Popen] = []

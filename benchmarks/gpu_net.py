@@ -124,18 +124,13 @@ def worker(cfg: dict) -> dict:
     raw = xh.open_raw_sockets(client, kv, p, n, cfg, out) if cfg["raw"] else None
     barrier()  # the raw sockets are open and warm before the first collective
 
-    def make(lib, coll: str):
-        def body(v):
-            if coll == "all_reduce":
-                return lib.psum(v, "x")
-            return lib.all_gather(v, "x", tiled=True)
-
-        return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P("x")))
-
     def measure(coll: str, size: int) -> None:
         count = size // 4 if coll == "all_reduce" else size // 4 // n  # input per rank
         x = jax.make_array_from_callback((n * count,), spec, lambda idx: xh.fill_block(idx, count))
-        fns = {"lax": make(jax.lax, coll), "ours": make(jax_rccl, coll)}
+        fns = {
+            lib: xh.collective(mod, coll, mesh)
+            for lib, mod in (("lax", jax.lax), ("ours", jax_rccl))
+        }
         last = {}
         for name, fn in fns.items():
             for _ in range(2):  # compiles, then one more
@@ -149,17 +144,7 @@ def worker(cfg: dict) -> dict:
                 except Exception as e:  # noqa: BLE001 - the table says why the column is empty
                     out["raw_error"] = f"{type(e).__name__}: {e}"
         iters = xh.iterations(size, cfg["iters"], cfg["iter_bytes"])
-        times: dict[str, list[float]] = {name: [] for name in fns}
-        for i in range(cfg["repeat"]):
-            for name in list(fns)[:: 1 if i % 2 == 0 else -1]:
-                fn = fns[name]
-                barrier()
-                t0 = time.perf_counter()
-                for _ in range(iters):
-                    y = fn(x)
-                y.block_until_ready()
-                times[name].append((time.perf_counter() - t0) / iters)
-                last[name] = y
+        times, last = xh.timed_in_turns(fns, x, iters, cfg["repeat"], barrier)
         for name in fns:
             key = f"{name}/{coll}/{size}"
             out["times"][key] = statistics.median(times[name])
@@ -380,23 +365,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-mps", action="store_true", help="do not start MPS (time-sliced)")
     ap.add_argument("--platform", default="gpu", choices=("gpu", "cpu"), help="cpu: a dry run")
     args = ap.parse_args(argv)
-    if args.nprocs < 2 or args.nprocs % 2:
-        ap.error("--nprocs: an even number, at least 2")
-    args.size_list = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
-    args.coll_list = [c for c in args.colls.split(",") if c]
-    args.raw_socket_counts = [int(k) for k in args.raw_sockets.split(",") if k.strip()]
+    xh.check_args(ap, args)
     runs = [r for r in args.runs.split(",") if r]
-    for c in args.coll_list:
-        if c not in xh.COLLS:
-            ap.error(f"--colls: {c!r} is not one of {xh.COLLS}")
     for r in runs:
         if r not in RUNS:
             ap.error(f"--runs: {r!r} is not one of {tuple(RUNS)}")
-    for s in args.size_list:
-        if s % (4 * args.nprocs):
-            ap.error(f"--sizes: {s} is not a multiple of 4 x {args.nprocs} bytes")
-    if args.iters < 1 or args.repeat < 1 or any(k < 1 for k in args.raw_socket_counts):
-        ap.error("--iters, --repeat and --raw-sockets must be >= 1")
     if args.platform == "cpu" and "tuned" in runs and "default" in runs:
         runs.remove("default")  # NCCL's settings mean nothing on CPU: one run on our TCP
 
