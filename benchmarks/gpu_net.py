@@ -189,6 +189,7 @@ def run_env(args, run: str, p: int, mps_env: dict) -> dict:
         env["UCX_TLS"] = args.ucx_tls
     if args.platform == "cpu":
         env["JAX_PLATFORMS"] = "cpu"
+        env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=1"  # one device per process
         return env
     env.update(mps_env)
     env.update(NCCL_NET_ONLY, **nccl)
