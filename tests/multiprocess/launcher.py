@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -20,7 +21,28 @@ WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker.py")
 RESULT_TAG = "JAX_RCCL_RESULT "
 
 
+def _ephemeral_low() -> int:
+    """The lowest port the kernel hands out to sockets that bind or connect without one."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
+    """A free port for JAX's coordinator, below the ephemeral range: a port the kernel picked
+    (bind to 0) may be given to another socket's connect or listen before the coordinator binds
+    it ("Failed to start RPC server"), one below the range is handed out to nobody."""
+    high = _ephemeral_low()
+    for _ in range(200):
+        port = random.randrange(max(1024, high - 12000), high)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("0.0.0.0", port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
