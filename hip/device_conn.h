@@ -158,6 +158,8 @@ JR_REGION_FN uint64_t* StepTagWord(ConnHeader* c, uint64_t step) {
 // The call counter of `channel` in a rank's own region: a spare word of the header of the
 // connection from the rank to itself (which carries no FIFO step).
 constexpr int kCallSeqPad = 12;
+static_assert(3 + kSteps - 1 < kCallSeqPad,
+              "the Simple steps' tag words lie below the call counter");
 
 // One task of a launch, as the kernel needs it (indexed by the task's slot).
 struct DevTask {

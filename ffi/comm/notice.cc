@@ -122,6 +122,21 @@ Status AwaitNotice(uint64_t group, int process, int ms, std::vector<int>* sender
   return notice;
 }
 
+Status AwaitNoticeFrom(uint64_t group, int process, int from, int ms) {
+  const auto until = Clock::now() + std::chrono::milliseconds(ms);
+  while (true) {
+    int sender = 0;
+    for (int fd = TakeParkedTo(group, kNoticeChannel, process, &sender); fd >= 0;
+         fd = TakeParkedTo(group, kNoticeChannel, process, &sender)) {
+      bool primary = false;
+      Status s = ReadNotice(fd, sender, 0.5, &primary);
+      if (sender == from) return s;
+    }
+    if (Clock::now() >= until) return Status::Ok();
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
 Status TakeNotice(uint64_t group, int process, double readSeconds, std::vector<int>* senders,
                   int* primaryFrom) {
   if (primaryFrom != nullptr) *primaryFrom = -1;

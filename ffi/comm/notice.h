@@ -58,6 +58,10 @@ std::vector<NoticePeer> NoticePeersOf(const GroupPlacement& placement,
 // has that long for its reason to arrive).
 Status AwaitNotice(uint64_t group, int process, int ms, std::vector<int>* senders = nullptr);
 
+// The notice of process `from` (primary or not) that comes within `ms` milliseconds (Ok: none
+// came); the notices of other processes taken meanwhile are dropped.
+Status AwaitNoticeFrom(uint64_t group, int process, int from, int ms);
+
 // The notices parked for process `process` of `group`, taken without waiting for one to arrive
 // (each one's text is read within `readSeconds`): the failure a primary one carries, else the
 // first other one's (its text prefixed with the sending process), or Ok when none came. The

@@ -222,8 +222,9 @@ class GpuComm {
   Status NoticeFromOtherHosts(int* primaryFrom = nullptr) const;
   // `s` to process `process` of another host only (not primary: an answer to its notice).
   void AnswerNotice(int process, const Status& s);
-  // The first notice from another host that comes within `ms` (Ok: none came).
-  Status AwaitNotice(int ms) const;
+  // The first notice from another host that comes within `ms` (Ok: none came); `from` >= 0: the
+  // first of process `from` (the others are dropped).
+  Status AwaitNotice(int ms, int from = -1) const;
   uint64_t netGroup_ = 0;           // the group's key on the network and its notices (SetShared)
   std::unique_ptr<comm::Net> net_;  // across hosts (SetShared): ExchangeRecords's, then the proxy's
   // The failure the communicator keeps (after failed_ is set).

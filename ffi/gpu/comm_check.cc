@@ -155,7 +155,7 @@ std::string GpuComm::RunningCalls(int ms) {
   for (int r = 0; r < nRanks(); ++r) {
     if (!placement_.local[size_t(r)] || st[r].complete == 0) continue;
     const DevStatus s = ReadStatus(st[r]);
-    if (s.mine == 0 && s.call == 0) continue;  // an unchecked launch: its call is not known
+    if (s.mine == 0) continue;  // an unchecked launch (JAX_RCCL_CHECK_CALLS=0): no call number
     text += detail::StrCat(text.empty() ? "" : "; ", RankText(r), " runs its ",
                            CallText(s.call, s.seq));
   }
@@ -229,9 +229,10 @@ void GpuComm::WatchUntilFailed() {
           otherHost_[size_t(failed.peer)]) {
         // A peer of another host publishes no call here: it names its own in its notice, when it
         // found the mismatch too. This process's goes first (the peer may wait for it likewise),
-        // then the peer's has a moment to come, and the error carries both.
+        // then the peer's has a moment to come (its process's notice, not another's: every
+        // process this one told may answer), and the error carries both.
         TellOtherHosts(error, /*primary=*/true);
-        const Status theirs = AwaitNotice(kPeerNoticeMs);
+        const Status theirs = AwaitNotice(kPeerNoticeMs, placement_.process[size_t(failed.peer)]);
         if (!theirs.ok()) {
           error =
               Status(error.code(), detail::StrCat(error.message(), " [", theirs.message(), "]"));
@@ -259,13 +260,17 @@ void GpuComm::WatchUntilFailed() {
       if (!notice.ok() && from >= 0 && notice.code() == Code::kInvalidUsage) {
         // A rank of another host found a mismatch with a call of this process: it names only
         // its own call when it never ran this process's. This process answers with the calls
-        // its ranks run (the sender waits a moment for it), and its own error names them too.
+        // its ranks run (the sender waits a moment for it), and its own error names them too;
+        // the communicator fails first (a launch that finds its kernel aborted meanwhile then
+        // reports this failure), and the answer goes out after.
         const std::string mine = RunningCalls(kRunningCallMs);
         if (!mine.empty()) {
-          AnswerNotice(from, Status(Code::kInvalidUsage, mine));
           notice = Status(notice.code(),
                           detail::StrCat(notice.message(), " [in this process, ", mine, "]"));
         }
+        (void)Fail(std::move(notice), false);
+        if (!mine.empty()) AnswerNotice(from, Status(Code::kInvalidUsage, mine));
+        return;
       }
       if (!notice.ok()) {
         (void)Fail(std::move(notice), false);

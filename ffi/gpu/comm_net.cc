@@ -225,8 +225,9 @@ Status GpuComm::NoticeFromOtherHosts(int* primaryFrom) const {
                                          " reported its communicator failed: ", s.message()));
 }
 
-Status GpuComm::AwaitNotice(int ms) const {
-  Status s = comm::AwaitNotice(netGroup_, placement_.thisProcess, ms);
+Status GpuComm::AwaitNotice(int ms, int from) const {
+  Status s = from >= 0 ? comm::AwaitNoticeFrom(netGroup_, placement_.thisProcess, from, ms)
+                       : comm::AwaitNotice(netGroup_, placement_.thisProcess, ms);
   if (s.ok()) return s;
   return Status(s.code(), detail::StrCat("jax_rccl: another process of GPU group ", groupText_,
                                          " reported its communicator failed: ", s.message()));

@@ -449,6 +449,20 @@ void BindProxy(nb::module_& m) {
       nb::arg("group"), nb::arg("process"),
       "The failure notices for process `process` of `group` that this process's listener "
       "holds, taken: the primary one's (else the first's) (code, text), or None.");
+  m.def(
+      "await_failure_notice_from",
+      [](uint64_t group, int process, int from, int ms) -> nb::object {
+        Status s;
+        {
+          nb::gil_scoped_release release;
+          s = comm::AwaitNoticeFrom(group, process, from, ms);
+        }
+        if (s.ok()) return nb::none();
+        return nb::make_tuple(int(s.code()), s.message());
+      },
+      nb::arg("group"), nb::arg("process"), nb::arg("from_process"), nb::arg("ms"),
+      "The failure notice of process `from_process` for process `process` of `group` that comes "
+      "within `ms` milliseconds, (code, text), or None; the others taken meanwhile are dropped.");
   m.def("set_ucx_library", &comm::SetUcxLibrary, nb::arg("name"),
         "The library the UCX backend loads (empty: libucp.so.0): a test names one that does not "
         "exist to run a process where UCX cannot be loaded.");

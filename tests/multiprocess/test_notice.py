@@ -36,6 +36,8 @@ def role(args: dict) -> dict:
     if args["role"] == "listener":
         port = native.socket_listen("127.0.0.1")
         publish(folder, "ep", f"127.0.0.1:{port}")
+        if "from" in args:  # waits while the notices come
+            return {"got": native.await_failure_notice_from(GROUP, 1, args["from"], 20000)}
         wait_file(os.path.join(folder, "sent"), deadline)
         got = native.take_failure_notice(GROUP, 1)
         again = native.take_failure_notice(GROUP, 1)
@@ -43,7 +45,7 @@ def role(args: dict) -> dict:
         return {"got": got, "again": again, "other_group": other_group}
     ep = args.get("endpoint") or wait_file(os.path.join(folder, "ep"), deadline)
     primary = args.get("primary", True)
-    text = TEXT if primary else "connection reset by rank 0"
+    text = args.get("text") or (TEXT if primary else "connection reset by rank 0")
     code = INVALID_USAGE if primary else TIMEOUT
     t0 = time.monotonic()
     took = native.send_failure_notices(
@@ -94,6 +96,24 @@ def test_a_peer_posts_its_failure_and_a_stranger_cannot():
     assert text == "process 4 (by network notice): " + TEXT
     assert res["again"] is None, "a notice was taken twice"
     assert res["other_group"] is None
+
+
+def test_a_wait_for_one_process_takes_its_notice_not_an_earlier_primary_one():
+    """A rank that found a mismatch with a rank of process 5 waits for process 5's account of
+    its call: a primary notice of process 4 and a reset of process 3 that came first are not it."""
+    secret = uuid.uuid4().hex
+    session = uuid.uuid4().hex[:16]
+    with tempfile.TemporaryDirectory() as folder:
+        listener = _run(folder, session, {"role": "listener", "secret": secret, "from": 5})
+        for p, primary in ((3, False), (4, True)):
+            sender = {"role": "sender", "process": p, "secret": secret, "primary": primary}
+            assert _result(_run(folder, session, sender))["took"] == 1
+        answer = {"role": "sender", "process": 5, "secret": secret, "primary": False}
+        answer["text"] = "rank 5 runs its call #3 'psum' (all_reduce float32 x8192)"
+        assert _result(_run(folder, session, answer))["took"] == 1
+        res = _result(listener)
+    code, text = res["got"]
+    assert text == "process 5 (by network notice): " + answer["text"], text
 
 
 def _silent_listener() -> tuple[socket.socket, list[socket.socket]]:
