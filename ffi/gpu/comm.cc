@@ -177,7 +177,7 @@ Status GpuComm::Fail(Status s, bool tell, bool primary) {
       first = true;
       failure_ = s;
       failed_.store(true, std::memory_order_release);
-      if (abort_.host != nullptr) *static_cast<volatile int32_t*>(abort_.host) = 1;
+      RaiseAbort();
     }
     cv_.notify_all();
   }

@@ -217,11 +217,10 @@ class GpuComm {
   // Failure notices across hosts (comm/notice.h; comm_net.cc): this process's failure `s` to
   // every process of the group on another host (within a second), and the failure such a process
   // posted for this one (Ok: none), as this communicator's failure.
-  void TellOtherHosts(const Status& s, bool primary);
+  // (`process` >= 0: to that process of another host only, as an answer to its notice.)
+  void TellOtherHosts(const Status& s, bool primary, int process = -1);
   // *primaryFrom: the process whose own finding the notice is (-1: it passes on another's).
   Status NoticeFromOtherHosts(int* primaryFrom = nullptr) const;
-  // `s` to process `process` of another host only (not primary: an answer to its notice).
-  void AnswerNotice(int process, const Status& s);
   // The first notice from another host that comes within `ms` (Ok: none came); `from` >= 0: the
   // first of process `from` (the others are dropped).
   Status AwaitNotice(int ms, int from = -1) const;
@@ -243,6 +242,10 @@ class GpuComm {
   // The error of rank `rank`'s failed launch, whose status is `st` (`who`: the call that finds
   // it; empty: the call the status names).
   Status LaunchError(int rank, const DevStatus& st, const std::string& who) const;
+  // Raises the abort word: every running kernel of this process stops at its next wait.
+  void RaiseAbort() {
+    if (abort_.host != nullptr) *static_cast<volatile int32_t*>(abort_.host) = 1;
+  }
   // The calls this process's ranks run now, as "rank 1 (...) runs its call #3 'psum ...' (...)"
   // (empty: none runs a checked launch): raises the abort word, and each running kernel records
   // its call in its status (kDevAborted) within `ms` milliseconds.

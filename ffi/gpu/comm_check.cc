@@ -140,7 +140,7 @@ Status GpuComm::LaunchError(int rank, const DevStatus& st, const std::string& wh
 
 std::string GpuComm::RunningCalls(int ms) {
   if (abort_.host == nullptr || status_.host == nullptr) return std::string();
-  *static_cast<volatile int32_t*>(abort_.host) = 1;
+  RaiseAbort();
   const volatile DevStatus* st = static_cast<const volatile DevStatus*>(status_.host);
   const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
   for (;;) {
@@ -269,7 +269,7 @@ void GpuComm::WatchUntilFailed() {
                           detail::StrCat(notice.message(), " [in this process, ", mine, "]"));
         }
         (void)Fail(std::move(notice), false);
-        if (!mine.empty()) AnswerNotice(from, Status(Code::kInvalidUsage, mine));
+        if (!mine.empty()) TellOtherHosts(Status(Code::kInvalidUsage, mine), false, from);
         return;
       }
       if (!notice.ok()) {

@@ -203,19 +203,14 @@ Status GpuComm::ConnectHosts(int rank, const std::string& who, Clock::time_point
   return Status::Ok();
 }
 
-void GpuComm::TellOtherHosts(const Status& s, bool primary) {
-  const std::vector<comm::NoticePeer> peers = comm::NoticePeersOf(placement_, otherHost_);
-  const auto deadline = Clock::now() + std::chrono::milliseconds(kNoticeSendMs);
-  (void)comm::SendNotices(netGroup_, placement_.thisProcess, placement_.session, peers, s, primary,
-                          deadline);
-}
-
-void GpuComm::AnswerNotice(int process, const Status& s) {
-  std::vector<uint8_t> reach(size_t(nRanks()), 0);
-  for (int r = 0; r < nRanks(); ++r) reach[size_t(r)] = placement_.process[size_t(r)] == process;
+void GpuComm::TellOtherHosts(const Status& s, bool primary, int process) {
+  std::vector<uint8_t> reach = otherHost_;
+  for (int r = 0; r < nRanks() && process >= 0; ++r) {
+    reach[size_t(r)] = reach[size_t(r)] && placement_.process[size_t(r)] == process;
+  }
   const auto deadline = Clock::now() + std::chrono::milliseconds(kNoticeSendMs);
   (void)comm::SendNotices(netGroup_, placement_.thisProcess, placement_.session,
-                          comm::NoticePeersOf(placement_, reach), s, /*primary=*/false, deadline);
+                          comm::NoticePeersOf(placement_, reach), s, primary, deadline);
 }
 
 Status GpuComm::NoticeFromOtherHosts(int* primaryFrom) const {
